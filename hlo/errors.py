@@ -1,0 +1,73 @@
+"""The one error hierarchy of rhino.
+
+Every error that bad input can cause is a `RhinoError`; the CLI turns it into a message
+and exit code 2 (1 for a failed verification). Anything else escaping is a bug in rhino.
+It lives in the bottom layer (hlo) so that every layer can raise it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class RhinoError(Exception):
+    """Base class: bad input, bad usage, or a request that cannot be met."""
+
+    exit_code: int = 2
+
+
+@dataclass(frozen=True)
+class SourceSpan:
+    """Where a piece of HLO text came from."""
+
+    file: str
+    """File name as given by the user ("<stdin>", "<string>" when there is none)."""
+    line: int
+    """1-based line number."""
+    col: int
+    """1-based column number."""
+    source_line: str
+    """The whole text of that line, without its newline."""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+class HloParseError(RhinoError):
+    """Malformed HLO text, located at file:line:col."""
+
+    def __init__(self, message: str, span: SourceSpan) -> None:
+        self.message = message
+        self.span = span
+        caret = " " * (span.col - 1) + "^"
+        super().__init__(f"{span}: error: {message}\n  {span.source_line}\n  {caret}")
+
+    @property
+    def line(self) -> int:
+        return self.span.line
+
+    @property
+    def col(self) -> int:
+        return self.span.col
+
+
+class HloVerifyError(RhinoError):
+    """A well-formed module that breaks an IR invariant (use before def, bad shapes...)."""
+
+
+class ConfigError(RhinoError):
+    """A bad configuration file, option value or YAML document."""
+
+
+class InfeasibleError(RhinoError):
+    """No plan satisfies the constraints (memory budget, mesh divisibility, pins)."""
+
+
+class ExecutionError(RhinoError):
+    """XLA failed to compile or run a plan, or the devices asked for are not there."""
+
+
+class VerificationFailed(RhinoError):
+    """A plan ran but its outputs differ from the single-device outputs."""
+
+    exit_code = 1
