@@ -71,3 +71,17 @@ class VerificationFailed(RhinoError):
     """A plan ran but its outputs differ from the single-device outputs."""
 
     exit_code = 1
+
+
+class TextError(Exception):
+    """Internal: a syntax error inside a fragment of text (an attribute value, a sharding).
+
+    Sub-parsers that see only a fragment raise this with the offset into the fragment;
+    the module parser, which knows where the fragment sits in the file, turns it into an
+    `HloParseError` with the right line and column. It never escapes rhino.
+    """
+
+    def __init__(self, message: str, offset: int = 0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.offset = offset
