@@ -1,0 +1,325 @@
+"""The HLO IR: a module of computations of instructions, as XLA prints them.
+
+Instructions keep their attributes as text (`attrs`, verbatim from the input) and decode
+a value only when something asks for it (`attr()`), through the decoder table in
+`rhino.hlo.attrs`. An attribute or opcode rhino does not model is therefore kept and
+printed back unchanged. `users` is kept right by the mutators of this module.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rhino.hlo.errors import HloParseError, SourceSpan, TextError
+from rhino.hlo.opcode import Opcode
+from rhino.hlo.shape import Shape
+
+# attributes whose value names called computations
+CALLED_COMPUTATION_KEYS = (
+    "to_apply",
+    "calls",
+    "body",
+    "condition",
+    "true_computation",
+    "false_computation",
+    "branch_computations",
+    "called_computations",
+    "select",
+    "scatter",
+)
+
+
+class Source:
+    """The text a module was parsed from, for turning offsets into file:line:col."""
+
+    def __init__(self, filename: str, text: str) -> None:
+        self.filename = filename
+        self.text = text
+        self._line_starts: list[int] | None = None
+
+    def span(self, offset: int) -> SourceSpan:
+        if self._line_starts is None:
+            starts = [0]
+            find = self.text.find
+            i = find("\n")
+            while i >= 0:
+                starts.append(i + 1)
+                i = find("\n", i + 1)
+            self._line_starts = starts
+        line = bisect.bisect_right(self._line_starts, offset) - 1
+        start = self._line_starts[line]
+        end = self.text.find("\n", start)
+        source_line = self.text[start : end if end >= 0 else len(self.text)]
+        return SourceSpan(self.filename, line + 1, offset - start + 1, source_line)
+
+    def error(self, message: str, offset: int) -> HloParseError:
+        return HloParseError(message, self.span(offset))
+
+
+class Instruction:
+    """One HLO instruction: `name = shape opcode(operands), key=value, ...`."""
+
+    __slots__ = (
+        "name",
+        "opcode",
+        "opcode_text",
+        "shape",
+        "operands",
+        "users",
+        "attrs",
+        "parent",
+        "parameter_number",
+        "literal",
+        "called",
+        "control_predecessors",
+        "_decoded",
+        "_attr_pos",
+        "pos",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        opcode: Opcode,
+        shape: Shape,
+        operands: list[Instruction] | None = None,
+        attrs: dict[str, str] | None = None,
+        *,
+        opcode_text: str | None = None,
+        parameter_number: int | None = None,
+        literal: str | None = None,
+    ) -> None:
+        self.name = name
+        """Unique name within the module, without the `%` sigil."""
+        self.opcode = opcode
+        """The opcode; `Opcode.UNKNOWN` for one rhino does not model."""
+        self.opcode_text = opcode_text if opcode_text is not None else opcode.value
+        """The opcode as written (differs from `opcode.value` only for UNKNOWN)."""
+        self.shape = shape
+        """Result shape (a tuple shape for multi-output instructions)."""
+        self.operands: list[Instruction] = []
+        """Operands in order; each operand lists this instruction among its `users`."""
+        self.users: dict[Instruction, None] = {}
+        """Instructions that take this one as an operand (insertion ordered, unique)."""
+        self.attrs: dict[str, str] = dict(attrs) if attrs else {}
+        """Attribute texts, verbatim, in print order (`{"dimensions": "{0}"}`)."""
+        self.parent: Computation | None = None
+        """The computation this instruction belongs to."""
+        self.parameter_number = parameter_number
+        """N of `parameter(N)`; None for other opcodes."""
+        self.literal = literal
+        """The literal text of a `constant(...)`, verbatim; None for other opcodes."""
+        self.called: list[Computation] = []
+        """Computations this instruction calls (to_apply, body, condition, calls, ...)."""
+        self.control_predecessors: list[Instruction] = []
+        """Instructions that must run before this one (`control-predecessors={...}`)."""
+        self._decoded: dict[str, Any] = {}
+        self._attr_pos: dict[str, int] | None = None
+        self.pos: int = -1
+        for op in operands or ():
+            self.append_operand(op)
+
+    # -- operands and users ---------------------------------------------------------
+    def append_operand(self, op: Instruction) -> None:
+        self.operands.append(op)
+        op.users[self] = None
+
+    def replace_operand(self, index: int, new: Instruction) -> None:
+        old = self.operands[index]
+        self.operands[index] = new
+        if old not in self.operands:
+            old.users.pop(self, None)
+        new.users[self] = None
+
+    def replace_all_uses_with(self, new: Instruction) -> None:
+        """Make every user of this instruction use `new` instead."""
+        for user in list(self.users):
+            for i, op in enumerate(user.operands):
+                if op is self:
+                    user.replace_operand(i, new)
+
+    # -- attributes -------------------------------------------------------------------
+    def attr(self, key: str, default: Any = None) -> Any:
+        """The decoded value of attribute `key` (decoded once, then cached)."""
+        if key in self._decoded:
+            return self._decoded[key]
+        text = self.attrs.get(key)
+        if text is None:
+            return default
+        from rhino.hlo.attrs import decode_attr
+
+        try:
+            value = decode_attr(key, text)
+        except TextError as e:
+            raise self._attr_error(key, e) from None
+        self._decoded[key] = value
+        return value
+
+    def set_attr(self, key: str, value: Any) -> None:
+        """Set attribute `key` to `value` (any object whose str() is XLA's text form)."""
+        self.attrs[key] = str(value)
+        self._decoded[key] = value
+
+    def del_attr(self, key: str) -> None:
+        self.attrs.pop(key, None)
+        self._decoded.pop(key, None)
+
+    def _attr_error(self, key: str, e: TextError) -> Exception:
+        module = self.parent.parent if self.parent else None
+        source = module.source if module else None
+        if source is None or self._attr_pos is None or key not in self._attr_pos:
+            return HloParseError(
+                f"attribute {key}={self.attrs.get(key)} of %{self.name}: {e.message}",
+                SourceSpan("<ir>", 0, 1, f"{self.name} ... {key}={self.attrs.get(key)}"),
+            )
+        return source.error(f"{key}: {e.message}", self._attr_pos[key] + e.offset)
+
+    @property
+    def sharding(self) -> Any:
+        """The decoded `sharding=` attribute (an HloSharding), or None."""
+        return self.attr("sharding")
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is not None and self.parent.root is self
+
+    def span(self) -> SourceSpan | None:
+        """Where this instruction was parsed from, if it was."""
+        module = self.parent.parent if self.parent else None
+        if module is None or module.source is None or self.pos < 0:
+            return None
+        return module.source.span(self.pos)
+
+    def __repr__(self) -> str:
+        return f"<{self.opcode_text} %{self.name}: {self.shape}>"
+
+
+class Computation:
+    """A named list of instructions in definition order, one of them the ROOT."""
+
+    def __init__(self, name: str, *, is_entry: bool = False, signature: str | None = None) -> None:
+        self.name = name
+        """Unique name within the module, without the `%` sigil."""
+        self.is_entry = is_entry
+        """Is this the module's ENTRY computation?"""
+        self.signature = signature
+        """Text between the name and `{`, verbatim (`(p: f32[2]) -> f32[2]`), if any."""
+        self.instructions: list[Instruction] = []
+        """Instructions in definition order (operands before users)."""
+        self.root: Instruction | None = None
+        """The ROOT instruction (the last one when none is marked)."""
+        self.parent: Module | None = None
+        """The module this computation belongs to."""
+        self._by_name: dict[str, Instruction] = {}
+
+    def add(self, inst: Instruction, *, root: bool = False) -> Instruction:
+        """Append `inst` (its operands must already be in this computation)."""
+        if inst.name in self._by_name:
+            raise ValueError(f"computation {self.name} already has an instruction %{inst.name}")
+        inst.parent = self
+        self.instructions.append(inst)
+        self._by_name[inst.name] = inst
+        if root:
+            self.root = inst
+        return inst
+
+    def insert_before(self, anchor: Instruction, inst: Instruction) -> Instruction:
+        """Insert `inst` just before `anchor` in definition order."""
+        if inst.name in self._by_name:
+            raise ValueError(f"computation {self.name} already has an instruction %{inst.name}")
+        inst.parent = self
+        self.instructions.insert(self.instructions.index(anchor), inst)
+        self._by_name[inst.name] = inst
+        return inst
+
+    def remove(self, inst: Instruction) -> None:
+        """Remove an instruction that has no users."""
+        if inst.users:
+            users = ", ".join(f"%{u.name}" for u in inst.users)
+            raise ValueError(f"cannot remove %{inst.name}: still used by {users}")
+        for op in set(inst.operands):
+            op.users.pop(inst, None)
+        self.instructions.remove(inst)
+        del self._by_name[inst.name]
+
+    def get(self, name: str) -> Instruction | None:
+        return self._by_name.get(name)
+
+    def __getitem__(self, name: str) -> Instruction:
+        return self._by_name[name]
+
+    def __iter__(self) -> Iterator[Instruction]:
+        return iter(self.instructions)
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+    @property
+    def parameters(self) -> list[Instruction]:
+        """Parameter instructions ordered by parameter number."""
+        params = [i for i in self.instructions if i.opcode is Opcode.PARAMETER]
+        return sorted(params, key=lambda i: i.parameter_number or 0)
+
+    def __repr__(self) -> str:
+        return f"<computation {self.name}: {len(self.instructions)} instructions>"
+
+
+@dataclass
+class Module:
+    """An HloModule: header attributes, computations, the ENTRY one among them."""
+
+    name: str
+    """The module name from `HloModule <name>`."""
+    attrs: dict[str, str] = field(default_factory=dict)
+    """Header attributes, verbatim (`entry_computation_layout`, `is_scheduled`, ...)."""
+    computations: list[Computation] = field(default_factory=list)
+    """Computations in print order (callees before callers, as XLA prints them)."""
+    sections: list[str] = field(default_factory=list)
+    """Verbatim blocks between the header and the first computation (FileNames, StackFrames)."""
+    percent_names: bool = False
+    """Print names with the `%` sigil (as the input did)."""
+    source: Source | None = None
+    """The text this module was parsed from (for error locations)."""
+
+    def __post_init__(self) -> None:
+        self._by_name: dict[str, Computation] = {}
+        for c in self.computations:
+            self._register(c)
+
+    def _register(self, comp: Computation) -> None:
+        if comp.name in self._by_name:
+            raise ValueError(f"module {self.name} already has a computation {comp.name}")
+        comp.parent = self
+        self._by_name[comp.name] = comp
+
+    def add_computation(self, comp: Computation) -> Computation:
+        self._register(comp)
+        self.computations.append(comp)
+        return comp
+
+    def computation(self, name: str) -> Computation | None:
+        return self._by_name.get(name)
+
+    @property
+    def entry(self) -> Computation:
+        for c in self.computations:
+            if c.is_entry:
+                return c
+        if not self.computations:
+            raise ValueError(f"module {self.name} has no computations")
+        return self.computations[-1]
+
+    def instructions(self) -> Iterator[Instruction]:
+        """All instructions of all computations."""
+        for c in self.computations:
+            yield from c.instructions
+
+    @property
+    def instruction_count(self) -> int:
+        return sum(len(c.instructions) for c in self.computations)
+
+    def __repr__(self) -> str:
+        return f"<HloModule {self.name}: {len(self.computations)} computations, {self.instruction_count} instructions>"

@@ -1,0 +1,466 @@
+"""Parse HLO text (as XLA and JAX print it) into a `Module`.
+
+Grammar (whitespace and `/* ... */` comments may appear between any two tokens):
+
+    module       := 'HloModule' NAME (',' attribute)* section* computation*
+    section      := ('FileNames' | 'FunctionNames' | 'FileLocations' | 'StackFrames')
+                    lines up to a blank line                      (kept verbatim)
+    computation  := ['ENTRY'] ['%'] NAME [signature] '{' instruction* '}'
+    signature    := '(' [NAME ':' shape (',' NAME ':' shape)*] ')' '->' shape
+    instruction  := ['ROOT'] ['%'] NAME '=' shape OPCODE '(' operands ')' (',' attribute)*
+    operands     := INT                      (parameter)
+                  | literal                  (constant; kept verbatim)
+                  | [operand (',' operand)*]
+    operand      := [shape] ['%'] NAME       (old dumps print the operand's shape)
+    attribute    := KEY '=' value            (value kept verbatim; decoded on demand)
+    value        := (STRING | '{' ... '}' | '[' ... ']' | '(' ... ')' | ATOM)+
+
+An instruction ends at the end of its line (a `,` at the end of a line continues it, and
+brackets may span lines). Attribute values are checked for balanced brackets and strings
+here and decoded lazily by `rhino.hlo.attrs`; `parse_module(..., lazy=False)` decodes
+every attribute and literal up front, so that all syntax errors surface at parse time.
+
+Every error is an `HloParseError` with file:line:col.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import sys
+from pathlib import Path
+
+from rhino.hlo.errors import HloParseError, TextError
+from rhino.hlo.ir import CALLED_COMPUTATION_KEYS, Computation, Instruction, Module, Source
+from rhino.hlo.opcode import OPCODE_BY_TEXT, Opcode
+from rhino.hlo.shape import Shape, parse_shape_at
+
+_WS = re.compile(r"(?:[ \t\r\n]+|/\*.*?\*/)*", re.S)
+_INLINE_WS = re.compile(r"(?:[ \t\r]+|/\*.*?\*/)*", re.S)
+_NAME = re.compile(r"%?([A-Za-z_][\w.\-]*)")
+_INSTR_HEAD = re.compile(r"(ROOT[ \t]+)?(%?)([A-Za-z_][\w.\-]*)[ \t]*=[ \t]*")
+_OPCODE = re.compile(r"([a-z][a-z0-9\-]*)[ \t]*\(")
+_PARAM_NUMBER = re.compile(r"[ \t]*(\d+)[ \t]*\)")
+_SIMPLE_OPERANDS = re.compile(r"[ \t]*((?:%?[A-Za-z_][\w.\-]*[ \t]*,[ \t]*)*%?[A-Za-z_][\w.\-]*)?[ \t]*\)")
+_SIMPLE_LITERAL = re.compile(r"([^()\"\n]*)\)")
+_ATTR_KEY = re.compile(r"([A-Za-z_][\w\-]*)[ \t]*=[ \t]*")
+_FAST_VALUE = re.compile(
+    r'\{(?:[^{}"\n]|"(?:[^"\\\n]|\\.)*")*\}(?=[ \t]*(?:,|\n|$|/\*))'
+    r'|"(?:[^"\\\n]|\\.)*"(?=[ \t]*(?:,|\n|$|/\*))'
+    r"|[^\s,{}()\"\[\]]+(?=[ \t]*(?:,|\n|$|/\*))"
+)
+_SHAPE_START = re.compile(r"[a-z][a-z0-9]*\[|\(")
+_SECTION_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+_CLOSERS = {"{": "}", "[": "]", "(": ")"}
+
+
+def parse_module(text: str, filename: str = "<string>", *, lazy: bool = True) -> Module:
+    """Parse HLO module text. With `lazy=False`, decode every attribute and literal too."""
+    module = _Parser(text, filename).parse()
+    if not lazy:
+        force_decode(module)
+    return module
+
+
+def parse_file(path: str | Path, *, lazy: bool = True) -> Module:
+    """Parse an HLO file: plain text, `.gz`, or `-` for standard input."""
+    name = str(path)
+    if name == "-":
+        return parse_module(sys.stdin.read(), "<stdin>", lazy=lazy)
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        from rhino.hlo.errors import RhinoError
+
+        raise RhinoError(f"{name}: cannot read: {e.strerror}") from None
+    if name.endswith(".gz") or data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            from rhino.hlo.errors import RhinoError
+
+            raise RhinoError(f"{name}: not a valid gzip file: {e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        from rhino.hlo.errors import SourceSpan
+
+        line = data[: e.start].count(b"\n") + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise HloParseError(
+            "the file is not UTF-8 text (is it a binary HloModuleProto?)",
+            SourceSpan(name, line, col, ""),
+        ) from None
+    return parse_module(text, name, lazy=lazy)
+
+
+def force_decode(module: Module) -> None:
+    """Decode every attribute and constant literal, raising on the first malformed one."""
+    from rhino.hlo.literal import decode_literal
+
+    for inst in module.instructions():
+        for key in inst.attrs:
+            inst.attr(key)
+        if inst.literal is not None:
+            try:
+                decode_literal(inst.literal, inst.shape)
+            except TextError as e:
+                offset = inst._attr_pos.get("<literal>", inst.pos) if inst._attr_pos else inst.pos
+                raise module.source.error(e.message, offset + e.offset) if module.source else e
+
+
+class _Parser:
+    def __init__(self, text: str, filename: str) -> None:
+        self.text = text
+        self.source = Source(filename, text)
+        self.pos = 0
+        # (instruction, key, [(name, offset)]) to resolve once all computations are known
+        self.pending_calls: list[tuple[Instruction, str, list[tuple[str, int]]]] = []
+
+    # -- helpers ------------------------------------------------------------------------
+    def error(self, message: str, offset: int | None = None) -> HloParseError:
+        return self.source.error(message, self.pos if offset is None else offset)
+
+    def skip(self, pos: int) -> int:
+        return _WS.match(self.text, pos).end()  # type: ignore[union-attr]
+
+    def got(self, pos: int) -> str:
+        if pos >= len(self.text):
+            return "end of file"
+        frag = self.text[pos : pos + 24].split("\n", 1)[0]
+        return repr(frag) if frag else "end of line"
+
+    def shape_at(self, pos: int) -> tuple[Shape, int]:
+        try:
+            return parse_shape_at(self.text, pos)
+        except TextError as e:
+            raise self.error(e.message, e.offset) from None
+
+    # -- module -------------------------------------------------------------------------
+    def parse(self) -> Module:
+        text = self.text
+        pos = self.skip(0)
+        if not text.startswith("HloModule", pos):
+            raise self.error(f"expected 'HloModule' at the start of the module, got {self.got(pos)}", pos)
+        pos = self.skip(pos + len("HloModule"))
+        m = _NAME.match(text, pos)
+        if m is None:
+            raise self.error(f"expected a module name after 'HloModule', got {self.got(pos)}", pos)
+        module = Module(name=m.group(1), source=self.source)
+        attrs, _, pos = self.parse_attributes(m.end())
+        module.attrs = attrs
+        pos = self.skip(pos)
+        pos = self.parse_sections(module, pos)
+        while pos < len(text):
+            pos = self.parse_computation(module, pos)
+            pos = self.skip(pos)
+        if not module.computations:
+            raise self.error("the module has no computations", len(text))
+        if not any(c.is_entry for c in module.computations):
+            module.computations[-1].is_entry = True
+        self.resolve_calls(module)
+        return module
+
+    def parse_sections(self, module: Module, pos: int) -> int:
+        text = self.text
+        while text.startswith(_SECTION_NAMES, pos):
+            end = text.find("\n\n", pos)
+            end = len(text) if end < 0 else end
+            module.sections.append(text[pos:end].rstrip())
+            pos = self.skip(end)
+        return pos
+
+    def resolve_calls(self, module: Module) -> None:
+        for inst, key, names in self.pending_calls:
+            for name, offset in names:
+                comp = module.computation(name)
+                if comp is None:
+                    raise self.error(f"{key} refers to an unknown computation %{name}", offset)
+                inst.called.append(comp)
+
+    # -- computations -------------------------------------------------------------------
+    def parse_computation(self, module: Module, pos: int) -> int:
+        text = self.text
+        is_entry = False
+        if text.startswith("ENTRY", pos) and not _is_name_char(text, pos + 5):
+            is_entry = True
+            pos = self.skip(pos + 5)
+        m = _NAME.match(text, pos)
+        if m is None:
+            raise self.error(f"expected a computation name, got {self.got(pos)}", pos)
+        name = m.group(1)
+        if m.group(0).startswith("%"):
+            module.percent_names = True
+        name_end = m.end()
+        brace = self.parse_signature(name_end)
+        signature = text[name_end:brace].strip() or None
+        comp = Computation(name, is_entry=is_entry, signature=signature)
+        if module.computation(name) is not None:
+            raise self.error(f"duplicate computation name %{name}", m.start())
+        if is_entry and any(c.is_entry for c in module.computations):
+            raise self.error("a second ENTRY computation", m.start())
+        module.add_computation(comp)
+        pos = self.skip(brace + 1)
+        root: Instruction | None = None
+        while True:
+            if pos >= len(text):
+                raise self.error(f"computation {name} is not closed: expected '}}'", len(text))
+            if text[pos] == "}":
+                pos += 1
+                break
+            inst, is_root, pos = self.parse_instruction(comp, pos)
+            if is_root:
+                if root is not None:
+                    raise self.error(f"a second ROOT in computation {name}", inst.pos)
+                root = inst
+            pos = self.skip(pos)
+        if not comp.instructions:
+            raise self.error(f"computation {name} has no instructions", brace)
+        comp.root = root if root is not None else comp.instructions[-1]
+        return pos
+
+    def parse_signature(self, pos: int) -> int:
+        """Skip an optional `(params) -> shape` and attributes; return the offset of '{'."""
+        text = self.text
+        pos = self.skip(pos)
+        if pos < len(text) and text[pos] == "(":
+            pos = self.skip(self.scan_balanced(pos))
+            if not text.startswith("->", pos):
+                raise self.error(f"expected '->' after the parameter list, got {self.got(pos)}", pos)
+            _, pos = self.shape_at(self.skip(pos + 2))
+            pos = self.skip(pos)
+        while pos < len(text) and text[pos] == ",":
+            m = _ATTR_KEY.match(text, self.skip(pos + 1))
+            if m is None:
+                raise self.error(f"expected an attribute, got {self.got(pos + 1)}", pos + 1)
+            pos = self.skip(self.scan_value(m.end()))
+        if pos >= len(text) or text[pos] != "{":
+            raise self.error(f"expected '{{' to open the computation body, got {self.got(pos)}", pos)
+        return pos
+
+    # -- instructions -------------------------------------------------------------------
+    def parse_instruction(self, comp: Computation, pos: int) -> tuple[Instruction, bool, int]:
+        text = self.text
+        start = pos
+        m = _INSTR_HEAD.match(text, pos)
+        if m is None:
+            m2 = _NAME.match(text, pos)
+            if m2 is None or m2.group(1) == "ROOT":
+                raise self.error(f"expected an instruction or '}}', got {self.got(pos)}", pos)
+            after = self.skip(m2.end())
+            raise self.error(f"expected '=' after instruction name %{m2.group(1)}, got {self.got(after)}", after)
+        is_root = m.group(1) is not None
+        name = m.group(3)
+        pos = m.end()
+        shape, pos = self.shape_at(pos)
+        pos = _INLINE_WS.match(text, pos).end()  # type: ignore[union-attr]
+        om = _OPCODE.match(text, pos)
+        if om is None:
+            raise self.error(f"expected an opcode like add(...) after the shape, got {self.got(pos)}", pos)
+        opcode_text = om.group(1)
+        opcode = OPCODE_BY_TEXT.get(opcode_text, Opcode.UNKNOWN)
+        pos = om.end()
+        inst = Instruction(name, opcode, shape, opcode_text=opcode_text)
+        inst.pos = start
+        if opcode is Opcode.PARAMETER:
+            pm = _PARAM_NUMBER.match(text, pos)
+            if pm is None:
+                raise self.error(f"expected a parameter number like parameter(0), got {self.got(pos)}", pos)
+            inst.parameter_number = int(pm.group(1))
+            pos = pm.end()
+        elif opcode is Opcode.CONSTANT:
+            lm = _SIMPLE_LITERAL.match(text, pos)
+            end = lm.end() if lm is not None else self.scan_balanced(pos - 1)
+            lit_start = self.skip(pos)
+            inst.literal = text[lit_start : end - 1].rstrip()
+            inst._attr_pos = {"<literal>": lit_start}
+            pos = end
+        else:
+            pos = self.parse_operands(comp, inst, pos)
+        attrs, attr_pos, pos = self.parse_attributes(pos)
+        if attrs:
+            inst.attrs = attrs
+            if inst._attr_pos:
+                attr_pos.update(inst._attr_pos)
+            inst._attr_pos = attr_pos
+            self.note_references(comp, inst)
+        if comp.get(name) is not None:
+            raise self.error(f"duplicate instruction name %{name} in computation {comp.name}", m.start(3))
+        comp.add(inst)
+        return inst, is_root, pos
+
+    def parse_operands(self, comp: Computation, inst: Instruction, pos: int) -> int:
+        text = self.text
+        m = _SIMPLE_OPERANDS.match(text, pos)
+        if m is not None:
+            names = m.group(1)
+            if names:
+                offset = m.start(1)
+                for part in names.split(","):
+                    lead = len(part) - len(part.lstrip())
+                    ref = part.strip()
+                    if ref.startswith("%"):
+                        ref = ref[1:]
+                    op = comp.get(ref)
+                    if op is None:
+                        raise self.undefined(comp, ref, offset + lead)
+                    inst.append_operand(op)
+                    offset += len(part) + 1
+            return m.end()
+        # general form: comments, operand shapes, or line breaks in the list
+        pos = self.skip(pos)
+        if pos < len(text) and text[pos] == ")":
+            return pos + 1
+        while True:
+            if _SHAPE_START.match(text, pos):
+                _, pos = self.shape_at(pos)
+                pos = self.skip(pos)
+            nm = _NAME.match(text, pos)
+            if nm is None:
+                raise self.error(f"expected an operand name, got {self.got(pos)}", pos)
+            op = comp.get(nm.group(1))
+            if op is None:
+                raise self.undefined(comp, nm.group(1), pos)
+            inst.append_operand(op)
+            pos = self.skip(nm.end())
+            if pos >= len(text):
+                raise self.error("unterminated operand list: expected ')'", pos)
+            if text[pos] == ")":
+                return pos + 1
+            if text[pos] != ",":
+                raise self.error(f"expected ',' or ')' in the operand list, got {self.got(pos)}", pos)
+            pos = self.skip(pos + 1)
+
+    def undefined(self, comp: Computation, name: str, offset: int) -> HloParseError:
+        return self.error(f"use of undefined instruction %{name} in computation {comp.name}", offset)
+
+    def note_references(self, comp: Computation, inst: Instruction) -> None:
+        """Record called computations; resolve control predecessors."""
+        attrs = inst.attrs
+        for key in CALLED_COMPUTATION_KEYS:
+            value = attrs.get(key)
+            if value is not None:
+                offset = inst._attr_pos[key]  # type: ignore[index]
+                self.pending_calls.append((inst, key, self.name_list(value, offset, key)))
+        preds = attrs.get("control-predecessors")
+        if preds is not None:
+            offset = inst._attr_pos["control-predecessors"]  # type: ignore[index]
+            for ref, ref_pos in self.name_list(preds, offset, "control-predecessors"):
+                op = comp.get(ref)
+                if op is None:
+                    raise self.undefined(comp, ref, ref_pos)
+                inst.control_predecessors.append(op)
+
+    def name_list(self, value: str, offset: int, key: str) -> list[tuple[str, int]]:
+        """`%a` or `{%a, %b}` -> [(name, offset)]."""
+        inner, base = (value[1:-1], offset + 1) if value.startswith("{") else (value, offset)
+        out: list[tuple[str, int]] = []
+        pos = 0
+        for part in inner.split(","):
+            ref = part.strip()
+            if ref:
+                m = _NAME.fullmatch(ref)
+                if m is None:
+                    raise self.error(f"{key}: expected a computation or instruction name, got {ref!r}", base + pos)
+                out.append((m.group(1), base + pos + len(part) - len(part.lstrip())))
+            pos += len(part) + 1
+        return out
+
+    # -- attributes ---------------------------------------------------------------------
+    def parse_attributes(self, pos: int) -> tuple[dict[str, str], dict[str, int], int]:
+        """Parse `(',' key '=' value)*` up to the end of the line; return texts, offsets, end."""
+        text = self.text
+        attrs: dict[str, str] = {}
+        attr_pos: dict[str, int] = {}
+        n = len(text)
+        while True:
+            pos = _INLINE_WS.match(text, pos).end()  # type: ignore[union-attr]
+            if pos >= n or text[pos] == "\n" or text[pos] == "}":
+                return attrs, attr_pos, pos
+            if text[pos] != ",":
+                raise self.error(f"expected ',' or the end of the line, got {self.got(pos)}", pos)
+            pos = self.skip(pos + 1)
+            km = _ATTR_KEY.match(text, pos)
+            if km is None:
+                raise self.error(f"expected an attribute like key=value, got {self.got(pos)}", pos)
+            key = km.group(1)
+            if key in attrs:
+                raise self.error(f"attribute {key} given twice", pos)
+            vstart = km.end()
+            fm = _FAST_VALUE.match(text, vstart)
+            vend = fm.end() if fm is not None else self.scan_value(vstart)
+            if vend == vstart:
+                raise self.error(f"expected a value for attribute {key}, got {self.got(vstart)}", vstart)
+            attrs[key] = text[vstart:vend]
+            attr_pos[key] = vstart
+            pos = vend
+
+    def scan_value(self, pos: int) -> int:
+        """End of an attribute value: atoms, strings and balanced brackets, up to , or space."""
+        text = self.text
+        n = len(text)
+        while pos < n:
+            c = text[pos]
+            if c in "{[(":
+                pos = self.scan_balanced(pos)
+            elif c == '"':
+                pos = self.scan_string(pos)
+            elif c in ",\n \t\r})]":
+                if c in "})]":
+                    raise self.error(f"unbalanced '{c}'", pos)
+                break
+            else:
+                pos += 1
+        return pos
+
+    def scan_balanced(self, pos: int) -> int:
+        """Given an opening bracket at `pos`, return the offset after its closer."""
+        text = self.text
+        stack = [_CLOSERS[text[pos]]]
+        opened = [pos]
+        i = pos + 1
+        n = len(text)
+        while i < n:
+            c = text[i]
+            if c == '"':
+                i = self.scan_string(i)
+                continue
+            if c in "{[(":
+                stack.append(_CLOSERS[c])
+                opened.append(i)
+            elif c in "}])":
+                if c != stack[-1]:
+                    raise self.error(f"expected '{stack[-1]}' to close '{text[opened[-1]]}', got '{c}'", i)
+                stack.pop()
+                opened.pop()
+                if not stack:
+                    return i + 1
+            elif c == "/" and text.startswith("/*", i):
+                j = text.find("*/", i + 2)
+                if j < 0:
+                    raise self.error("unterminated comment", i)
+                i = j + 2
+                continue
+            i += 1
+        raise self.error(f"'{text[opened[-1]]}' is never closed", opened[-1])
+
+    def scan_string(self, pos: int) -> int:
+        text = self.text
+        i = pos + 1
+        n = len(text)
+        while i < n:
+            c = text[i]
+            if c == "\\":
+                i += 2
+                continue
+            if c == '"':
+                return i + 1
+            if c == "\n":
+                break
+            i += 1
+        raise self.error("unterminated string", pos)
+
+
+def _is_name_char(text: str, pos: int) -> bool:
+    return pos < len(text) and (text[pos].isalnum() or text[pos] in "_.-")

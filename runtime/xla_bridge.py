@@ -1,0 +1,569 @@
+"""The one door from rhino into jax/jaxlib: parse, convert, compile, place, execute, time.
+
+Every use of a jax or jaxlib internal in rhino lives in this module, so that a jax upgrade
+touches one file (pinned: jax == jaxlib == 0.10.2). jax is imported lazily, inside the
+functions, so importing `rhino.runtime.xla_bridge` is cheap and never initializes a
+backend. Nothing in `rhino.hlo` or `rhino.search` may import this module.
+
+The compile path (verified end to end, see runtime/BRIDGE_NOTES.md):
+
+    HLO text --XLA's parser--> HloModule --hlo_to_stablehlo--> StableHLO text
+      (sharding={...} annotations become mhlo.sharding attributes)
+      --backend.compile_and_load(num_partitions=N, use_spmd_partitioning)--> executable
+      whose parameter/output shardings are read back from XLA.
+
+Inputs are placed one shard per device (each device receives only its own slice), the
+program runs with `execute_sharded`, and outputs come back as global numpy arrays (one
+process) or as the local shards with their position in the global array (several).
+
+Every failure that bad input can cause is an `ExecutionError` (or its subclass
+`XlaRejected` when XLA's parser or verifier refuses the text), carrying XLA's message.
+In particular, inputs are checked against the executable before it runs: jaxlib 0.10.2
+crashes the process (SIGSEGV) when `execute_sharded` receives a buffer of the wrong size.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import numpy as np
+
+from rhino.hlo.errors import ExecutionError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import jax
+
+Index: TypeAlias = tuple[slice, ...]
+"""Where a shard sits in its global array: one slice per dimension."""
+
+
+class XlaRejected(ExecutionError):
+    """XLA's own parser or verifier refused a piece of HLO text.
+
+    Used to check rhino's printer output against XLA, and raised by the compile path
+    when the text does not even parse. `line` / `col` are XLA's 1-based position of the
+    first syntax error when its message names one, else None.
+    """
+
+    def __init__(self, xla_message: str, what: str = "HLO text") -> None:
+        self.xla_message = xla_message
+        match = re.search(r"was parsing (\d+):(\d+):", xla_message)
+        self.line: int | None = int(match.group(1)) if match else None
+        self.col: int | None = int(match.group(2)) if match else None
+        super().__init__(f"XLA rejected the {what}: {xla_message}")
+
+
+# --------------------------------------------------------------------------------------
+# Parsing and conversion
+
+
+@dataclass(frozen=True)
+class XlaModuleInfo:
+    """What XLA's own parser saw in a module."""
+
+    name: str
+    """The module name (`HloModule <name>`)."""
+    entry: str
+    """Name of the entry computation."""
+    instruction_count: int
+    """Instructions over all computations (entry, reducers, fusions, bodies...)."""
+    computation_sizes: Mapping[str, int]
+    """Instruction count per computation, in XLA's (post-)order."""
+    text: str
+    """XLA's re-printed text of the module (canonical names with `%`, layouts added)."""
+
+
+def xla_parse(text: str) -> XlaModuleInfo:
+    """Parse HLO text with XLA's parser and count what it holds.
+
+    The parser checks syntax, names and attribute forms, but not shapes: an `add` whose
+    result shape disagrees with its operands is accepted here (use `hlo_to_stablehlo`,
+    whose MLIR verifier does check shapes). Raises `XlaRejected` with XLA's message.
+    """
+    module = _parse_module(text)
+    sizes = {c.name: len(c.instructions()) for c in module.computations()}
+    printed = module.to_string()
+    match = re.search(r"^ENTRY %?([^\s(]+)", printed, re.MULTILINE)
+    return XlaModuleInfo(
+        name=module.name,
+        entry=match.group(1) if match else "",
+        instruction_count=sum(sizes.values()),
+        computation_sizes=sizes,
+        text=printed,
+    )
+
+
+def hlo_to_stablehlo(text: str) -> str:
+    """HLO text -> StableHLO (MLIR) text, through XLA's parser and its MLIR importer.
+
+    `sharding={...}` annotations become `mhlo.sharding = "{...}"` attributes; a ROOT
+    tuple becomes several function results. The MLIR verifier runs on the way, so shape
+    errors the HLO parser lets through are caught here. Raises `XlaRejected`.
+    """
+    return _stablehlo_of(_parse_module(text))
+
+
+def _parse_module(text: str) -> Any:
+    from jax._src.lib import xla_client
+
+    try:
+        return xla_client.hlo.hlo_module_from_text(text)
+    except Exception as exc:  # jax.errors.JaxRuntimeError; XLA's message is the point
+        raise XlaRejected(_strip_status(str(exc))) from None
+
+
+def _stablehlo_of(module: Any) -> str:
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib import xla_client
+    from jax._src.lib.mlir import ir
+
+    try:
+        data = xla_client._xla.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
+        with jax_mlir.make_ir_context():
+            return str(ir.Module.parse(data))
+    except Exception as exc:  # JaxRuntimeError or MLIRError
+        raise XlaRejected(_strip_status(str(exc)), what="module (HLO -> StableHLO)") from None
+
+
+def _strip_status(message: str) -> str:
+    return re.sub(r"^(INVALID_ARGUMENT|INTERNAL|UNIMPLEMENTED|FAILED_PRECONDITION): ", "", message)
+
+
+# --------------------------------------------------------------------------------------
+# Devices
+
+
+def local_devices(platform: str | None, count: int) -> tuple[Any, ...]:
+    """The first `count` devices of `platform` ("cpu", "gpu"; None: jax's default) that
+    this process drives. Raises `ExecutionError` when there are fewer."""
+    return _first_devices(platform, count, local=True)
+
+
+def global_devices(platform: str | None, count: int) -> tuple[Any, ...]:
+    """Like `local_devices`, but over every process of a `jax.distributed` job: the
+    device list to compile for when several processes share one program."""
+    return _first_devices(platform, count, local=False)
+
+
+def _first_devices(platform: str | None, count: int, *, local: bool) -> tuple[Any, ...]:
+    import jax
+
+    if count < 1:
+        raise ExecutionError(f"need at least 1 device, got a request for {count}")
+    try:
+        found = jax.local_devices(backend=platform) if local else jax.devices(platform)
+    except RuntimeError as exc:
+        raise ExecutionError(f"no {platform} platform available to jax: {exc}") from None
+    if len(found) < count:
+        name = platform or found[0].platform
+        hint = (
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={count} before rhino starts"
+            if name == "cpu"
+            else "more visible devices"
+        )
+        raise ExecutionError(
+            f"need {count} devices, have {len(found)} on {name} (set --devices / {hint})"
+        )
+    return tuple(found[:count])
+
+
+# --------------------------------------------------------------------------------------
+# Compiling
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One parameter or output of a compiled program, as XLA laid it out."""
+
+    shape: tuple[int, ...]
+    """Global (unpartitioned) dimensions."""
+    dtype: np.dtype[Any]
+    """Element type as numpy sees it (bfloat16 etc. via ml_dtypes)."""
+    sharding: str
+    """XLA's HloSharding text for it, e.g. `{devices=[2,1,4]<=[8] last_tile_dim_replicate}`."""
+    shard_shape: tuple[int, ...]
+    """Dimensions of the piece each device holds."""
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """XLA's buffer-assignment sizes for ONE device's program (the same program runs on
+    every partition), in bytes."""
+
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    """Output bytes that alias (reuse) argument buffers."""
+    temp_bytes: int
+    """Scratch buffers live during the step."""
+    generated_code_bytes: int
+    peak_bytes: int
+    """XLA's peak estimate; on CPU it equals argument + output + temp - alias."""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """An SPMD executable loaded on `devices`, partition p running on devices[p]."""
+
+    name: str
+    """Module name."""
+    devices: tuple[Any, ...]
+    """jax devices, in partition order (logical id p in replica_groups is devices[p])."""
+    parameters: tuple[ArraySpec, ...]
+    outputs: tuple[ArraySpec, ...]
+    """One per result; a ROOT tuple is flattened (nested tuples too)."""
+    executable: Any = field(repr=False, compare=False)
+    """jaxlib LoadedExecutable."""
+    _in_shardings: tuple[Any, ...] = field(repr=False, compare=False)
+    _out_shardings: tuple[Any, ...] = field(repr=False, compare=False)
+
+    @property
+    def num_partitions(self) -> int:
+        return len(self.devices)
+
+    @property
+    def addressable(self) -> tuple[int, ...]:
+        """Partitions whose device this process drives (all of them in one process)."""
+        import jax
+
+        me = jax.process_index()
+        return tuple(p for p, d in enumerate(self.devices) if d.process_index == me)
+
+    def partitioned_hlo(self) -> str:
+        """The module after SPMD partitioning and optimization: per-device shapes, and
+        the collectives XLA inserted (the measured communication)."""
+        return str(self.executable.hlo_modules()[0].to_string())
+
+    def memory_stats(self) -> MemoryStats:
+        """Per-device sizes from XLA's buffer assignment (reported on CPU too)."""
+        stats = self.executable.get_compiled_memory_stats()
+        return MemoryStats(
+            argument_bytes=int(stats.argument_size_in_bytes),
+            output_bytes=int(stats.output_size_in_bytes),
+            alias_bytes=int(stats.alias_size_in_bytes),
+            temp_bytes=int(stats.temp_size_in_bytes),
+            generated_code_bytes=int(stats.generated_code_size_in_bytes),
+            peak_bytes=int(stats.peak_memory_in_bytes),
+        )
+
+    def cost_analysis(self) -> dict[str, float]:
+        """XLA's per-device cost analysis ("flops", "bytes accessed", ...)."""
+        return {str(k): float(v) for k, v in dict(self.executable.cost_analysis()).items()}
+
+
+def compile_spmd(hlo_text: str, devices: Sequence[Any], *, num_partitions: int) -> Compiled:
+    """Compile annotated HLO text for `num_partitions` SPMD partitions on `devices`.
+
+    Sharding annotations in the text drive XLA's (GSPMD) partitioner; unannotated
+    instructions get shardings by XLA's propagation. num_partitions=1 compiles the plain
+    single-device program. Devices may belong to several processes (`global_devices`).
+    Raises `XlaRejected` when the text does not parse, `ExecutionError` on any compile
+    failure (XLA's message included) or on a program rhino cannot feed (tuple-shaped
+    parameters, uneven shards).
+    """
+    from jax._src.lib import xla_client
+
+    devices = tuple(devices)
+    if num_partitions != len(devices):
+        raise ExecutionError(
+            f"num_partitions={num_partitions} but {len(devices)} devices were given"
+        )
+    module = _parse_module(hlo_text)
+    program = xla_client.XlaComputation(module.as_serialized_hlo_module_proto()).program_shape()
+    mlir_text = _stablehlo_of(module)
+
+    options = xla_client.CompileOptions()
+    build = options.executable_build_options
+    build.num_replicas = 1
+    build.num_partitions = num_partitions
+    build.use_spmd_partitioning = True
+    # Global device ids, not 0..N-1: in a multi-process job they are e.g. 0-3, 2048-2051.
+    ids = np.array([[d.id for d in devices]], dtype=np.int32)
+    build.device_assignment = xla_client.DeviceAssignment.create(ids)
+    backend = _backend_of(devices)
+    try:
+        executable = backend.compile_and_load(
+            mlir_text, xla_client.DeviceList(devices), options
+        )
+    except Exception as exc:  # jax.errors.JaxRuntimeError
+        raise ExecutionError(
+            f"XLA failed to compile {module.name} for {num_partitions} partition(s): "
+            f"{_strip_status(str(exc))}"
+        ) from None
+    return _describe(module.name, devices, executable, program)
+
+
+def _backend_of(devices: tuple[Any, ...]) -> Any:
+    import jax.extend
+
+    return jax.extend.backend.get_backend(devices[0].platform)
+
+
+def _describe(name: str, devices: tuple[Any, ...], executable: Any, program: Any) -> Compiled:
+    """Read back what XLA decided: per-parameter/output sharding, shapes, layouts."""
+    from jax._src.lib import xla_client
+    from jax._src.sharding_impls import GSPMDSharding
+
+    in_shapes = list(program.parameter_shapes())
+    for i, shape in enumerate(in_shapes):
+        if shape.is_tuple():
+            raise ExecutionError(
+                f"{name}: parameter {i} is a tuple {shape}; rhino executes only programs "
+                f"with array parameters"
+            )
+    out_shapes = _flatten_shape(program.result_shape())
+    partitioned = executable.hlo_modules()[0].as_serialized_hlo_module_proto()
+    local = xla_client.XlaComputation(partitioned).program_shape()
+    local_in = list(local.parameter_shapes())
+    local_out = _flatten_shape(local.result_shape())
+
+    device_list = xla_client.DeviceList(devices)
+    in_protos = _shardings_or_replicated(executable.get_parameter_shardings(), len(in_shapes))
+    out_protos = _shardings_or_replicated(executable.get_output_shardings(), len(out_shapes))
+    if len(devices) == 1:  # the partitioner does not run; XLA reports no shardings
+        in_protos = [None] * len(in_shapes)
+        out_protos = [None] * len(out_shapes)
+    if len(in_protos) != len(in_shapes) or len(out_protos) != len(out_shapes):
+        raise ExecutionError(
+            f"{name}: XLA reports {len(in_protos)} parameter / {len(out_protos)} output "
+            f"shardings for {len(in_shapes)} parameters / {len(out_shapes)} outputs"
+        )
+
+    def spec(kind: str, i: int, shape: Any, local_shape: Any, proto: Any) -> tuple[ArraySpec, Any]:
+        hlo_sharding = (
+            xla_client.HloSharding.replicate()
+            if proto is None
+            else xla_client.HloSharding.from_proto(proto)
+        )
+        sharding = GSPMDSharding(device_list, hlo_sharding)
+        dims = tuple(int(d) for d in shape.dimensions())
+        got = tuple(int(d) for d in local_shape.dimensions())
+        try:
+            want = tuple(int(d) for d in sharding.shard_shape(dims))
+        except Exception:  # jax refuses uneven splits
+            want = ()
+        if want != got:
+            raise ExecutionError(
+                f"{name}: {kind} {i} {shape} has sharding {hlo_sharding} and per-device "
+                f"shape {local_shape} (XLA pads uneven shards); rhino executes only "
+                f"shardings that divide every dimension evenly"
+            )
+        return ArraySpec(dims, np.dtype(shape.numpy_dtype()), str(hlo_sharding), got), sharding
+
+    params = [spec("parameter", i, *a) for i, a in enumerate(zip(in_shapes, local_in, in_protos))]
+    outs = [spec("output", i, *a) for i, a in enumerate(zip(out_shapes, local_out, out_protos))]
+    _check_default_layouts(name, executable, params, outs)
+    return Compiled(
+        name=name,
+        devices=devices,
+        parameters=tuple(p for p, _ in params),
+        outputs=tuple(o for o, _ in outs),
+        executable=executable,
+        _in_shardings=tuple(s for _, s in params),
+        _out_shardings=tuple(s for _, s in outs),
+    )
+
+
+def _flatten_shape(shape: Any) -> list[Any]:
+    if shape.is_tuple():
+        return [leaf for element in shape.tuple_shapes() for leaf in _flatten_shape(element)]
+    return [shape]
+
+
+def _shardings_or_replicated(protos: Sequence[Any] | None, count: int) -> list[Any]:
+    if not protos:
+        return [None] * count
+    # XLA reports one sharding for a whole output tuple when all its elements share it.
+    if len(protos) == 1 and count > 1:
+        return list(protos) * count
+    return list(protos)
+
+
+def _check_default_layouts(
+    name: str, executable: Any, params: list[tuple[ArraySpec, Any]], outs: list[tuple[ArraySpec, Any]]
+) -> None:
+    """Inputs are built and outputs read in row-major layout; refuse anything else."""
+    pairs = [
+        *zip(("parameter",) * len(params), params, executable.get_parameter_layouts()),
+        *zip(("output",) * len(outs), outs, executable.get_output_layouts()),
+    ]
+    for i, (kind, (spec, _), layout) in enumerate(pairs):
+        rank = len(spec.shape)
+        default = "{" + ",".join(str(d) for d in reversed(range(rank))) + "}"
+        if rank and str(layout) != default:
+            raise ExecutionError(
+                f"{name}: {kind} {i if kind == 'parameter' else i - len(params)} has layout "
+                f"{layout}, expected row-major {default}"
+            )
+
+
+# --------------------------------------------------------------------------------------
+# Placing inputs, executing, timing
+
+
+@dataclass(frozen=True)
+class DeviceShards:
+    """An input given piece by piece: partition index -> the array that device holds.
+
+    Must cover exactly the partitions this process drives (`Compiled.addressable`)."""
+
+    by_partition: Mapping[int, np.ndarray]
+
+
+ShardFn: TypeAlias = Callable[[Index], np.ndarray]
+"""An input given as a function from a shard's global index to its data (called once per
+addressable device; the global array never exists). Useful for large models."""
+
+Input: TypeAlias = "np.ndarray | DeviceShards | ShardFn"
+"""A global numpy array (sliced per device), per-device shards, or a shard function."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One device's piece of an output."""
+
+    partition: int
+    """Logical partition id (index into `Compiled.devices`)."""
+    index: Index
+    """Where the piece sits in the global array."""
+    data: np.ndarray
+
+
+def place(compiled: Compiled, inputs: Sequence[Input]) -> list[jax.Array]:
+    """Put every input on the devices, each device receiving only its own shard, laid out
+    as the executable's parameter shardings say. Checks shapes and dtypes first."""
+    import jax
+
+    if len(inputs) != len(compiled.parameters):
+        raise ExecutionError(
+            f"{compiled.name} takes {len(compiled.parameters)} inputs, got {len(inputs)}"
+        )
+    placed = []
+    for i, (value, spec, sharding) in enumerate(
+        zip(inputs, compiled.parameters, compiled._in_shardings)
+    ):
+        if isinstance(value, np.ndarray):
+            _check_array(compiled, f"input {i}", value, spec.shape, spec.dtype)
+            placed.append(jax.make_array_from_callback(spec.shape, sharding, value.__getitem__))
+        elif isinstance(value, DeviceShards):
+            placed.append(_place_shards(compiled, i, value, spec, sharding))
+        elif callable(value):
+            placed.append(_place_callback(compiled, i, value, spec, sharding))
+        else:
+            raise ExecutionError(
+                f"{compiled.name}: input {i} is a {type(value).__name__}; expected a numpy "
+                f"array, DeviceShards or a shard function"
+            )
+    return placed
+
+
+def _place_callback(
+    compiled: Compiled, i: int, fn: ShardFn, spec: ArraySpec, sharding: Any
+) -> Any:
+    import jax
+
+    def checked(index: Index) -> np.ndarray:
+        data = np.asarray(fn(index))
+        _check_array(compiled, f"input {i} shard {index}", data, spec.shard_shape, spec.dtype)
+        return data
+
+    return jax.make_array_from_callback(spec.shape, sharding, checked)
+
+
+def _place_shards(
+    compiled: Compiled, i: int, shards: DeviceShards, spec: ArraySpec, sharding: Any
+) -> Any:
+    import jax
+
+    want = set(compiled.addressable)
+    if set(shards.by_partition) != want:
+        raise ExecutionError(
+            f"{compiled.name}: input {i} has shards for partitions "
+            f"{sorted(shards.by_partition)}, expected {sorted(want)}"
+        )
+    arrays = []
+    for p in sorted(want):
+        data = np.asarray(shards.by_partition[p])
+        _check_array(compiled, f"input {i} partition {p}", data, spec.shard_shape, spec.dtype)
+        arrays.append(jax.device_put(data, compiled.devices[p]))
+    return jax.make_array_from_single_device_arrays(spec.shape, sharding, arrays)
+
+
+def _check_array(
+    compiled: Compiled, what: str, data: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]
+) -> None:
+    if tuple(data.shape) != shape or data.dtype != dtype:
+        raise ExecutionError(
+            f"{compiled.name}: {what} is {data.dtype}{list(data.shape)}, "
+            f"expected {dtype}{list(shape)}"
+        )
+
+
+def _run(compiled: Compiled, placed: Sequence[Any]) -> list[list[Any]]:
+    """One step; returns, per output, the single-device arrays of this process."""
+    try:
+        results = compiled.executable.execute_sharded(list(placed))
+        return [list(per_out) for per_out in results.disassemble_into_single_device_arrays()]
+    except Exception as exc:  # jax.errors.JaxRuntimeError
+        raise ExecutionError(
+            f"XLA failed to run {compiled.name}: {_strip_status(str(exc))}"
+        ) from None
+
+
+def execute_shards(compiled: Compiled, inputs: Sequence[Input]) -> tuple[tuple[Shard, ...], ...]:
+    """Run one step; per output, the shards held by this process's devices."""
+    outputs = _run(compiled, place(compiled, inputs))
+    partition_of = {d: p for p, d in enumerate(compiled.devices)}
+    result = []
+    for spec, sharding, arrays in zip(compiled.outputs, compiled._out_shardings, outputs):
+        where = sharding.devices_indices_map(spec.shape)
+        shards = []
+        for array in arrays:
+            (device,) = array.devices()
+            shards.append(Shard(partition_of[device], tuple(where[device]), np.asarray(array)))
+        result.append(tuple(sorted(shards, key=lambda s: s.partition)))
+    return tuple(result)
+
+
+def execute(compiled: Compiled, inputs: Sequence[Input]) -> tuple[np.ndarray, ...]:
+    """Run one step and assemble every output as a global numpy array.
+
+    Needs every device to be driven by this process; in a multi-process job use
+    `execute_shards`. Replicated pieces are taken from the lowest partition holding them.
+    """
+    if len(compiled.addressable) != compiled.num_partitions:
+        raise ExecutionError(
+            f"{compiled.name}: this process drives {len(compiled.addressable)} of "
+            f"{compiled.num_partitions} devices; use execute_shards to get its local pieces"
+        )
+    assembled = []
+    for spec, shards in zip(compiled.outputs, execute_shards(compiled, inputs)):
+        out = np.empty(spec.shape, dtype=spec.dtype)
+        for shard in reversed(shards):  # lowest partition written last, wins
+            out[shard.index] = shard.data
+        assembled.append(out)
+    return tuple(assembled)
+
+
+def time_execution(
+    compiled: Compiled, inputs: Sequence[Input], *, warmup: int, steps: int
+) -> tuple[float, ...]:
+    """Wall-clock seconds of each of `steps` runs after `warmup` runs, inputs placed once,
+    each step timed until all outputs are ready on every local device."""
+    import jax
+
+    if warmup < 0 or steps < 1:
+        raise ExecutionError(f"need warmup >= 0 and steps >= 1, got {warmup} and {steps}")
+    placed = place(compiled, inputs)
+    times = []
+    for step in range(warmup + steps):
+        start = time.perf_counter()
+        outputs = _run(compiled, placed)
+        jax.block_until_ready(outputs)
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+    return tuple(times)
