@@ -1,2 +1,31 @@
+"""The `rhino` command: parse | plan | pipeline | run | sweep."""
+
+from __future__ import annotations
+
+import click
+
+from rhino.cli.parse_cmd import parse_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="rhino")
+def cli() -> None:
+    """rhino: make a single-device XLA HLO training step run well on many devices.
+
+    \b
+    Examples:
+      rhino parse examples/gpt_tiny.hlo
+      rhino plan model.hlo --mesh 2x8 --opt O2
+      rhino run model.hlo --plan plan.json
+    """
+
+
+cli.add_command(parse_command)
+
+
 def main() -> None:
-    print("rhino")
+    cli(prog_name="rhino")
+
+
+if __name__ == "__main__":
+    main()

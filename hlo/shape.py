@@ -64,7 +64,7 @@ FLOAT_DTYPES = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Shape:
     """An array shape, or a tuple of shapes (then `dtype == "tuple"`)."""
 

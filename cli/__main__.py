@@ -1,0 +1,3 @@
+from rhino.cli.main import main
+
+main()

@@ -1,0 +1,108 @@
+"""What every rhino command shares: options, error handling, output helpers."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from rhino.hlo.errors import RhinoError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+JSON_SCHEMA_VERSION = 1
+
+stdout = Console(highlight=False, soft_wrap=False)
+stderr = Console(stderr=True, highlight=False)
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
+debug_option = click.option("--debug", is_flag=True, help="Show Python tracebacks for errors.")
+
+
+def handle_errors(fn: F) -> F:
+    """Turn RhinoError into `error: ...` on stderr and its exit code (2, or 1 for failed checks).
+
+    With --debug the traceback is shown instead. Any other exception is a bug in rhino:
+    it is reported as such, with exit code 3 (the traceback with --debug).
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        debug = kwargs.get("debug", False)
+        try:
+            return fn(*args, **kwargs)
+        except RhinoError as e:
+            if debug:
+                raise
+            stderr.print(f"[bold red]error:[/] {_escape(str(e))}")
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            stderr.print("interrupted")
+            sys.exit(130)
+        except Exception as e:  # a bug in rhino, not bad input
+            if debug:
+                raise
+            stderr.print(
+                f"[bold red]internal error:[/] {type(e).__name__}: {_escape(str(e))}\n"
+                "This is a bug in rhino; rerun with --debug for the traceback."
+            )
+            sys.exit(3)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, tuples and numpy scalars to plain JSON types."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return to_jsonable(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return value
+
+
+def emit_json(command: str, payload: dict[str, Any]) -> None:
+    """Print `{"schema": "rhino.<command>/<version>", ...payload}` on stdout."""
+    doc = {"schema": f"rhino.{command}/{JSON_SCHEMA_VERSION}", **to_jsonable(payload)}
+    click.echo(json.dumps(doc, indent=2, sort_keys=False))
+
+
+@contextmanager
+def status(message: str, enabled: bool = True) -> Iterator[None]:
+    """A spinner on stderr while a step runs (only on a terminal, never in --json pipes)."""
+    if enabled and stderr.is_terminal:
+        with stderr.status(message):
+            yield
+    else:
+        yield
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human_count(n: float) -> str:
+    for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f}"
