@@ -271,17 +271,17 @@ def _window(text: str) -> Window:
     fields: dict[str, list[str]] = {}
     for item in inner.split():
         if "=" not in item:
-            raise TextError(f"window: expected key=value, got {item!r}")
+            raise TextError(f"expected key=value, got {item!r}")
         k, v = item.split("=", 1)
         if k not in ("size", "stride", "pad", "lhs_dilate", "rhs_dilate", "rhs_reversal"):
-            raise TextError(f"window: unknown field {k!r}")
+            raise TextError(f"unknown field {k!r}")
         fields[k] = v.split("x")
     if "size" not in fields:
-        raise TextError("window: missing size=")
+        raise TextError("missing size=")
     n = len(fields["size"])
     for k, v in fields.items():
         if len(v) != n:
-            raise TextError(f"window: {k} has {len(v)} dims, size has {n}")
+            raise TextError(f"{k} has {len(v)} dims, size has {n}")
     try:
         dims = []
         for i in range(n):
@@ -300,7 +300,7 @@ def _window(text: str) -> Window:
                 )
             )
     except ValueError:
-        raise TextError(f"window: malformed numbers in {text.strip()!r}") from None
+        raise TextError(f"malformed numbers in {text.strip()!r}") from None
     return Window(tuple(dims))
 
 

@@ -62,23 +62,16 @@ class Source:
 class Instruction:
     """One HLO instruction: `name = shape opcode(operands), key=value, ...`."""
 
-    __slots__ = (
-        "name",
-        "opcode",
-        "opcode_text",
-        "shape",
-        "operands",
-        "users",
-        "attrs",
-        "parent",
-        "parameter_number",
-        "literal",
-        "called",
-        "control_predecessors",
-        "_decoded",
-        "_attr_pos",
-        "pos",
-    )
+    # rare fields default at class level, so a parsed instruction stores only what it has
+    parameter_number: int | None = None
+    literal: str | None = None
+    called: tuple[Computation, ...] = ()
+    control_predecessors: tuple[Instruction, ...] = ()
+    _attrs: dict[str, str] | None = None
+    _attr_text: str | None = None
+    _attr_pos: dict[str, int] | None = None
+    _decoded: dict[str, Any] | None = None
+    pos: int = -1
 
     def __init__(
         self,
@@ -104,21 +97,14 @@ class Instruction:
         """Operands in order; each operand lists this instruction among its `users`."""
         self.users: dict[Instruction, None] = {}
         """Instructions that take this one as an operand (insertion ordered, unique)."""
-        self.attrs: dict[str, str] = dict(attrs) if attrs else {}
-        """Attribute texts, verbatim, in print order (`{"dimensions": "{0}"}`)."""
+        if attrs:
+            self._attrs = dict(attrs)
         self.parent: Computation | None = None
         """The computation this instruction belongs to."""
-        self.parameter_number = parameter_number
-        """N of `parameter(N)`; None for other opcodes."""
-        self.literal = literal
-        """The literal text of a `constant(...)`, verbatim; None for other opcodes."""
-        self.called: list[Computation] = []
-        """Computations this instruction calls (to_apply, body, condition, calls, ...)."""
-        self.control_predecessors: list[Instruction] = []
-        """Instructions that must run before this one (`control-predecessors={...}`)."""
-        self._decoded: dict[str, Any] = {}
-        self._attr_pos: dict[str, int] | None = None
-        self.pos: int = -1
+        if parameter_number is not None:
+            self.parameter_number = parameter_number
+        if literal is not None:
+            self.literal = literal
         for op in operands or ():
             self.append_operand(op)
 
@@ -142,10 +128,56 @@ class Instruction:
                     user.replace_operand(i, new)
 
     # -- attributes -------------------------------------------------------------------
+    @property
+    def attrs(self) -> dict[str, str]:
+        """Attribute texts, verbatim, in print order (`{"dimensions": "{0}"}`).
+
+        Parsed instructions keep their attribute tail as one string until this is read.
+        """
+        attrs = self._attrs
+        if attrs is None:
+            attrs = self._attrs = self._split_attr_text() if self._attr_text else {}
+        return attrs
+
+    @attrs.setter
+    def attrs(self, value: dict[str, str]) -> None:
+        self._attrs = dict(value)
+        self._attr_text = None
+
+    @property
+    def attr_text(self) -> str:
+        """The attributes as printed: `, key=value, ...` (empty when there are none)."""
+        if self._attrs is None:
+            return self._attr_text or ""
+        return "".join(f", {k}={v}" for k, v in self._attrs.items())
+
+    def _split_attr_text(self) -> dict[str, str]:
+        from rhino.hlo.lexemes import ATTR_ITEM
+
+        text = self._attr_text or ""
+        base = self._attr_pos.pop("<tail>", 0) if self._attr_pos else 0
+        attrs: dict[str, str] = {}
+        positions = self._attr_pos if self._attr_pos is not None else {}
+        for m in ATTR_ITEM.finditer(text):
+            key = m.group(1)
+            if key in attrs:
+                raise self._located(f"attribute {key} given twice", base + m.start(1))
+            attrs[key] = m.group(2)
+            positions[key] = base + m.start(2)
+        self._attr_pos = positions
+        return attrs
+
+    def _located(self, message: str, offset: int) -> Exception:
+        module = self.parent.parent if self.parent else None
+        if module is not None and module.source is not None:
+            return module.source.error(message, offset)
+        return HloParseError(message, SourceSpan("<ir>", 0, 1, self.name))
+
     def attr(self, key: str, default: Any = None) -> Any:
         """The decoded value of attribute `key` (decoded once, then cached)."""
-        if key in self._decoded:
-            return self._decoded[key]
+        decoded = self._decoded
+        if decoded is not None and key in decoded:
+            return decoded[key]
         text = self.attrs.get(key)
         if text is None:
             return default
@@ -155,27 +187,30 @@ class Instruction:
             value = decode_attr(key, text)
         except TextError as e:
             raise self._attr_error(key, e) from None
-        self._decoded[key] = value
+        if decoded is None:
+            decoded = self._decoded = {}
+        decoded[key] = value
         return value
 
     def set_attr(self, key: str, value: Any) -> None:
         """Set attribute `key` to `value` (any object whose str() is XLA's text form)."""
         self.attrs[key] = str(value)
+        if self._decoded is None:
+            self._decoded = {}
         self._decoded[key] = value
 
     def del_attr(self, key: str) -> None:
         self.attrs.pop(key, None)
-        self._decoded.pop(key, None)
+        if self._decoded is not None:
+            self._decoded.pop(key, None)
 
     def _attr_error(self, key: str, e: TextError) -> Exception:
-        module = self.parent.parent if self.parent else None
-        source = module.source if module else None
-        if source is None or self._attr_pos is None or key not in self._attr_pos:
+        if self._attr_pos is None or key not in self._attr_pos:
             return HloParseError(
                 f"attribute {key}={self.attrs.get(key)} of %{self.name}: {e.message}",
                 SourceSpan("<ir>", 0, 1, f"{self.name} ... {key}={self.attrs.get(key)}"),
             )
-        return source.error(f"{key}: {e.message}", self._attr_pos[key] + e.offset)
+        return self._located(f"{key}: {e.message}", self._attr_pos[key] + e.offset)
 
     @property
     def sharding(self) -> Any:

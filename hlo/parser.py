@@ -25,6 +25,7 @@ Every error is an `HloParseError` with file:line:col.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import re
 import sys
@@ -32,13 +33,21 @@ from pathlib import Path
 
 from rhino.hlo.errors import HloParseError, TextError
 from rhino.hlo.ir import CALLED_COMPUTATION_KEYS, Computation, Instruction, Module, Source
+from rhino.hlo.lexemes import FAST_LINE, REFERENCE_KEYS
 from rhino.hlo.opcode import OPCODE_BY_TEXT, Opcode
 from rhino.hlo.shape import Shape, parse_shape_at
+
+_SHAPE_CACHE: dict[str, Shape] = {}
 
 _WS = re.compile(r"(?:[ \t\r\n]+|/\*.*?\*/)*", re.S)
 _INLINE_WS = re.compile(r"(?:[ \t\r]+|/\*.*?\*/)*", re.S)
 _NAME = re.compile(r"%?([A-Za-z_][\w.\-]*)")
 _INSTR_HEAD = re.compile(r"(ROOT[ \t]+)?(%?)([A-Za-z_][\w.\-]*)[ \t]*=[ \t]*")
+# the common case in one match: name, array shape, opcode
+_FAST_HEAD = re.compile(
+    r"(ROOT[ \t]+)?%?([A-Za-z_][\w.\-]*)[ \t]*=[ \t]*"
+    r"([a-z][a-z0-9]*\[[\d,]*\](?:\{[^{}]*\})?)[ \t]+([a-z][a-z0-9\-]*)\("
+)
 _OPCODE = re.compile(r"([a-z][a-z0-9\-]*)[ \t]*\(")
 _PARAM_NUMBER = re.compile(r"[ \t]*(\d+)[ \t]*\)")
 _SIMPLE_OPERANDS = re.compile(r"[ \t]*((?:%?[A-Za-z_][\w.\-]*[ \t]*,[ \t]*)*%?[A-Za-z_][\w.\-]*)?[ \t]*\)")
@@ -52,13 +61,27 @@ _FAST_VALUE = re.compile(
 _SHAPE_START = re.compile(r"[a-z][a-z0-9]*\[|\(")
 _SECTION_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 _CLOSERS = {"{": "}", "[": "]", "(": ")"}
+# a line that starts a new instruction or closes a computation: an open bracket never spans it
+_NEXT_STATEMENT = re.compile(r"[ \t]*(?:\}[ \t]*(?:\n|$)|(?:ROOT[ \t]+)?%?[A-Za-z_][\w.\-]*[ \t]*=[ \t]*[(a-z])")
 
 
-def parse_module(text: str, filename: str = "<string>", *, lazy: bool = True) -> Module:
-    """Parse HLO module text. With `lazy=False`, decode every attribute and literal too."""
-    module = _Parser(text, filename).parse()
-    if not lazy:
-        force_decode(module)
+def parse_module(text: str, filename: str = "<string>", *, lazy: bool = True, fast: bool = True) -> Module:
+    """Parse HLO module text. With `lazy=False`, decode every attribute and literal too.
+
+    `fast=False` turns off the one-regex path for ordinary lines (the result is the same;
+    the differential tests compare both).
+    """
+    # The parse allocates ~10 objects per instruction and frees none: the cyclic GC would
+    # rescan the growing heap over and over (a third of the time on a 50k-line module).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        module = _Parser(text, filename, fast=fast).parse()
+        if not lazy:
+            force_decode(module)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return module
 
 
@@ -111,8 +134,9 @@ def force_decode(module: Module) -> None:
 
 
 class _Parser:
-    def __init__(self, text: str, filename: str) -> None:
+    def __init__(self, text: str, filename: str, *, fast: bool = True) -> None:
         self.text = text
+        self.fast = fast
         self.source = Source(filename, text)
         self.pos = 0
         # (instruction, key, [(name, offset)]) to resolve once all computations are known
@@ -177,7 +201,7 @@ class _Parser:
                 comp = module.computation(name)
                 if comp is None:
                     raise self.error(f"{key} refers to an unknown computation %{name}", offset)
-                inst.called.append(comp)
+                inst.called = (*inst.called, comp)
 
     # -- computations -------------------------------------------------------------------
     def parse_computation(self, module: Module, pos: int) -> int:
@@ -201,20 +225,26 @@ class _Parser:
         if is_entry and any(c.is_entry for c in module.computations):
             raise self.error("a second ENTRY computation", m.start())
         module.add_computation(comp)
-        pos = self.skip(brace + 1)
+        pos = brace + 1
         root: Instruction | None = None
+        fast_line = FAST_LINE.match if self.fast else None
         while True:
-            if pos >= len(text):
-                raise self.error(f"computation {name} is not closed: expected '}}'", len(text))
-            if text[pos] == "}":
-                pos += 1
-                break
-            inst, is_root, pos = self.parse_instruction(comp, pos)
+            m = fast_line(text, pos) if fast_line is not None else None
+            fast_inst = self.build_fast(comp, m) if m is not None else None
+            if fast_inst is not None:
+                inst, is_root, pos = fast_inst, m.group(1) is not None, m.end()  # type: ignore[union-attr]
+            else:
+                pos = self.skip(pos)
+                if pos >= len(text):
+                    raise self.error(f"computation {name} is not closed: expected '}}'", len(text))
+                if text[pos] == "}":
+                    pos += 1
+                    break
+                inst, is_root, pos = self.parse_instruction(comp, pos)
             if is_root:
                 if root is not None:
                     raise self.error(f"a second ROOT in computation {name}", inst.pos)
                 root = inst
-            pos = self.skip(pos)
         if not comp.instructions:
             raise self.error(f"computation {name} has no instructions", brace)
         comp.root = root if root is not None else comp.instructions[-1]
@@ -243,24 +273,20 @@ class _Parser:
     def parse_instruction(self, comp: Computation, pos: int) -> tuple[Instruction, bool, int]:
         text = self.text
         start = pos
-        m = _INSTR_HEAD.match(text, pos)
-        if m is None:
-            m2 = _NAME.match(text, pos)
-            if m2 is None or m2.group(1) == "ROOT":
-                raise self.error(f"expected an instruction or '}}', got {self.got(pos)}", pos)
-            after = self.skip(m2.end())
-            raise self.error(f"expected '=' after instruction name %{m2.group(1)}, got {self.got(after)}", after)
-        is_root = m.group(1) is not None
-        name = m.group(3)
-        pos = m.end()
-        shape, pos = self.shape_at(pos)
-        pos = _INLINE_WS.match(text, pos).end()  # type: ignore[union-attr]
-        om = _OPCODE.match(text, pos)
-        if om is None:
-            raise self.error(f"expected an opcode like add(...) after the shape, got {self.got(pos)}", pos)
-        opcode_text = om.group(1)
+        fm = _FAST_HEAD.match(text, pos)
+        if fm is not None:
+            is_root = fm.group(1) is not None
+            name = fm.group(2)
+            shape = _SHAPE_CACHE.get(fm.group(3))
+            if shape is None:
+                shape, _ = self.shape_at(fm.start(3))
+                _SHAPE_CACHE[fm.group(3)] = shape
+            opcode_text = fm.group(4)
+            name_pos = fm.start(2)
+            pos = fm.end()
+        else:
+            is_root, name, name_pos, shape, opcode_text, pos = self.parse_head(pos)
         opcode = OPCODE_BY_TEXT.get(opcode_text, Opcode.UNKNOWN)
-        pos = om.end()
         inst = Instruction(name, opcode, shape, opcode_text=opcode_text)
         inst.pos = start
         if opcode is Opcode.PARAMETER:
@@ -278,17 +304,96 @@ class _Parser:
             pos = end
         else:
             pos = self.parse_operands(comp, inst, pos)
-        attrs, attr_pos, pos = self.parse_attributes(pos)
-        if attrs:
-            inst.attrs = attrs
-            if inst._attr_pos:
-                attr_pos.update(inst._attr_pos)
-            inst._attr_pos = attr_pos
-            self.note_references(comp, inst)
-        if comp.get(name) is not None:
-            raise self.error(f"duplicate instruction name %{name} in computation {comp.name}", m.start(3))
+        if pos < len(text) and text[pos] == "\n":
+            pass  # no attributes: the common case, skip the attribute scanner
+        else:
+            attrs, attr_pos, pos = self.parse_attributes(pos)
+            if attrs:
+                inst.attrs = attrs
+                if inst._attr_pos:
+                    attr_pos.update(inst._attr_pos)
+                inst._attr_pos = attr_pos
+                self.note_references(comp, inst)
+        if name in comp._by_name:
+            raise self.error(f"duplicate instruction name %{name} in computation {comp.name}", name_pos)
         comp.add(inst)
         return inst, is_root, pos
+
+    def build_fast(self, comp: Computation, m: re.Match[str]) -> Instruction | None:
+        """The instruction of a line FAST_LINE matched, or None to leave it to the exact path.
+
+        Nothing is changed before every check has passed, so a None costs only time.
+        """
+        is_root, name, shape_text, opcode_text, args, tail = m.groups()
+        by_name = comp._by_name
+        if name in by_name:
+            return None
+        shape = _SHAPE_CACHE.get(shape_text)
+        if shape is None:
+            try:
+                shape, end = parse_shape_at(shape_text, 0)
+            except TextError:
+                return None
+            _SHAPE_CACHE[shape_text] = shape
+        opcode = OPCODE_BY_TEXT.get(opcode_text, Opcode.UNKNOWN)
+        inst = Instruction.__new__(Instruction)
+        inst.name = name
+        inst.opcode = opcode
+        inst.opcode_text = opcode_text
+        inst.shape = shape
+        inst.users = {}
+        inst.parent = comp
+        start = m.start(1) if is_root else m.start(2)
+        inst.pos = start - 1 if not is_root and self.text[start - 1] == "%" else start
+        if opcode is Opcode.PARAMETER:
+            if not args.isdigit():
+                return None
+            inst.parameter_number = int(args)
+            inst.operands = []
+        elif opcode is Opcode.CONSTANT:
+            literal = args.strip()
+            inst.literal = literal
+            inst._attr_pos = {"<literal>": m.start(5) + len(args) - len(args.lstrip())}
+            inst.operands = []
+        else:
+            ops = []
+            if args.strip():
+                for part in args.split(","):
+                    ref = part.strip()
+                    op = by_name.get(ref[1:] if ref[:1] == "%" else ref)
+                    if op is None:
+                        return None
+                    ops.append(op)
+            inst.operands = ops
+            for op in ops:
+                op.users[inst] = None
+        if tail:
+            inst._attr_text = tail
+            if inst._attr_pos is None:
+                inst._attr_pos = {}
+            inst._attr_pos["<tail>"] = m.start(6)
+            if REFERENCE_KEYS.search(tail):
+                self.note_references(comp, inst)
+        comp.instructions.append(inst)
+        by_name[name] = inst
+        return inst
+
+    def parse_head(self, pos: int) -> tuple[bool, str, int, Shape, str, int]:
+        """`[ROOT] name = shape opcode(` in the general case (tuple shapes, comments...)."""
+        text = self.text
+        m = _INSTR_HEAD.match(text, pos)
+        if m is None:
+            m2 = _NAME.match(text, pos)
+            if m2 is None or m2.group(1) == "ROOT":
+                raise self.error(f"expected an instruction or '}}', got {self.got(pos)}", pos)
+            after = self.skip(m2.end())
+            raise self.error(f"expected '=' after instruction name %{m2.group(1)}, got {self.got(after)}", after)
+        shape, pos = self.shape_at(m.end())
+        pos = _INLINE_WS.match(text, pos).end()  # type: ignore[union-attr]
+        om = _OPCODE.match(text, pos)
+        if om is None:
+            raise self.error(f"expected an opcode like add(...) after the shape, got {self.got(pos)}", pos)
+        return m.group(1) is not None, m.group(3), m.start(3), shape, om.group(1), om.end()
 
     def parse_operands(self, comp: Computation, inst: Instruction, pos: int) -> int:
         text = self.text
@@ -296,17 +401,15 @@ class _Parser:
         if m is not None:
             names = m.group(1)
             if names:
-                offset = m.start(1)
+                by_name = comp._by_name
+                ops = inst.operands
                 for part in names.split(","):
-                    lead = len(part) - len(part.lstrip())
                     ref = part.strip()
-                    if ref.startswith("%"):
-                        ref = ref[1:]
-                    op = comp.get(ref)
+                    op = by_name.get(ref[1:] if ref[0] == "%" else ref)
                     if op is None:
-                        raise self.undefined(comp, ref, offset + lead)
-                    inst.append_operand(op)
-                    offset += len(part) + 1
+                        raise self.undefined_in(comp, names, m.start(1), part)
+                    ops.append(op)
+                    op.users[inst] = None
             return m.end()
         # general form: comments, operand shapes, or line breaks in the list
         pos = self.skip(pos)
@@ -332,6 +435,15 @@ class _Parser:
                 raise self.error(f"expected ',' or ')' in the operand list, got {self.got(pos)}", pos)
             pos = self.skip(pos + 1)
 
+    def undefined_in(self, comp: Computation, names: str, offset: int, bad: str) -> HloParseError:
+        """The error for operand `bad` of the comma-separated `names` starting at `offset`."""
+        for part in names.split(","):
+            if part is bad or part == bad:
+                lead = len(part) - len(part.lstrip())
+                return self.undefined(comp, part.strip().lstrip("%"), offset + lead)
+            offset += len(part) + 1
+        return self.undefined(comp, bad.strip(), offset)
+
     def undefined(self, comp: Computation, name: str, offset: int) -> HloParseError:
         return self.error(f"use of undefined instruction %{name} in computation {comp.name}", offset)
 
@@ -350,7 +462,7 @@ class _Parser:
                 op = comp.get(ref)
                 if op is None:
                     raise self.undefined(comp, ref, ref_pos)
-                inst.control_predecessors.append(op)
+                inst.control_predecessors = (*inst.control_predecessors, op)
 
     def name_list(self, value: str, offset: int, key: str) -> list[tuple[str, int]]:
         """`%a` or `{%a, %b}` -> [(name, offset)]."""
@@ -436,6 +548,8 @@ class _Parser:
                 opened.pop()
                 if not stack:
                     return i + 1
+            elif c == "\n" and _NEXT_STATEMENT.match(text, i + 1):
+                raise self.error(f"'{text[opened[-1]]}' is never closed", opened[-1])
             elif c == "/" and text.startswith("/*", i):
                 j = text.find("*/", i + 2)
                 if j < 0:

@@ -46,6 +46,4 @@ def print_instruction(inst: Instruction, pct: str = "", *, is_root: bool = False
     else:
         args = ", ".join(pct + op.name for op in inst.operands)
     text = f"{'ROOT ' if is_root else ''}{pct}{inst.name} = {inst.shape} {inst.opcode_text}({args})"
-    if inst.attrs:
-        text += ", " + ", ".join(f"{k}={v}" for k, v in inst.attrs.items())
-    return text
+    return text + inst.attr_text

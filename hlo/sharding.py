@@ -5,12 +5,12 @@ The grammar, as XLA 0.10.2 prints and parses it (xla/hlo/parser/hlo_parser.cc
 `HloSharding::Print`; xla/hlo/ir/tile_assignment.cc)::
 
     sharding     ::= '{' '}'                                  -- empty tuple
-                   | '{' single '(,' single)* '}'             -- tuple (flat, never nested)
+                   | '{' single (',' single)* '}'             -- tuple (flat, never nested)
                    | single
     single       ::= '{' item* '}' | '{' named '}'
     item         ::= 'replicated' | 'manual' | 'unknown' | 'unreduced'
                    | 'maximal' | 'device=' int
-                   | 'devices=' '[' ints ']' (ints | iota)
+                   | 'devices=' '[' ints? ']' (ints | iota)   -- '[]' only as XLA prints it
                    | 'last_tile_dim_replicate'
                    | 'last_tile_dims=' '{' type (',' type)* '}'
                    | ('shard_as' | 'shard_like') int
@@ -40,7 +40,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from rhino.hlo.errors import TextError
 
 SUBGROUP_TYPES = ("manual", "replicated", "unreduced", "maximal")
@@ -154,9 +153,9 @@ class HloSharding:
         """
         shape = tuple(int(d) for d in tile_shape)
         ids = tuple(int(d) for d in devices)
-        problem = _tile_assignment_problem(shape, ids, None, None)
+        problem = _tile_shape_problem(shape) or _device_list_problem(shape, ids)
         if problem is not None:
-            raise ValueError(problem[1])
+            raise ValueError(problem)
         iota = _find_iota(ids)
         reshape, transpose = iota if iota is not None else (None, None)
         return HloSharding(
@@ -307,9 +306,7 @@ def _structure_problem(s: HloSharding) -> str | None:
         if tiled_fields:
             return f"a {s.kind.value} sharding takes no tile assignment"
         return None
-    problem = _tile_assignment_problem(
-        s.tile_shape, s.device_ids, s.iota_reshape, s.iota_transpose
-    )
+    problem = _tile_assignment_problem(s.tile_shape, s.device_ids, s.iota_reshape, s.iota_transpose)
     if problem is not None:
         return problem[1]
     return _subgroup_problem(s.tile_shape, s.last_tile_dim_replicate, s.subgroup_types)
@@ -325,25 +322,18 @@ def _tile_assignment_problem(
 
     part names where the problem is: "shape", "devices", "reshape" or "transpose".
     """
-    if not tile_shape:
-        return "shape", "a tiled sharding needs at least one tile dim"
-    if any(d < 1 for d in tile_shape):
-        return "shape", f"tile dims must be >= 1, got [{_ints(tile_shape)}]"
+    shape_problem = _tile_shape_problem(tile_shape)
+    if shape_problem is not None:
+        return "shape", shape_problem
     n = math.prod(tile_shape)
     if (device_ids is None) == (iota_reshape is None):
         return "devices", "give either an explicit device list or an iota, not both or neither"
     if device_ids is not None:
+        problem = _device_list_problem(tile_shape, device_ids)
+        if problem is not None:
+            return "devices", problem
         if len(device_ids) < 2:
             return "devices", "an explicit device list needs more than one device (XLA rule)"
-        if len(device_ids) != n:
-            return "devices", (
-                f"{len(device_ids)} device ids for tile shape [{_ints(tile_shape)}], "
-                f"which needs {n}"
-            )
-        if sorted(device_ids) != list(range(n)):
-            return "devices", (
-                f"device ids must be a permutation of 0..{n - 1}, got {_ints(device_ids)}"
-            )
         return None
     assert iota_reshape is not None
     if not iota_reshape or any(d < 1 for d in iota_reshape):
@@ -366,6 +356,23 @@ def _tile_assignment_problem(
             f"transpose T({_ints(iota_transpose)}) is not a permutation of "
             f"0..{len(iota_reshape) - 1}"
         )
+    return None
+
+
+def _tile_shape_problem(tile_shape: tuple[int, ...]) -> str | None:
+    # No tile dims at all is legal: XLA prints `{devices=[]<=[1]}` for a one-device
+    # sharding of a scalar (though its own parser then rejects that text).
+    if any(d < 1 for d in tile_shape):
+        return f"tile dims must be >= 1, got [{_ints(tile_shape)}]"
+    return None
+
+
+def _device_list_problem(tile_shape: tuple[int, ...], device_ids: tuple[int, ...]) -> str | None:
+    n = math.prod(tile_shape)
+    if len(device_ids) != n:
+        return f"{len(device_ids)} device ids for tile shape [{_ints(tile_shape)}], which needs {n}"
+    if sorted(device_ids) != list(range(n)):
+        return f"device ids must be a permutation of 0..{n - 1}, got {_ints(device_ids)}"
     return None
 
 
@@ -640,23 +647,32 @@ class _Parser:
     def parse_item(self, items: _Items) -> None:
         token = self.next()
         if token.kind == "word" and token.text in _KEYWORD_KINDS:
-            items.set_kind(_KEYWORD_KINDS[token.text], token)
+            items.see("kind", token)
+            items.kind = _KEYWORD_KINDS[token.text]
         elif token.kind == "word" and token.text == "last_tile_dim_replicate":
-            items.set_once("last_tile_dim_replicate", token, True)
+            items.see("last_tile_dim_replicate", token)
+            items.last_tile_dim_replicate = True
         elif token.kind == "word" and token.text in ("shard_as", "shard_like"):
+            items.see("shard_group", token)
             group_id = self.parse_int(f"an integer group id after '{token.text}'")
-            items.set_once("shard_group", token, ShardGroup(token.text, group_id))
+            items.shard_group = ShardGroup(token.text, group_id)
         elif token.kind == "attr" and token.text == "device":
-            items.set_once("device", token, self.parse_int("an integer after 'device='"))
+            items.see("device", token)
+            items.device = self.parse_int("an integer after 'device='")
         elif token.kind == "attr" and token.text == "devices":
-            self.parse_tile_assignment(items, token)
+            items.see("devices", token)
+            self.parse_tile_assignment(items)
         elif token.kind == "attr" and token.text == "last_tile_dims":
-            items.set_once("subgroup_types", token, self.parse_subgroup_types())
+            items.see("subgroup_types", token)
+            items.subgroup_types = self.parse_subgroup_types()
         elif token.kind == "attr" and token.text == "metadata":
+            items.see("metadata", token)
             brace = self.peek()
             if brace.kind != "{":
-                raise TextError(f"expected '{{' after 'metadata=', found {brace.describe()}", brace.start)
-            items.set_once("metadata", token, self.parse_braced_verbatim(brace.start))
+                raise TextError(
+                    f"expected '{{' after 'metadata=', found {brace.describe()}", brace.start
+                )
+            items.metadata = self.parse_braced_verbatim(brace.start)
         else:
             raise TextError(
                 "expected a sharding item (replicated, manual, maximal, unknown, unreduced, "
@@ -665,24 +681,30 @@ class _Parser:
                 token.start,
             )
 
-    def parse_tile_assignment(self, items: _Items, attr: _Token) -> None:
-        """'[' ints ']' (ints | '<=' '[' ints ']' ('T' '(' ints ')')?)"""
-        items.set_once("devices", attr, True)
+    def parse_tile_assignment(self, items: _Items) -> None:
+        """'[' ints? ']' (ints | '<=' '[' ints ']' ('T' '(' ints ')')?)"""
         items.offsets["shape"] = self.expect("[", "'[' after 'devices='").end
-        items.tile_shape = self.parse_int_list("an integer tile dim")
+        if self.peek().kind != "]":
+            items.tile_shape = self.parse_int_list("an integer tile dim")
         self.expect("]", "',' or ']' after the tile dims")
         leq = self.parse_optional("<=")
         if leq is None:
-            items.offsets["devices"] = self.peek().start
-            items.device_ids = self.parse_int_list("a device id or '<=[' after 'devices=[...]'")
+            token = self.peek()
+            items.offsets["devices"] = token.start
+            if token.kind != "int":
+                raise TextError(
+                    f"expected device ids or '<=[' after 'devices=[...]', found {token.describe()}",
+                    token.start,
+                )
+            items.device_ids = self.parse_int_list("a device id")
             return
         items.offsets["devices"] = leq.start
         items.offsets["reshape"] = self.expect("[", "'[' after '<='").end
         items.iota_reshape = self.parse_int_list("an integer iota reshape dim")
         self.expect("]", "',' or ']' after the iota reshape dims")
         token = self.peek()
+        items.offsets["transpose"] = token.start
         if token.kind == "word" and token.text == "T":
-            items.offsets["transpose"] = token.start
             self.next()
             self.expect("(", "'(' after 'T'")
             items.iota_transpose = self.parse_int_list("an integer in the transpose T(...)")
@@ -712,31 +734,31 @@ class _Items:
 
     def __init__(self, open_offset: int) -> None:
         self.open_offset = open_offset
-        self.kind: ShardingKind | None = None
         self.seen: dict[str, _Token] = {}
-        self.values: dict[str, object] = {}
+        """The token that introduced each item, by item name."""
         self.offsets: dict[str, int] = {}
+        """Where each part of the tile assignment starts ("shape", "devices", ...)."""
+        self.kind: ShardingKind | None = None
         self.tile_shape: tuple[int, ...] = ()
         self.device_ids: tuple[int, ...] | None = None
         self.iota_reshape: tuple[int, ...] | None = None
         self.iota_transpose: tuple[int, ...] | None = None
+        self.last_tile_dim_replicate = False
+        self.subgroup_types: tuple[str, ...] = ()
+        self.device: int | None = None
+        self.shard_group: ShardGroup | None = None
+        self.metadata: str | None = None
 
-    def set_kind(self, kind: ShardingKind, token: _Token) -> None:
-        if self.kind is not None:
-            raise TextError(
-                f"'{token.text}' conflicts with '{self.seen['kind'].text}' in one sharding",
-                token.start,
-            )
-        self.kind = kind
-        self.seen["kind"] = token
-
-    def set_once(self, name: str, token: _Token, value: object) -> None:
-        if name in self.seen:
-            raise TextError(f"{token.describe()} given twice in one sharding", token.start)
-        if name == "shard_group" and "shard_group" in self.seen:
-            raise TextError("at most one of shard_as / shard_like", token.start)
+    def see(self, name: str, token: _Token) -> None:
+        """Record item `name`; each may appear once, and only one kind keyword."""
+        earlier = self.seen.get(name)
+        if earlier is not None:
+            if earlier.text == token.text:
+                message = f"{token.describe()} given twice in one sharding"
+            else:
+                message = f"{token.describe()} conflicts with {earlier.describe()} in one sharding"
+            raise TextError(message, token.start)
         self.seen[name] = token
-        self.values[name] = value
 
     def _error_at(self, name: str, message: str) -> TextError:
         token = self.seen.get(name)
@@ -758,31 +780,25 @@ class _Items:
             raise self._error_at("device", "'device=' belongs to 'maximal' only")
         if kind is ShardingKind.MAXIMAL and "device" not in self.seen:
             raise self._error_at("kind", "'maximal' needs 'device=N'")
-        if kind is not ShardingKind.TILED:
-            for name in ("last_tile_dim_replicate", "subgroup_types"):
-                if name in self.seen:
-                    raise self._error_at(
-                        name, f"{self.seen[name].describe()} needs a tiled sharding"
-                    )
-        if "last_tile_dim_replicate" in self.seen and "subgroup_types" in self.seen:
-            raise self._error_at(
-                "subgroup_types", "give last_tile_dim_replicate or last_tile_dims=, not both"
-            )
+        if kind is ShardingKind.MAXIMAL and self.device is not None and self.device < 0:
+            raise self._error_at("device", f"device id must be >= 0, got {self.device}")
+        for name in ("last_tile_dim_replicate", "subgroup_types"):
+            if name in self.seen and kind is not ShardingKind.TILED:
+                raise self._error_at(name, f"{self.seen[name].describe()} needs a tiled sharding")
         if kind is ShardingKind.TILED:
             self._check_tile_assignment()
-        sharding = HloSharding(
+        return HloSharding(
             kind,
             tile_shape=self.tile_shape,
             device_ids=self.device_ids,
             iota_reshape=self.iota_reshape,
             iota_transpose=self.iota_transpose,
-            last_tile_dim_replicate=bool(self.values.get("last_tile_dim_replicate", False)),
-            subgroup_types=self.values.get("subgroup_types", ()),  # type: ignore[arg-type]
-            device=self.values.get("device"),  # type: ignore[arg-type]
-            shard_group=self.values.get("shard_group"),  # type: ignore[arg-type]
-            metadata=self.values.get("metadata"),  # type: ignore[arg-type]
+            last_tile_dim_replicate=self.last_tile_dim_replicate,
+            subgroup_types=self.subgroup_types,
+            device=self.device,
+            shard_group=self.shard_group,
+            metadata=self.metadata,
         )
-        return sharding
 
     def _check_tile_assignment(self) -> None:
         problem = _tile_assignment_problem(
@@ -790,17 +806,13 @@ class _Items:
         )
         if problem is not None:
             part, message = problem
-            offset = self.offsets.get(part, self.offsets.get("devices", self.open_offset))
-            raise TextError(message, offset)
-        subgroups = self.values.get("subgroup_types", ())
-        problem_text = _subgroup_problem(
-            self.tile_shape,
-            bool(self.values.get("last_tile_dim_replicate", False)),
-            subgroups,  # type: ignore[arg-type]
+            raise TextError(message, self.offsets.get(part, self.open_offset))
+        subgroup_message = _subgroup_problem(
+            self.tile_shape, self.last_tile_dim_replicate, self.subgroup_types
         )
-        if problem_text is not None:
-            name = "subgroup_types" if subgroups else "last_tile_dim_replicate"
-            raise self._error_at(name, problem_text)
+        if subgroup_message is not None:
+            name = "subgroup_types" if self.subgroup_types else "last_tile_dim_replicate"
+            raise self._error_at(name, subgroup_message)
 
 
 def parse_sharding(text: str) -> HloSharding:

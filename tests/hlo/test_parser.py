@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rhino.hlo.errors import HloParseError
+from rhino.hlo.opcode import Opcode
+from rhino.hlo.parser import parse_file, parse_module
+from rhino.hlo.printer import print_module
+from rhino.hlo.shape import Shape
+from tests.hlo.corpus import ROOT, corpus_files, corpus_ids
+
+MLP = ROOT / "tests" / "data" / "mlp_step.hlo"
+
+
+def test_golden_jax_text_prints_back_unchanged() -> None:
+    text = MLP.read_text()
+    assert print_module(parse_module(text)) == text
+
+
+def test_structure_of_parsed_module() -> None:
+    m = parse_file(MLP)
+    assert m.name == "jit_step"
+    assert [c.name for c in m.computations] == ["region_0.1", "main.2"]
+    entry = m.entry
+    assert entry.name == "main.2" and entry.is_entry
+    assert entry.root is not None and entry.root.name == "tuple.1"
+    dot = entry["dot_general.5"]
+    assert dot.opcode is Opcode.DOT
+    assert dot.shape == Shape("f32", (4, 32), "1,0")
+    assert [o.name for o in dot.operands] == ["x.1", "params_0_.1"]
+    assert dot.attr("lhs_contracting_dims") == (1,)
+    assert entry["x.1"].users.keys() >= {dot}
+    reduce = entry["reduce_sum.7"]
+    assert reduce.called == (m.computation("region_0.1"),)
+    assert [p.name for p in entry.parameters] == ["params_0_.1", "params_1_.1", "x.1", "y.1"]
+
+
+@pytest.mark.parametrize("path", corpus_files(), ids=corpus_ids())
+def test_print_is_a_fixpoint(path: Path) -> None:
+    once = print_module(parse_file(path, lazy=False))
+    twice = print_module(parse_module(once))
+    assert once == twice
+
+
+def test_percent_names_operand_shapes_and_comments() -> None:
+    text = """HloModule m, is_scheduled=true
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %add = f32[] add(f32[] %x, f32[] %y)
+}
+
+ENTRY %main (p: f32[8], q: (f32[8], s32[])) -> (f32[8], f32[]) {
+  %p = f32[8]{0} parameter(0)
+  %q = (f32[8]{0}, s32[]) parameter(1)
+  %g = f32[8]{0} get-tuple-element((f32[8]{0}, s32[]) %q), index=0
+  %zero = f32[] constant(0)
+  %r = f32[] reduce(f32[8]{0} %g, f32[] %zero), dimensions={0}, to_apply=%add
+  ROOT %t = (f32[8]{0}, /*index=1*/f32[]) tuple(%p, /*index=1*/%r)
+}
+"""
+    m = parse_module(text)
+    assert m.percent_names
+    t = m.entry.root
+    assert [o.name for o in t.operands] == ["p", "r"]
+    assert t.shape.is_tuple and len(t.shape.elements) == 2
+    printed = print_module(m)
+    assert "ROOT %t = (f32[8]{0}, f32[]) tuple(%p, %r)" in printed
+    assert "ENTRY %main (p: f32[8], q: (f32[8], s32[])) -> (f32[8], f32[]) {" in printed
+    assert print_module(parse_module(printed)) == printed
+
+
+def test_multiline_literal_and_unknown_opcode_kept_verbatim() -> None:
+    text = """HloModule m
+
+ENTRY e {
+  c = f32[2,2]{1,0} constant({ { 1, 2 },
+                               { 3, 4 } })
+  ROOT f = f32[2,2]{1,0} my-new-op(c), mystery_attr={a=[1,2] b="x,y"}, another=7
+}
+"""
+    m = parse_module(text, lazy=False)
+    root = m.entry.root
+    assert root.opcode is Opcode.UNKNOWN and root.opcode_text == "my-new-op"
+    assert root.attrs == {"mystery_attr": '{a=[1,2] b="x,y"}', "another": "7"}
+    printed = print_module(m)
+    assert 'my-new-op(c), mystery_attr={a=[1,2] b="x,y"}, another=7' in printed
+
+
+def test_gzip_and_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+    import io
+
+    gz = tmp_path / "m.hlo.gz"
+    gz.write_bytes(gzip.compress(MLP.read_bytes()))
+    assert parse_file(gz).instruction_count == 48
+    monkeypatch.setattr("sys.stdin", io.StringIO(MLP.read_text()))
+    assert parse_file("-").instruction_count == 48
+
+
+BAD = """HloModule m
+
+ENTRY e {
+  p = f32[2]{0} parameter(0)
+  ROOT a = f32[2]{0} add(p, q)
+}
+"""
+
+ERROR_CASES = [
+    # (text, line, col, message fragment)
+    ("", 1, 1, "expected 'HloModule'"),
+    ("HloModule m\n", 2, 1, "no computations"),
+    (BAD, 5, 29, "undefined instruction %q"),
+    (BAD.replace("f32[2]{0} parameter", "f33[2]{0} parameter"), 4, 7, "unknown element type 'f33'"),
+    (BAD.replace("p = f32", "p f32"), 4, 5, "expected '=' after instruction name %p"),
+    (BAD.replace("add(p, q)", "add(p, p"), 6, 1, "expected ',' or ')'"),
+    (BAD.replace("add(p, q)", "add(p, p), dimensions={0"), 5, 44, "is never closed"),
+    (BAD.replace("add(p, q)", 'add(p, p), metadata={op_name="x}'), 5, 51, "unterminated string"),
+    (BAD.replace("add(p, q)", "add(p, p) junk"), 5, 32, "expected ',' or the end of the line"),
+    (BAD.replace("add(p, q)", "add(p, p)").rstrip("}\n"), 5, 31, "is not closed"),
+    (BAD.replace("add(p, q)", "add(p, p)").replace("ROOT a", "ROOT p"), 5, 8, "duplicate instruction name %p"),
+    (BAD.replace("add(p, q)", "add(p, p), to_apply=nowhere"), 5, 42, "unknown computation %nowhere"),
+    (BAD.replace("{0} parameter", "{0,1} parameter"), 4, 14, "not a permutation"),
+    (BAD.replace("add(p, q)", "add(p, p), dimensions={0,x}"), 5, 47, "expected an integer"),
+    (BAD.replace("add(p, q)", "add(p, p), window={size=2 pad=1}"), 5, 40, "window: malformed"),
+    (BAD.replace("parameter(0)", "parameter(x)"), 4, 27, "expected a parameter number"),
+    (BAD.replace("add(p, q)", "add(p, p)").replace("parameter(0)", "constant({1, 2, 3})"), 4, 31, "more than 2 elements"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "col", "fragment"), ERROR_CASES)
+def test_parse_errors_name_line_and_column(text: str, line: int, col: int, fragment: str) -> None:
+    with pytest.raises(HloParseError) as info:
+        parse_module(text, "bad.hlo", lazy=False)
+    e = info.value
+    assert fragment in e.message
+    assert (e.line, e.col) == (line, col), str(e)
+    assert str(e).startswith(f"bad.hlo:{line}:{col}: error: ")
+    assert str(e).splitlines()[-1].index("^") == col + 1  # "  " + caret under the column
+
+
+def test_lazy_attribute_error_is_located_when_read() -> None:
+    text = BAD.replace("add(p, q)", "add(p, p), dimensions={0,x}")
+    m = parse_module(text, "lazy.hlo")  # lazy: the value is not decoded yet
+    with pytest.raises(HloParseError) as info:
+        m.entry.root.attr("dimensions")
+    assert (info.value.line, info.value.col) == (5, 47)
+
+
+def test_not_utf8(tmp_path: Path) -> None:
+    p = tmp_path / "x.hlo"
+    p.write_bytes(b"HloModule m\n\xff\xfe")
+    with pytest.raises(HloParseError, match="not UTF-8"):
+        parse_file(p)
