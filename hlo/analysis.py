@@ -210,7 +210,7 @@ def _scalar(inst: Instruction | None) -> float | None:
         value = decode_literal(inst.literal, inst.shape)
     except TextError:
         return None
-    return float(value.reshape(()))
+    return None if value is None else float(value.reshape(()))
 
 
 def _tuple_element(inst: Instruction, index: int) -> Instruction | None:

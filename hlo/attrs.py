@@ -395,9 +395,16 @@ def _enum(text: str) -> str:
     return t
 
 
-def _enum_list(text: str) -> tuple[str, ...]:
+class EnumList(tuple[str, ...]):
+    """`{default,highest}`."""
+
+    def __str__(self) -> str:
+        return "{" + ",".join(self) + "}"
+
+
+def _enum_list(text: str) -> EnumList:
     inner = _braced(text)
-    return tuple(_enum(p) for p in inner.split(",")) if inner.strip() else ()
+    return EnumList(_enum(p) for p in inner.split(",")) if inner.strip() else EnumList(())
 
 
 def _sharding(text: str) -> Any:
@@ -486,6 +493,15 @@ DECODERS: dict[str, Callable[[str], Any]] = {
     "scatter": _name,
     "control-predecessors": _names,
 }
+
+
+def format_attr(value: Any) -> str:
+    """XLA's text for a decoded (or hand-made) attribute value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple) and not isinstance(value, IntList | IntListList | NameList | EnumList):
+        return "{" + ",".join(format_attr(v) for v in value) + "}"
+    return str(value)
 
 
 def decode_attr(key: str, text: str) -> Any:

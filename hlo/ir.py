@@ -193,8 +193,10 @@ class Instruction:
         return value
 
     def set_attr(self, key: str, value: Any) -> None:
-        """Set attribute `key` to `value` (any object whose str() is XLA's text form)."""
-        self.attrs[key] = str(value)
+        """Set attribute `key` to `value` (a decoded value, a bool, int, tuple, or text)."""
+        from rhino.hlo.attrs import format_attr
+
+        self.attrs[key] = format_attr(value)
         if self._decoded is None:
             self._decoded = {}
         self._decoded[key] = value

@@ -8,6 +8,7 @@ Grammar:
     array   := '{' [literal (',' literal)*] '}'      nested once per dimension
     tuple   := '(' literal (',' literal)* ')'         for tuple shapes
 
+An elided literal `{...}` (XLA's print_large_constants=false) decodes to None.
 Values come back as float64 / int64 / bool / complex128 arrays (bf16 and f8 widen to
 float64); the planner only reads small constants (trip counts, iota bounds).
 """
@@ -27,7 +28,13 @@ _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?
 
 
 def decode_literal(text: str, shape: Shape) -> Any:
-    """numpy array (or tuple of them) for `text` as a literal of `shape`; TextError if not."""
+    """numpy array (or tuple of them) for `text` as a literal of `shape`; TextError if not.
+
+    XLA prints large constants as `{...}` when asked to elide them; their value is
+    unknown and decodes to None.
+    """
+    if text.strip() == "{...}":
+        return None
     tokens = [(m.group(0), m.start()) for m in _TOKEN.finditer(text) if not m.group(0).startswith("/*")]
     reader = _Reader(tokens, text)
     value = reader.literal(shape)

@@ -194,5 +194,4 @@ OPERAND_COUNT: dict[Opcode, int] = {
     Opcode.PAD: 2,
     Opcode.GATHER: 2,
     Opcode.WHILE: 1,
-    Opcode.DYNAMIC_RESHAPE: 1,
 }

@@ -184,6 +184,7 @@ class _Parser:
         if not any(c.is_entry for c in module.computations):
             module.computations[-1].is_entry = True
         self.resolve_calls(module)
+        uniquify_names(module)
         return module
 
     def parse_sections(self, module: Module, pos: int) -> int:
@@ -574,6 +575,29 @@ class _Parser:
                 break
             i += 1
         raise self.error("unterminated string", pos)
+
+
+def uniquify_names(module: Module) -> None:
+    """Rename instructions whose name an earlier computation already used, as XLA does.
+
+    XLA's parser accepts the same name in two computations and renames the later one
+    (`t` -> `t.1`); rhino keeps names unique across the module so a plan can key on them.
+    """
+    used: set[str] = set()
+    for comp in module.computations:
+        renamed = False
+        for inst in comp.instructions:
+            name = inst.name
+            if name in used:
+                base, _, suffix = name.rpartition(".")
+                stem, n = (base, int(suffix)) if base and suffix.isdigit() else (name, 0)
+                while f"{stem}.{n + 1}" in used or f"{stem}.{n + 1}" in comp._by_name:
+                    n += 1
+                inst.name = f"{stem}.{n + 1}"
+                renamed = True
+            used.add(inst.name)
+        if renamed:
+            comp._by_name = {i.name: i for i in comp.instructions}
 
 
 def _is_name_char(text: str, pos: int) -> bool:
