@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rhino.hlo.errors import TextError
+from rhino.hlo.lexemes import STRING as STRING_RE
 
 
 class Raw(str):
@@ -236,10 +237,55 @@ class IotaReplicaGroups(IntListList):
         return self.text
 
 
+_MESH_AXIS = re.compile(r"'([^']*)'=(\d+)")
+_MESH_GROUPS = re.compile(r"mesh\[([^\]]*)\](?:\s*\{([^{}]*)\})?")
+
+
+class MeshReplicaGroups(IntListList):
+    """`mesh['a'=2,'b'=4] {'a'}`: one group per setting of the mesh axes not listed.
+
+    When XLA also prints `device_ids=(...)`, that is a separate attribute to rhino's
+    scanner; `rhino.hlo.analysis.replica_groups(inst)` combines the two.
+    """
+
+    text: str
+    axes: tuple[tuple[str, int], ...]
+    grouped: tuple[str, ...] | None
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def mesh_groups(axes: tuple[tuple[str, int], ...], grouped: tuple[str, ...], device_ids: list[int]) -> list[list[int]]:
+    """Groups of `device_ids` laid row-major on the mesh, varying along the `grouped` axes."""
+    import numpy as np
+
+    sizes = [n for _, n in axes]
+    ids = np.asarray(device_ids).reshape(sizes)
+    names = [a for a, _ in axes]
+    inner = [names.index(a) for a in grouped]
+    outer = [i for i in range(len(names)) if i not in inner]
+    ids = ids.transpose(outer + inner).reshape(-1, int(np.prod([sizes[i] for i in inner] or [1])))
+    return [list(map(int, row)) for row in ids]
+
+
 def _replica_groups(text: str) -> IntListList:
     t = text.strip()
     if t.startswith("{"):
         return _int_list_list(t)
+    if t.startswith("mesh["):
+        m = _MESH_GROUPS.fullmatch(t)
+        if m is None:
+            raise TextError(f"expected replica groups like mesh['a'=2,'b'=4] {{'a'}}, got {t!r}")
+        axes = tuple((a, int(n)) for a, n in _MESH_AXIS.findall(m.group(1)))
+        grouped = tuple(re.findall(r"'([^']*)'", m.group(2))) if m.group(2) is not None else None
+        n = 1
+        for _, size in axes:
+            n *= size
+        groups = mesh_groups(axes, grouped, list(range(n))) if grouped is not None else []
+        value = MeshReplicaGroups(IntList(g) for g in groups)
+        value.text, value.axes, value.grouped = t, axes, grouped
+        return value
     m = _IOTA_GROUPS.fullmatch(t)
     if m is None:
         raise TextError(f"expected replica groups like {{{{0,1}},{{2,3}}}} or [2,2]<=[4], got {t!r}")
@@ -347,20 +393,60 @@ def _padding(text: str) -> PaddingConfig:
     return PaddingConfig(tuple(dims))
 
 
-_KV = re.compile(r'\s*([\w.\-]+)\s*=\s*("(?:[^"\\]|\\.)*"|\{[^{}]*\}|[^\s,"{}]+)\s*,?')
+_KV_KEY = re.compile(r"\s*([\w.\-]+)\s*=\s*")
 
 
 def _key_values(text: str) -> KeyValues:
+    """`{k="v" k2=3}` or `{k="v", k2={{0,1}}}`: values verbatim, nesting allowed."""
     inner = _braced(text)
+    base = text.index("{") + 1
     items: dict[str, str] = {}
     pos = 0
-    while pos < len(inner) and inner[pos:].strip():
-        m = _KV.match(inner, pos)
+    n = len(inner)
+    while True:
+        while pos < n and inner[pos] in " ,\t\n":
+            pos += 1
+        if pos >= n:
+            return KeyValues(items, text)
+        m = _KV_KEY.match(inner, pos)
         if m is None:
-            raise TextError(f"expected key=value, got {inner[pos:pos + 20].strip()!r}", pos + 1)
-        items[m.group(1)] = m.group(2)
-        pos = m.end()
-    return KeyValues(items, text)
+            raise TextError(f"expected key=value, got {inner[pos:pos + 20].strip()!r}", base + pos)
+        end = _value_end(inner, m.end(), base)
+        if end == m.end():
+            raise TextError(f"expected a value for {m.group(1)}", base + end)
+        items[m.group(1)] = inner[m.end() : end]
+        pos = end
+
+
+def _value_end(text: str, pos: int, base: int) -> int:
+    """End of one value: a string, a balanced {...}, or a run up to space or comma."""
+    if pos < len(text) and text[pos] == '"':
+        m = re.compile(STRING_RE).match(text, pos)
+        if m is None:
+            raise TextError("unterminated string", base + pos)
+        return m.end()
+    depth = 0
+    i = pos
+    while i < len(text):
+        c = text[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth < 0:
+                raise TextError("unbalanced '}'", base + i)
+        elif c == '"':
+            m = re.compile(STRING_RE).match(text, i)
+            if m is None:
+                raise TextError("unterminated string", base + i)
+            i = m.end()
+            continue
+        elif depth == 0 and c in " ,\t\n":
+            break
+        i += 1
+    if depth:
+        raise TextError("'{' is never closed", base + pos)
+    return i
 
 
 def _string(text: str) -> str:

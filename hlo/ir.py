@@ -244,6 +244,8 @@ class Computation:
         """Is this the module's ENTRY computation?"""
         self.signature = signature
         """Text between the name and `{`, verbatim (`(p: f32[2]) -> f32[2]`), if any."""
+        self.attrs: dict[str, str] = {}
+        """Attributes after the closing brace (`}, execution_thread="host"`), verbatim."""
         self.instructions: list[Instruction] = []
         """Instructions in definition order (operands before users)."""
         self.root: Instruction | None = None

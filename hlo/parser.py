@@ -2,7 +2,7 @@
 
 Grammar (whitespace and `/* ... */` comments may appear between any two tokens):
 
-    module       := 'HloModule' NAME (',' attribute)* section* computation*
+    module       := ['HloModule' NAME (',' attribute)*] section* computation*
     section      := ('FileNames' | 'FunctionNames' | 'FileLocations' | 'StackFrames')
                     lines up to a blank line                      (kept verbatim)
     computation  := ['ENTRY'] ['%'] NAME [signature] '{' instruction* '}'
@@ -39,8 +39,8 @@ from rhino.hlo.shape import Shape, parse_shape_at
 
 _SHAPE_CACHE: dict[str, Shape] = {}
 
-_WS = re.compile(r"(?:[ \t\r\n]+|/\*.*?\*/)*", re.S)
-_INLINE_WS = re.compile(r"(?:[ \t\r]+|/\*.*?\*/)*", re.S)
+_WS = re.compile(r"(?:[ \t\r\n]+|/\*.*?\*/|//[^\n]*)*", re.S)
+_INLINE_WS = re.compile(r"(?:[ \t\r]+|/\*.*?\*/|//[^\n]*)*", re.S)
 _NAME = re.compile(r"%?([A-Za-z_][\w.\-]*)")
 _INSTR_HEAD = re.compile(r"(ROOT[ \t]+)?(%?)([A-Za-z_][\w.\-]*)[ \t]*=[ \t]*")
 # the common case in one match: name, array shape, opcode
@@ -165,16 +165,20 @@ class _Parser:
     def parse(self) -> Module:
         text = self.text
         pos = self.skip(0)
-        if not text.startswith("HloModule", pos):
+        if text.startswith("HloModule", pos):
+            pos = self.skip(pos + len("HloModule"))
+            m = _NAME.match(text, pos)
+            if m is None:
+                raise self.error(f"expected a module name after 'HloModule', got {self.got(pos)}", pos)
+            module = Module(name=m.group(1), source=self.source)
+            attrs, _, pos = self.parse_attributes(m.end())
+            module.attrs = attrs
+            pos = self.skip(pos)
+        elif pos < len(text) and _NAME.match(text, pos):
+            # XLA also reads bare computations; it names the module after the entry
+            module = Module(name="", source=self.source)
+        else:
             raise self.error(f"expected 'HloModule' at the start of the module, got {self.got(pos)}", pos)
-        pos = self.skip(pos + len("HloModule"))
-        m = _NAME.match(text, pos)
-        if m is None:
-            raise self.error(f"expected a module name after 'HloModule', got {self.got(pos)}", pos)
-        module = Module(name=m.group(1), source=self.source)
-        attrs, _, pos = self.parse_attributes(m.end())
-        module.attrs = attrs
-        pos = self.skip(pos)
         pos = self.parse_sections(module, pos)
         while pos < len(text):
             pos = self.parse_computation(module, pos)
@@ -183,6 +187,8 @@ class _Parser:
             raise self.error("the module has no computations", len(text))
         if not any(c.is_entry for c in module.computations):
             module.computations[-1].is_entry = True
+        if not module.name:
+            module.name = f"module_{module.entry.name}"
         self.resolve_calls(module)
         uniquify_names(module)
         return module
@@ -239,7 +245,11 @@ class _Parser:
                 if pos >= len(text):
                     raise self.error(f"computation {name} is not closed: expected '}}'", len(text))
                 if text[pos] == "}":
-                    pos += 1
+                    after = _INLINE_WS.match(text, pos + 1).end()  # type: ignore[union-attr]
+                    if after < len(text) and text[after] == ",":  # `}, execution_thread="host"`
+                        comp.attrs, _, pos = self.parse_attributes(pos + 1)
+                    else:
+                        pos += 1
                     break
                 inst, is_root, pos = self.parse_instruction(comp, pos)
             if is_root:
@@ -510,7 +520,11 @@ class _Parser:
             pos = vend
 
     def scan_value(self, pos: int) -> int:
-        """End of an attribute value: atoms, strings and balanced brackets, up to , or space."""
+        """End of an attribute value: atoms, strings and balanced brackets, up to , or space.
+
+        A brace group after spaces continues the value (XLA prints `mesh[...] {'axis_0'}`
+        for replica groups and `s32[2]{0} {1, 2}` for a custom-call's literal).
+        """
         text = self.text
         n = len(text)
         while pos < n:
@@ -519,7 +533,15 @@ class _Parser:
                 pos = self.scan_balanced(pos)
             elif c == '"':
                 pos = self.scan_string(pos)
-            elif c in ",\n \t\r})]":
+            elif c in " \t":
+                # `mesh[...] {'axis_0'}` and `s32[2]{0} {1, 2}`: a brace group after
+                # spaces still belongs to the value
+                after = _INLINE_WS.match(text, pos).end()  # type: ignore[union-attr]
+                if after < n and text[after] == "{":
+                    pos = after
+                else:
+                    break
+            elif c in ",\n\r})]":
                 if c in "})]":
                     raise self.error(f"unbalanced '{c}'", pos)
                 break

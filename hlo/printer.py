@@ -34,7 +34,7 @@ def print_computation(comp: Computation, pct: str = "") -> str:
     root = comp.root
     for inst in comp.instructions:
         lines.append("  " + print_instruction(inst, pct, is_root=inst is root))
-    lines.append("}")
+    lines.append("}" + "".join(f", {k}={v}" for k, v in comp.attrs.items()))
     return "\n".join(lines)
 
 

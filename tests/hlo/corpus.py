@@ -11,6 +11,7 @@ def corpus_files() -> list[Path]:
     files = sorted((ROOT / "examples").glob("*.hlo"))
     files += sorted((ROOT / "tests" / "data" / "snippets").glob("*.hlo"))
     files += sorted((ROOT / "tests" / "data").glob("*.hlo"))
+    files += sorted((ROOT / "tests" / "data" / "partitioned").glob("*.hlo"))
     return files
 
 
