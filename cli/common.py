@@ -22,7 +22,9 @@ JSON_SCHEMA_VERSION = 1
 stdout = Console(highlight=False, soft_wrap=False)
 stderr = Console(stderr=True, highlight=False)
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout."
+)
 debug_option = click.option("--debug", is_flag=True, help="Show Python tracebacks for errors.")
 
 

@@ -35,13 +35,26 @@ Examples:
 
 @click.command("parse", epilog=EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--emit", type=click.Path(dir_okay=False, writable=True), help="Write the reprinted HLO to this file.")
-@click.option("--dot", "dot_file", type=click.Path(dir_okay=False, writable=True), help="Write a Graphviz view of the entry computation.")
-@click.option("--top", default=10, show_default=True, help="How many of the largest tensors to list.")
+@click.option(
+    "--emit",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write the reprinted HLO to this file.",
+)
+@click.option(
+    "--dot",
+    "dot_file",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write a Graphviz view of the entry computation.",
+)
+@click.option(
+    "--top", default=10, show_default=True, help="How many of the largest tensors to list."
+)
 @json_option
 @debug_option
 @handle_errors
-def parse_command(file: str, emit: str | None, dot_file: str | None, top: int, as_json: bool, debug: bool) -> None:
+def parse_command(
+    file: str, emit: str | None, dot_file: str | None, top: int, as_json: bool, debug: bool
+) -> None:
     """Summarize an HLO module: computations, instructions, opcodes, parameter bytes,
     FLOPs (while loops weighted by their trip count), largest tensors, loops.
 
@@ -67,10 +80,17 @@ def render(file: str, s: ModuleSummary) -> None:
     out.print(f"[bold]{s.name}[/]  ({file})")
     facts = Table(show_header=False, box=None, pad_edge=False)
     facts.add_row("computations", str(s.computations))
-    facts.add_row("instructions", f"{s.instructions} ({s.entry_instructions} in the entry computation)")
+    facts.add_row(
+        "instructions", f"{s.instructions} ({s.entry_instructions} in the entry computation)"
+    )
     facts.add_row("parameters", f"{s.parameters} ({human_bytes(s.parameter_bytes)})")
     facts.add_row("outputs", human_bytes(s.output_bytes))
-    facts.add_row("FLOPs", human_count(s.total_flops) + "FLOP" + (" (loops weighted by trip count)" if s.while_loops else ""))
+    facts.add_row(
+        "FLOPs",
+        human_count(s.total_flops)
+        + "FLOP"
+        + (" (loops weighted by trip count)" if s.while_loops else ""),
+    )
     facts.add_row("bytes accessed", human_bytes(s.total_bytes))
     if s.fusions:
         facts.add_row("fusions", str(s.fusions))
@@ -96,6 +116,10 @@ def render(file: str, s: ModuleSummary) -> None:
         for col in ("instruction", "body", "body size", "trip count"):
             loops.add_column(col)
         for lp in s.while_loops:
-            trips = f"{lp.trip_count} ({lp.trip_count_source})" if lp.trip_count is not None else "unknown (counted once)"
+            trips = (
+                f"{lp.trip_count} ({lp.trip_count_source})"
+                if lp.trip_count is not None
+                else "unknown (counted once)"
+            )
             loops.add_row(f"%{lp.name}", lp.body, str(lp.body_instructions), trips)
         out.print(loops)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -52,8 +53,8 @@ def topological_order(comp: Computation) -> list[Instruction]:
 # -- per-instruction cost ---------------------------------------------------------------
 
 
-def _prod(xs: object) -> int:
-    return math.prod(xs)  # type: ignore[arg-type]
+def _prod(xs: Iterable[int]) -> int:
+    return math.prod(xs)
 
 
 def _dot_flops(inst: Instruction) -> float:
@@ -201,7 +202,12 @@ def _pattern_trip_count(inst: Instruction) -> int | None:
 def _scalar(inst: Instruction | None) -> float | None:
     while inst is not None and inst.opcode in (Opcode.CONVERT, Opcode.COPY):
         inst = inst.operands[0]
-    if inst is None or inst.opcode is not Opcode.CONSTANT or inst.shape.numel != 1 or inst.literal is None:
+    if (
+        inst is None
+        or inst.opcode is not Opcode.CONSTANT
+        or inst.shape.numel != 1
+        or inst.literal is None
+    ):
         return None
     from rhino.hlo.errors import TextError
     from rhino.hlo.literal import decode_literal
@@ -229,7 +235,11 @@ def _step(body: Computation, index: int) -> float | None:
     a, b = update.operands
     if a.opcode is Opcode.GET_TUPLE_ELEMENT and a.attr("index") == index:
         step = _scalar(b)
-    elif b.opcode is Opcode.GET_TUPLE_ELEMENT and b.attr("index") == index and update.opcode is Opcode.ADD:
+    elif (
+        b.opcode is Opcode.GET_TUPLE_ELEMENT
+        and b.attr("index") == index
+        and update.opcode is Opcode.ADD
+    ):
         step = _scalar(a)
     else:
         return None
@@ -333,7 +343,11 @@ def summarize(module: Module, *, top: int = 10) -> ModuleSummary:
     walker = CostWalker(module)
     flops, traffic = walker.computation_cost(entry)
     tensors = sorted(
-        (i for i in module.instructions() if i.opcode not in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT)),
+        (
+            i
+            for i in module.instructions()
+            if i.opcode not in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT)
+        ),
         key=lambda i: (-i.shape.byte_size, i.name),
     )[:top]
     loops = []
@@ -355,9 +369,19 @@ def summarize(module: Module, *, top: int = 10) -> ModuleSummary:
         output_bytes=entry.root.shape.byte_size if entry.root else 0,
         total_flops=flops,
         total_bytes=traffic,
-        largest_tensors=[TensorFact(i.name, i.parent.name if i.parent else "?", i.opcode_text, str(i.shape),
-                                    i.shape.byte_size) for i in tensors],  # fmt: skip
+        largest_tensors=[
+            TensorFact(
+                i.name,
+                i.parent.name if i.parent else "?",
+                i.opcode_text,
+                str(i.shape),
+                i.shape.byte_size,
+            )
+            for i in tensors
+        ],  # fmt: skip
         while_loops=loops,
         fusions=hist.get("fusion", 0),
-        unknown_opcodes=sorted({i.opcode_text for i in module.instructions() if i.opcode is Opcode.UNKNOWN}),
+        unknown_opcodes=sorted(
+            {i.opcode_text for i in module.instructions() if i.opcode is Opcode.UNKNOWN}
+        ),
     )

@@ -217,7 +217,9 @@ def _int_list_list(text: str) -> IntListList:
     while pos < len(inner):
         m = _GROUP.match(inner, pos)
         if m is None:
-            raise TextError(f"expected a group like {{0,1}}, got {inner[pos:pos + 16]!r}", pos + 1)
+            raise TextError(
+                f"expected a group like {{0,1}}, got {inner[pos : pos + 16]!r}", pos + 1
+            )
         groups.append(_int_list(m.group(0)))
         pos = m.end()
         while pos < len(inner) and inner[pos] in ", ":
@@ -256,7 +258,9 @@ class MeshReplicaGroups(IntListList):
         return self.text
 
 
-def mesh_groups(axes: tuple[tuple[str, int], ...], grouped: tuple[str, ...], device_ids: list[int]) -> list[list[int]]:
+def mesh_groups(
+    axes: tuple[tuple[str, int], ...], grouped: tuple[str, ...], device_ids: list[int]
+) -> list[list[int]]:
     """Groups of `device_ids` laid row-major on the mesh, varying along the `grouped` axes."""
     import numpy as np
 
@@ -288,7 +292,9 @@ def _replica_groups(text: str) -> IntListList:
         return value
     m = _IOTA_GROUPS.fullmatch(t)
     if m is None:
-        raise TextError(f"expected replica groups like {{{{0,1}},{{2,3}}}} or [2,2]<=[4], got {t!r}")
+        raise TextError(
+            f"expected replica groups like {{{{0,1}},{{2,3}}}} or [2,2]<=[4], got {t!r}"
+        )
     import numpy as np
 
     shape = [int(x) for x in m.group(1).split(",")]
@@ -305,9 +311,9 @@ def _replica_groups(text: str) -> IntListList:
             raise TextError(f"replica groups {t}: T({m.group(3)}) is not a permutation")
         ids = ids.transpose(perm)
     ids = ids.reshape(shape[0], -1) if len(shape) >= 1 else ids
-    value = IotaReplicaGroups(IntList(int(x) for x in row) for row in ids)
-    value.text = t
-    return value
+    iota = IotaReplicaGroups(IntList(int(x) for x in row) for row in ids)
+    iota.text = t
+    return iota
 
 
 def _window(text: str) -> Window:
@@ -325,9 +331,9 @@ def _window(text: str) -> Window:
     if "size" not in fields:
         raise TextError("missing size=")
     n = len(fields["size"])
-    for k, v in fields.items():
-        if len(v) != n:
-            raise TextError(f"{k} has {len(v)} dims, size has {n}")
+    for k, parts in fields.items():
+        if len(parts) != n:
+            raise TextError(f"{k} has {len(parts)} dims, size has {n}")
     try:
         dims = []
         for i in range(n):
@@ -342,7 +348,9 @@ def _window(text: str) -> Window:
                     pad_high=int(pad[1]),
                     lhs_dilate=int(fields["lhs_dilate"][i]) if "lhs_dilate" in fields else 1,
                     rhs_dilate=int(fields["rhs_dilate"][i]) if "rhs_dilate" in fields else 1,
-                    reversal=fields["rhs_reversal"][i] == "1" if "rhs_reversal" in fields else False,
+                    reversal=fields["rhs_reversal"][i] == "1"
+                    if "rhs_reversal" in fields
+                    else False,
                 )
             )
     except ValueError:
@@ -362,7 +370,9 @@ def _dim_labels(text: str) -> ConvDimLabels:
     n = len(lhs)
     for part, needed in ((lhs, "bf"), (rhs, "io"), (out, "bf")):
         if len(part) != n or any(part.count(c) != 1 for c in needed):
-            raise TextError(f"convolution dim labels {t!r}: each side needs {n} labels incl. {needed}")
+            raise TextError(
+                f"convolution dim labels {t!r}: each side needs {n} labels incl. {needed}"
+            )
     return ConvDimLabels(lhs, rhs, out)
 
 
@@ -410,7 +420,9 @@ def _key_values(text: str) -> KeyValues:
             return KeyValues(items, text)
         m = _KV_KEY.match(inner, pos)
         if m is None:
-            raise TextError(f"expected key=value, got {inner[pos:pos + 20].strip()!r}", base + pos)
+            raise TextError(
+                f"expected key=value, got {inner[pos : pos + 20].strip()!r}", base + pos
+            )
         end = _value_end(inner, m.end(), base)
         if end == m.end():
             raise TextError(f"expected a value for {m.group(1)}", base + end)
@@ -585,7 +597,9 @@ def format_attr(value: Any) -> str:
     """XLA's text for a decoded (or hand-made) attribute value."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, list | tuple) and not isinstance(value, IntList | IntListList | NameList | EnumList):
+    if isinstance(value, list | tuple) and not isinstance(
+        value, IntList | IntListList | NameList | EnumList
+    ):
         return "{" + ",".join(format_attr(v) for v in value) + "}"
     return str(value)
 

@@ -24,7 +24,9 @@ from rhino.hlo.errors import TextError
 from rhino.hlo.shape import Shape
 
 _TOKEN = re.compile(r"[-+]?nan\(0x[0-9a-fA-F]+\)|/\*.*?\*/|[{}(),]|[^\s{}(),/]+|\S", re.S)
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|inf|nan(?:\(0x[0-9a-fA-F]+\))?)")
+_NUMBER = re.compile(
+    r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|inf|nan(?:\(0x[0-9a-fA-F]+\))?)"
+)
 
 
 def decode_literal(text: str, shape: Shape) -> Any:
@@ -35,7 +37,9 @@ def decode_literal(text: str, shape: Shape) -> Any:
     """
     if text.strip() == "{...}":
         return None
-    tokens = [(m.group(0), m.start()) for m in _TOKEN.finditer(text) if not m.group(0).startswith("/*")]
+    tokens = [
+        (m.group(0), m.start()) for m in _TOKEN.finditer(text) if not m.group(0).startswith("/*")
+    ]
     reader = _Reader(tokens, text)
     value = reader.literal(shape)
     if reader.i != len(tokens):
@@ -91,7 +95,9 @@ class _Reader:
             self.array(shape, depth + 1, out)
         got, pos = self.peek()
         if got != "}":
-            raise TextError(f"literal has more than {n} elements along dimension {depth} of {shape}", pos)
+            raise TextError(
+                f"literal has more than {n} elements along dimension {depth} of {shape}", pos
+            )
         self.i += 1
 
     def scalar(self, dtype: str) -> Any:

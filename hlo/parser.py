@@ -50,7 +50,9 @@ _FAST_HEAD = re.compile(
 )
 _OPCODE = re.compile(r"([a-z][a-z0-9\-]*)[ \t]*\(")
 _PARAM_NUMBER = re.compile(r"[ \t]*(\d+)[ \t]*\)")
-_SIMPLE_OPERANDS = re.compile(r"[ \t]*((?:%?[A-Za-z_][\w.\-]*[ \t]*,[ \t]*)*%?[A-Za-z_][\w.\-]*)?[ \t]*\)")
+_SIMPLE_OPERANDS = re.compile(
+    r"[ \t]*((?:%?[A-Za-z_][\w.\-]*[ \t]*,[ \t]*)*%?[A-Za-z_][\w.\-]*)?[ \t]*\)"
+)
 _SIMPLE_LITERAL = re.compile(r"([^()\"\n]*)\)")
 _ATTR_KEY = re.compile(r"([A-Za-z_][\w\-]*)[ \t]*=[ \t]*")
 _FAST_VALUE = re.compile(
@@ -62,10 +64,14 @@ _SHAPE_START = re.compile(r"[a-z][a-z0-9]*\[|\(")
 _SECTION_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 _CLOSERS = {"{": "}", "[": "]", "(": ")"}
 # a line that starts a new instruction or closes a computation: an open bracket never spans it
-_NEXT_STATEMENT = re.compile(r"[ \t]*(?:\}[ \t]*(?:\n|$)|(?:ROOT[ \t]+)?%?[A-Za-z_][\w.\-]*[ \t]*=[ \t]*[(a-z])")
+_NEXT_STATEMENT = re.compile(
+    r"[ \t]*(?:\}[ \t]*(?:\n|$)|(?:ROOT[ \t]+)?%?[A-Za-z_][\w.\-]*[ \t]*=[ \t]*[(a-z])"
+)
 
 
-def parse_module(text: str, filename: str = "<string>", *, lazy: bool = True, fast: bool = True) -> Module:
+def parse_module(
+    text: str, filename: str = "<string>", *, lazy: bool = True, fast: bool = True
+) -> Module:
     """Parse HLO module text. With `lazy=False`, decode every attribute and literal too.
 
     `fast=False` turns off the one-regex path for ordinary lines (the result is the same;
@@ -130,7 +136,9 @@ def force_decode(module: Module) -> None:
                 decode_literal(inst.literal, inst.shape)
             except TextError as e:
                 offset = inst._attr_pos.get("<literal>", inst.pos) if inst._attr_pos else inst.pos
-                raise module.source.error(e.message, offset + e.offset) if module.source else e
+                raise (
+                    module.source.error(e.message, offset + e.offset) if module.source else e
+                ) from None
 
 
 class _Parser:
@@ -169,7 +177,9 @@ class _Parser:
             pos = self.skip(pos + len("HloModule"))
             m = _NAME.match(text, pos)
             if m is None:
-                raise self.error(f"expected a module name after 'HloModule', got {self.got(pos)}", pos)
+                raise self.error(
+                    f"expected a module name after 'HloModule', got {self.got(pos)}", pos
+                )
             module = Module(name=m.group(1), source=self.source)
             attrs, _, pos = self.parse_attributes(m.end())
             module.attrs = attrs
@@ -178,7 +188,9 @@ class _Parser:
             # XLA also reads bare computations; it names the module after the entry
             module = Module(name="", source=self.source)
         else:
-            raise self.error(f"expected 'HloModule' at the start of the module, got {self.got(pos)}", pos)
+            raise self.error(
+                f"expected 'HloModule' at the start of the module, got {self.got(pos)}", pos
+            )
         pos = self.parse_sections(module, pos)
         while pos < len(text):
             pos = self.parse_computation(module, pos)
@@ -268,7 +280,9 @@ class _Parser:
         if pos < len(text) and text[pos] == "(":
             pos = self.skip(self.scan_balanced(pos))
             if not text.startswith("->", pos):
-                raise self.error(f"expected '->' after the parameter list, got {self.got(pos)}", pos)
+                raise self.error(
+                    f"expected '->' after the parameter list, got {self.got(pos)}", pos
+                )
             _, pos = self.shape_at(self.skip(pos + 2))
             pos = self.skip(pos)
         while pos < len(text) and text[pos] == ",":
@@ -277,7 +291,9 @@ class _Parser:
                 raise self.error(f"expected an attribute, got {self.got(pos + 1)}", pos + 1)
             pos = self.skip(self.scan_value(m.end()))
         if pos >= len(text) or text[pos] != "{":
-            raise self.error(f"expected '{{' to open the computation body, got {self.got(pos)}", pos)
+            raise self.error(
+                f"expected '{{' to open the computation body, got {self.got(pos)}", pos
+            )
         return pos
 
     # -- instructions -------------------------------------------------------------------
@@ -303,7 +319,9 @@ class _Parser:
         if opcode is Opcode.PARAMETER:
             pm = _PARAM_NUMBER.match(text, pos)
             if pm is None:
-                raise self.error(f"expected a parameter number like parameter(0), got {self.got(pos)}", pos)
+                raise self.error(
+                    f"expected a parameter number like parameter(0), got {self.got(pos)}", pos
+                )
             inst.parameter_number = int(pm.group(1))
             pos = pm.end()
         elif opcode is Opcode.CONSTANT:
@@ -326,7 +344,9 @@ class _Parser:
                 inst._attr_pos = attr_pos
                 self.note_references(comp, inst)
         if name in comp._by_name:
-            raise self.error(f"duplicate instruction name %{name} in computation {comp.name}", name_pos)
+            raise self.error(
+                f"duplicate instruction name %{name} in computation {comp.name}", name_pos
+            )
         comp.add(inst)
         return inst, is_root, pos
 
@@ -398,12 +418,16 @@ class _Parser:
             if m2 is None or m2.group(1) == "ROOT":
                 raise self.error(f"expected an instruction or '}}', got {self.got(pos)}", pos)
             after = self.skip(m2.end())
-            raise self.error(f"expected '=' after instruction name %{m2.group(1)}, got {self.got(after)}", after)
+            raise self.error(
+                f"expected '=' after instruction name %{m2.group(1)}, got {self.got(after)}", after
+            )
         shape, pos = self.shape_at(m.end())
         pos = _INLINE_WS.match(text, pos).end()  # type: ignore[union-attr]
         om = _OPCODE.match(text, pos)
         if om is None:
-            raise self.error(f"expected an opcode like add(...) after the shape, got {self.got(pos)}", pos)
+            raise self.error(
+                f"expected an opcode like add(...) after the shape, got {self.got(pos)}", pos
+            )
         return m.group(1) is not None, m.group(3), m.start(3), shape, om.group(1), om.end()
 
     def parse_operands(self, comp: Computation, inst: Instruction, pos: int) -> int:
@@ -443,7 +467,9 @@ class _Parser:
             if text[pos] == ")":
                 return pos + 1
             if text[pos] != ",":
-                raise self.error(f"expected ',' or ')' in the operand list, got {self.got(pos)}", pos)
+                raise self.error(
+                    f"expected ',' or ')' in the operand list, got {self.got(pos)}", pos
+                )
             pos = self.skip(pos + 1)
 
     def undefined_in(self, comp: Computation, names: str, offset: int, bad: str) -> HloParseError:
@@ -456,7 +482,9 @@ class _Parser:
         return self.undefined(comp, bad.strip(), offset)
 
     def undefined(self, comp: Computation, name: str, offset: int) -> HloParseError:
-        return self.error(f"use of undefined instruction %{name} in computation {comp.name}", offset)
+        return self.error(
+            f"use of undefined instruction %{name} in computation {comp.name}", offset
+        )
 
     def note_references(self, comp: Computation, inst: Instruction) -> None:
         """Record called computations; resolve control predecessors."""
@@ -485,7 +513,10 @@ class _Parser:
             if ref:
                 m = _NAME.fullmatch(ref)
                 if m is None:
-                    raise self.error(f"{key}: expected a computation or instruction name, got {ref!r}", base + pos)
+                    raise self.error(
+                        f"{key}: expected a computation or instruction name, got {ref!r}",
+                        base + pos,
+                    )
                 out.append((m.group(1), base + pos + len(part) - len(part.lstrip())))
             pos += len(part) + 1
         return out
@@ -514,7 +545,9 @@ class _Parser:
             fm = _FAST_VALUE.match(text, vstart)
             vend = fm.end() if fm is not None else self.scan_value(vstart)
             if vend == vstart:
-                raise self.error(f"expected a value for attribute {key}, got {self.got(vstart)}", vstart)
+                raise self.error(
+                    f"expected a value for attribute {key}, got {self.got(vstart)}", vstart
+                )
             attrs[key] = text[vstart:vend]
             attr_pos[key] = vstart
             pos = vend
@@ -566,7 +599,9 @@ class _Parser:
                 opened.append(i)
             elif c in "}])":
                 if c != stack[-1]:
-                    raise self.error(f"expected '{stack[-1]}' to close '{text[opened[-1]]}', got '{c}'", i)
+                    raise self.error(
+                        f"expected '{stack[-1]}' to close '{text[opened[-1]]}', got '{c}'", i
+                    )
                 stack.pop()
                 opened.pop()
                 if not stack:

@@ -59,9 +59,7 @@ DTYPE_BITS: dict[str, int] = {
     "opaque": 0,
 }
 
-FLOAT_DTYPES = frozenset(
-    k for k in DTYPE_BITS if k.startswith(("f", "bf")) or k in ("c64", "c128")
-)
+FLOAT_DTYPES = frozenset(k for k in DTYPE_BITS if k.startswith(("f", "bf")) or k in ("c64", "c128"))
 
 
 @dataclass(frozen=True)
@@ -137,7 +135,9 @@ def _shape_text(s: Shape) -> str:
     if s.is_tuple:
         return "(" + ", ".join(_shape_text(e) for e in s.elements) + ")"
     if s.dynamic:
-        dims = ",".join(f"<={d}" if dyn else str(d) for d, dyn in zip(s.dims, s.dynamic, strict=True))
+        dims = ",".join(
+            f"<={d}" if dyn else str(d) for d, dyn in zip(s.dims, s.dynamic, strict=True)
+        )
     else:
         dims = ",".join(map(str, s.dims))
     text = f"{s.dtype}[{dims}]"

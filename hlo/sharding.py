@@ -37,9 +37,10 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
+
 from rhino.hlo.errors import TextError
 
 SUBGROUP_TYPES = ("manual", "replicated", "unreduced", "maximal")
@@ -47,6 +48,8 @@ SUBGROUP_TYPES = ("manual", "replicated", "unreduced", "maximal")
 
 
 class ShardingKind(enum.Enum):
+    """What a sharding does with a tensor; TUPLE holds one sharding per tuple leaf."""
+
     REPLICATED = "replicated"
     MANUAL = "manual"
     MAXIMAL = "maximal"
@@ -82,6 +85,10 @@ class ShardGroup:
     group_id: int
     """The group number."""
 
+    def __post_init__(self) -> None:
+        if self.mode not in ("shard_as", "shard_like"):
+            raise ValueError(f"shard group mode must be shard_as or shard_like, got {self.mode!r}")
+
     def __str__(self) -> str:
         return f"{self.mode} {self.group_id}"
 
@@ -112,7 +119,7 @@ class HloSharding:
     """`shard_as N` / `shard_like N`, when present."""
     metadata: str | None = None
     """The value of `metadata=`, braces included, verbatim."""
-    named_text: str | None = field(default=None)
+    named_text: str | None = None
     """NAMED: the whole sharding text, braces included, verbatim."""
 
     def __post_init__(self) -> None:
@@ -270,7 +277,7 @@ def _ints(values: Sequence[int]) -> str:
 
 
 def _structure_problem(s: HloSharding) -> str | None:
-    """Why `s` is not a valid sharding, or None. Shared by the constructor and parser."""
+    """Why `s` is not a valid sharding, or None (the parser has checked most of it already)."""
     tiled_fields = (
         s.tile_shape
         or s.device_ids is not None

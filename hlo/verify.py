@@ -36,7 +36,9 @@ def verify(module: Module) -> None:
         defined: set[int] = set()
         for inst in comp.instructions:
             if inst.name in seen:
-                problems.append((inst, f"name %{inst.name} is also used in computation {seen[inst.name].name}"))
+                problems.append(
+                    (inst, f"name %{inst.name} is also used in computation {seen[inst.name].name}")
+                )
             seen[inst.name] = comp
             for op in inst.operands:
                 if op.parent is not comp:
@@ -56,7 +58,12 @@ def verify(module: Module) -> None:
 def _check_parameters(comp: Computation, problems: list[tuple[Instruction | None, str]]) -> None:
     numbers = [i.parameter_number for i in comp.instructions if i.opcode is Opcode.PARAMETER]
     if sorted(n for n in numbers if n is not None) != list(range(len(numbers))):
-        problems.append((None, f"computation {comp.name}: parameter numbers {sorted(numbers)} are not 0..{len(numbers) - 1}"))  # type: ignore[type-var]
+        problems.append(
+            (
+                None,
+                f"computation {comp.name}: parameter numbers {sorted(numbers)} are not 0..{len(numbers) - 1}",
+            )
+        )  # type: ignore[type-var]
 
 
 def _check_instruction(inst: Instruction) -> str | None:
@@ -112,7 +119,9 @@ def _elementwise(inst: Instruction) -> str | None:
     for op in inst.operands:
         if op.shape.is_tuple:
             return f"operand %{op.name} is a tuple"
-        if op.shape.dims != dims and not (inst.opcode in (Opcode.SELECT, Opcode.CLAMP) and op.shape.rank == 0):
+        if op.shape.dims != dims and not (
+            inst.opcode in (Opcode.SELECT, Opcode.CLAMP) and op.shape.rank == 0
+        ):
             return f"operand %{op.name} has dims {list(op.shape.dims)}, the result has {list(dims)}"
     if inst.opcode is Opcode.COMPARE and inst.shape.dtype != "pred":
         return f"compare must produce pred, got {inst.shape.dtype}"
@@ -158,7 +167,11 @@ def _dot(inst: Instruction) -> str | None:
             return f"lhs dim {a} and rhs dim {b} are paired but have different sizes"
     lfree = [d for d in range(lhs.rank) if d not in lb and d not in lc]
     rfree = [d for d in range(rhs.rank) if d not in rb and d not in rc]
-    want = tuple(lhs.dims[d] for d in lb) + tuple(lhs.dims[d] for d in lfree) + tuple(rhs.dims[d] for d in rfree)
+    want = (
+        tuple(lhs.dims[d] for d in lb)
+        + tuple(lhs.dims[d] for d in lfree)
+        + tuple(rhs.dims[d] for d in rfree)
+    )
     return _got(inst, want)
 
 
@@ -170,13 +183,17 @@ def _get_tuple_element(inst: Instruction) -> str | None:
     if index is None or not 0 <= index < len(src.elements):
         return f"index={index} is out of range for a {len(src.elements)}-tuple"
     if _strip(src.elements[index]) != _strip(inst.shape):
-        return f"result shape {inst.shape} differs from tuple element {index}: {src.elements[index]}"
+        return (
+            f"result shape {inst.shape} differs from tuple element {index}: {src.elements[index]}"
+        )
     return None
 
 
 def _tuple(inst: Instruction) -> str | None:
     if not inst.shape.is_tuple or len(inst.shape.elements) != len(inst.operands):
-        return f"a tuple of {len(inst.operands)} operands must have a {len(inst.operands)}-tuple shape"
+        return (
+            f"a tuple of {len(inst.operands)} operands must have a {len(inst.operands)}-tuple shape"
+        )
     for k, (e, op) in enumerate(zip(inst.shape.elements, inst.operands, strict=True)):
         if _strip(e) != _strip(op.shape):
             return f"element {k} shape {e} differs from operand %{op.name}: {op.shape}"

@@ -97,26 +97,36 @@ def xla_parse(text: str) -> XlaModuleInfo:
     )
 
 
-def hlo_to_stablehlo(text: str) -> str:
+def hlo_to_stablehlo(text: str, *, locations: bool = False) -> str:
     """HLO text -> StableHLO (MLIR) text, through XLA's parser and its MLIR importer.
 
     `sharding={...}` annotations become `mhlo.sharding = "{...}"` attributes; a ROOT
     tuple becomes several function results. The MLIR verifier runs on the way, so shape
-    errors the HLO parser lets through are caught here. Raises `XlaRejected`.
+    errors the HLO parser lets through are caught here. With `locations`, every op keeps
+    a `loc("<HLO instruction name>")` (or its metadata op_name when it has one), which
+    XLA carries into the compiled module as `metadata={op_name="..."}`.
+    Raises `XlaRejected`.
     """
-    return _stablehlo_of(_parse_module(text))
+    return _stablehlo_of(_parse_module(text), locations=locations)
+
+
+def xla_parse_only(text: str) -> None:
+    """Parse with XLA's parser and nothing else (the speed baseline for rhino's parser)."""
+    _parse_module(text)
 
 
 def _parse_module(text: str) -> Any:
+    import jax
     from jax._src.lib import xla_client
 
     try:
         return xla_client.hlo.hlo_module_from_text(text)
-    except Exception as exc:  # jax.errors.JaxRuntimeError; XLA's message is the point
+    except jax.errors.JaxRuntimeError as exc:
         raise XlaRejected(_strip_status(str(exc))) from None
 
 
-def _stablehlo_of(module: Any) -> str:
+def _stablehlo_of(module: Any, *, locations: bool) -> str:
+    import jax
     from jax._src.interpreters import mlir as jax_mlir
     from jax._src.lib import xla_client
     from jax._src.lib.mlir import ir
@@ -124,8 +134,8 @@ def _stablehlo_of(module: Any) -> str:
     try:
         data = xla_client._xla.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
         with jax_mlir.make_ir_context():
-            return str(ir.Module.parse(data))
-    except Exception as exc:  # JaxRuntimeError or MLIRError
+            return str(ir.Module.parse(data).operation.get_asm(enable_debug_info=locations))
+    except (jax.errors.JaxRuntimeError, ir.MLIRError) as exc:
         raise XlaRejected(_strip_status(str(exc)), what="module (HLO -> StableHLO)") from None
 
 
@@ -202,7 +212,7 @@ class MemoryStats:
     """Scratch buffers live during the step."""
     generated_code_bytes: int
     peak_bytes: int
-    """XLA's peak estimate; on CPU it equals argument + output + temp - alias."""
+    """XLA's estimate of the most bytes live at once (not the plain sum of the above)."""
 
 
 @dataclass(frozen=True)
@@ -259,12 +269,15 @@ def compile_spmd(hlo_text: str, devices: Sequence[Any], *, num_partitions: int) 
     """Compile annotated HLO text for `num_partitions` SPMD partitions on `devices`.
 
     Sharding annotations in the text drive XLA's (GSPMD) partitioner; unannotated
-    instructions get shardings by XLA's propagation. num_partitions=1 compiles the plain
+    instructions get shardings by XLA's propagation. Instructions of the partitioned
+    module, collectives included, carry `metadata={op_name="<original name>"}` naming the
+    instruction they came from (an instruction with its own metadata op_name keeps that). num_partitions=1 compiles the plain
     single-device program. Devices may belong to several processes (`global_devices`).
     Raises `XlaRejected` when the text does not parse, `ExecutionError` on any compile
     failure (XLA's message included) or on a program rhino cannot feed (tuple-shaped
     parameters, uneven shards).
     """
+    import jax
     from jax._src.lib import xla_client
 
     devices = tuple(devices)
@@ -274,7 +287,7 @@ def compile_spmd(hlo_text: str, devices: Sequence[Any], *, num_partitions: int) 
         )
     module = _parse_module(hlo_text)
     program = xla_client.XlaComputation(module.as_serialized_hlo_module_proto()).program_shape()
-    mlir_text = _stablehlo_of(module)
+    mlir_text = _stablehlo_of(module, locations=True)
 
     options = xla_client.CompileOptions()
     build = options.executable_build_options
@@ -286,10 +299,8 @@ def compile_spmd(hlo_text: str, devices: Sequence[Any], *, num_partitions: int) 
     build.device_assignment = xla_client.DeviceAssignment.create(ids)
     backend = _backend_of(devices)
     try:
-        executable = backend.compile_and_load(
-            mlir_text, xla_client.DeviceList(devices), options
-        )
-    except Exception as exc:  # jax.errors.JaxRuntimeError
+        executable = backend.compile_and_load(mlir_text, xla_client.DeviceList(devices), options)
+    except jax.errors.JaxRuntimeError as exc:
         raise ExecutionError(
             f"XLA failed to compile {module.name} for {num_partitions} partition(s): "
             f"{_strip_status(str(exc))}"
@@ -306,7 +317,6 @@ def _backend_of(devices: tuple[Any, ...]) -> Any:
 def _describe(name: str, devices: tuple[Any, ...], executable: Any, program: Any) -> Compiled:
     """Read back what XLA decided: per-parameter/output sharding, shapes, layouts."""
     from jax._src.lib import xla_client
-    from jax._src.sharding_impls import GSPMDSharding
 
     in_shapes = list(program.parameter_shapes())
     for i, shape in enumerate(in_shapes):
@@ -333,29 +343,14 @@ def _describe(name: str, devices: tuple[Any, ...], executable: Any, program: Any
             f"shardings for {len(in_shapes)} parameters / {len(out_shapes)} outputs"
         )
 
-    def spec(kind: str, i: int, shape: Any, local_shape: Any, proto: Any) -> tuple[ArraySpec, Any]:
-        hlo_sharding = (
-            xla_client.HloSharding.replicate()
-            if proto is None
-            else xla_client.HloSharding.from_proto(proto)
-        )
-        sharding = GSPMDSharding(device_list, hlo_sharding)
-        dims = tuple(int(d) for d in shape.dimensions())
-        got = tuple(int(d) for d in local_shape.dimensions())
-        try:
-            want = tuple(int(d) for d in sharding.shard_shape(dims))
-        except Exception:  # jax refuses uneven splits
-            want = ()
-        if want != got:
-            raise ExecutionError(
-                f"{name}: {kind} {i} {shape} has sharding {hlo_sharding} and per-device "
-                f"shape {local_shape} (XLA pads uneven shards); rhino executes only "
-                f"shardings that divide every dimension evenly"
-            )
-        return ArraySpec(dims, np.dtype(shape.numpy_dtype()), str(hlo_sharding), got), sharding
-
-    params = [spec("parameter", i, *a) for i, a in enumerate(zip(in_shapes, local_in, in_protos))]
-    outs = [spec("output", i, *a) for i, a in enumerate(zip(out_shapes, local_out, out_protos))]
+    params = [
+        _array_spec(f"{name}: parameter {i}", device_list, *shapes)
+        for i, shapes in enumerate(zip(in_shapes, local_in, in_protos, strict=True))
+    ]
+    outs = [
+        _array_spec(f"{name}: output {i}", device_list, *shapes)
+        for i, shapes in enumerate(zip(out_shapes, local_out, out_protos, strict=True))
+    ]
     _check_default_layouts(name, executable, params, outs)
     return Compiled(
         name=name,
@@ -366,6 +361,40 @@ def _describe(name: str, devices: tuple[Any, ...], executable: Any, program: Any
         _in_shardings=tuple(s for _, s in params),
         _out_shardings=tuple(s for _, s in outs),
     )
+
+
+def _array_spec(
+    what: str, device_list: Any, shape: Any, local_shape: Any, proto: Any
+) -> tuple[ArraySpec, Any]:
+    """The spec of one parameter/output and the jax sharding that places it.
+
+    The jax sharding is built over the executable's own device list (as jax's pjit
+    does), so arrays made with it hold their buffers in partition order, which is the
+    order `execute_sharded` expects.
+    """
+    from jax._src.lib import xla_client
+    from jax._src.sharding import IndivisibleError
+    from jax._src.sharding_impls import GSPMDSharding
+
+    hlo_sharding = (
+        xla_client.HloSharding.replicate()
+        if proto is None
+        else xla_client.HloSharding.from_proto(proto)
+    )
+    sharding = GSPMDSharding(device_list, hlo_sharding)
+    dims = tuple(int(d) for d in shape.dimensions())
+    got = tuple(int(d) for d in local_shape.dimensions())
+    try:
+        want = tuple(int(d) for d in sharding.shard_shape(dims))
+    except IndivisibleError:
+        want = ()
+    if want != got:
+        raise ExecutionError(
+            f"{what} {shape} has sharding {hlo_sharding} and per-device shape "
+            f"{local_shape} (XLA pads uneven shards); rhino executes only shardings that "
+            f"divide every dimension evenly"
+        )
+    return ArraySpec(dims, np.dtype(shape.numpy_dtype()), str(hlo_sharding), got), sharding
 
 
 def _flatten_shape(shape: Any) -> list[Any]:
@@ -384,21 +413,22 @@ def _shardings_or_replicated(protos: Sequence[Any] | None, count: int) -> list[A
 
 
 def _check_default_layouts(
-    name: str, executable: Any, params: list[tuple[ArraySpec, Any]], outs: list[tuple[ArraySpec, Any]]
+    name: str,
+    executable: Any,
+    params: list[tuple[ArraySpec, Any]],
+    outs: list[tuple[ArraySpec, Any]],
 ) -> None:
     """Inputs are built and outputs read in row-major layout; refuse anything else."""
-    pairs = [
-        *zip(("parameter",) * len(params), params, executable.get_parameter_layouts()),
-        *zip(("output",) * len(outs), outs, executable.get_output_layouts()),
-    ]
-    for i, (kind, (spec, _), layout) in enumerate(pairs):
-        rank = len(spec.shape)
-        default = "{" + ",".join(str(d) for d in reversed(range(rank))) + "}"
-        if rank and str(layout) != default:
-            raise ExecutionError(
-                f"{name}: {kind} {i if kind == 'parameter' else i - len(params)} has layout "
-                f"{layout}, expected row-major {default}"
-            )
+    for kind, specs, layouts in (
+        ("parameter", params, executable.get_parameter_layouts()),
+        ("output", outs, executable.get_output_layouts()),
+    ):
+        for i, ((spec, _), layout) in enumerate(zip(specs, layouts, strict=True)):
+            default = "{" + ",".join(str(d) for d in reversed(range(len(spec.shape)))) + "}"
+            if spec.shape and str(layout) != default:
+                raise ExecutionError(
+                    f"{name}: {kind} {i} has layout {layout}, expected row-major {default}"
+                )
 
 
 # --------------------------------------------------------------------------------------
@@ -442,9 +472,9 @@ def place(compiled: Compiled, inputs: Sequence[Input]) -> list[jax.Array]:
         raise ExecutionError(
             f"{compiled.name} takes {len(compiled.parameters)} inputs, got {len(inputs)}"
         )
-    placed = []
+    placed: list[jax.Array] = []
     for i, (value, spec, sharding) in enumerate(
-        zip(inputs, compiled.parameters, compiled._in_shardings)
+        zip(inputs, compiled.parameters, compiled._in_shardings, strict=True)
     ):
         if isinstance(value, np.ndarray):
             _check_array(compiled, f"input {i}", value, spec.shape, spec.dtype)
@@ -461,12 +491,10 @@ def place(compiled: Compiled, inputs: Sequence[Input]) -> list[jax.Array]:
     return placed
 
 
-def _place_callback(
-    compiled: Compiled, i: int, fn: ShardFn, spec: ArraySpec, sharding: Any
-) -> Any:
+def _place_callback(compiled: Compiled, i: int, fn: ShardFn, spec: ArraySpec, sharding: Any) -> Any:
     import jax
 
-    def checked(index: Index) -> np.ndarray:
+    def checked(index: Any) -> np.ndarray:
         data = np.asarray(fn(index))
         _check_array(compiled, f"input {i} shard {index}", data, spec.shard_shape, spec.dtype)
         return data
@@ -505,10 +533,12 @@ def _check_array(
 
 def _run(compiled: Compiled, placed: Sequence[Any]) -> list[list[Any]]:
     """One step; returns, per output, the single-device arrays of this process."""
+    import jax
+
     try:
         results = compiled.executable.execute_sharded(list(placed))
         return [list(per_out) for per_out in results.disassemble_into_single_device_arrays()]
-    except Exception as exc:  # jax.errors.JaxRuntimeError
+    except jax.errors.JaxRuntimeError as exc:
         raise ExecutionError(
             f"XLA failed to run {compiled.name}: {_strip_status(str(exc))}"
         ) from None
@@ -519,7 +549,9 @@ def execute_shards(compiled: Compiled, inputs: Sequence[Input]) -> tuple[tuple[S
     outputs = _run(compiled, place(compiled, inputs))
     partition_of = {d: p for p, d in enumerate(compiled.devices)}
     result = []
-    for spec, sharding, arrays in zip(compiled.outputs, compiled._out_shardings, outputs):
+    for spec, sharding, arrays in zip(
+        compiled.outputs, compiled._out_shardings, outputs, strict=True
+    ):
         where = sharding.devices_indices_map(spec.shape)
         shards = []
         for array in arrays:
@@ -541,7 +573,7 @@ def execute(compiled: Compiled, inputs: Sequence[Input]) -> tuple[np.ndarray, ..
             f"{compiled.num_partitions} devices; use execute_shards to get its local pieces"
         )
     assembled = []
-    for spec, shards in zip(compiled.outputs, execute_shards(compiled, inputs)):
+    for spec, shards in zip(compiled.outputs, execute_shards(compiled, inputs), strict=True):
         out = np.empty(spec.shape, dtype=spec.dtype)
         for shard in reversed(shards):  # lowest partition written last, wins
             out[shard.index] = shard.data

@@ -17,7 +17,9 @@ from tests.hlo.corpus import corpus_files, corpus_ids
 def fingerprint(m: Module) -> list[tuple[object, ...]]:
     out = []
     for comp in m.computations:
-        out.append((comp.name, comp.is_entry, comp.signature, comp.root.name if comp.root else None))
+        out.append(
+            (comp.name, comp.is_entry, comp.signature, comp.root.name if comp.root else None)
+        )
         for i in comp.instructions:
             out.append((i.name, i.opcode, i.opcode_text, i.shape, tuple(o.name for o in i.operands),
                         dict(i.attrs), i.parameter_number, i.literal, tuple(c.name for c in i.called),

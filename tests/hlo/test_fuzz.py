@@ -21,7 +21,7 @@ from tests.hlo.corpus import corpus_files
 
 SMALL = [p for p in corpus_files() if p.stat().st_size < 60_000]
 TEXTS = {p: p.read_text() for p in SMALL}
-ALPHABET = list("{}[](),=%\"/*:<>-_.x \n0123456789abfsT") + ["ROOT ", "ENTRY ", "f32[", "/*", "*/"]
+ALPHABET = list('{}[](),=%"/*:<>-_.x \n0123456789abfsT') + ["ROOT ", "ENTRY ", "f32[", "/*", "*/"]
 
 
 def mutate(text: str, kind: str, pos: int, piece: str, length: int) -> str:
@@ -40,12 +40,16 @@ def mutate(text: str, kind: str, pos: int, piece: str, length: int) -> str:
     return "\n".join(lines[:k] + lines[k + 1 :])  # drop_line
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
 @given(data=st.data())
 def test_mutated_files_only_raise_parse_errors(data: st.DataObject) -> None:
     path: Path = data.draw(st.sampled_from(SMALL), label="file")
     text = TEXTS[path]
-    kind = data.draw(st.sampled_from(["delete", "insert", "replace", "truncate", "duplicate_line", "drop_line"]))
+    kind = data.draw(
+        st.sampled_from(["delete", "insert", "replace", "truncate", "duplicate_line", "drop_line"])
+    )
     pos = data.draw(st.integers(0, len(text) - 1), label="pos")
     piece = data.draw(st.sampled_from(ALPHABET), label="piece")
     length = data.draw(st.integers(1, 8), label="length")

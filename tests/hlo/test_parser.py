@@ -121,13 +121,28 @@ ERROR_CASES = [
     (BAD.replace("add(p, q)", 'add(p, p), metadata={op_name="x}'), 5, 51, "unterminated string"),
     (BAD.replace("add(p, q)", "add(p, p) junk"), 5, 32, "expected ',' or the end of the line"),
     (BAD.replace("add(p, q)", "add(p, p)").rstrip("}\n"), 5, 31, "is not closed"),
-    (BAD.replace("add(p, q)", "add(p, p)").replace("ROOT a", "ROOT p"), 5, 8, "duplicate instruction name %p"),
-    (BAD.replace("add(p, q)", "add(p, p), to_apply=nowhere"), 5, 42, "unknown computation %nowhere"),
+    (
+        BAD.replace("add(p, q)", "add(p, p)").replace("ROOT a", "ROOT p"),
+        5,
+        8,
+        "duplicate instruction name %p",
+    ),
+    (
+        BAD.replace("add(p, q)", "add(p, p), to_apply=nowhere"),
+        5,
+        42,
+        "unknown computation %nowhere",
+    ),
     (BAD.replace("{0} parameter", "{0,1} parameter"), 4, 14, "not a permutation"),
     (BAD.replace("add(p, q)", "add(p, p), dimensions={0,x}"), 5, 47, "expected an integer"),
     (BAD.replace("add(p, q)", "add(p, p), window={size=2 pad=1}"), 5, 40, "window: malformed"),
     (BAD.replace("parameter(0)", "parameter(x)"), 4, 27, "expected a parameter number"),
-    (BAD.replace("add(p, q)", "add(p, p)").replace("parameter(0)", "constant({1, 2, 3})"), 4, 31, "more than 2 elements"),
+    (
+        BAD.replace("add(p, q)", "add(p, p)").replace("parameter(0)", "constant({1, 2, 3})"),
+        4,
+        31,
+        "more than 2 elements",
+    ),
 ]
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax._src.lib import xla_client
+
 from rhino.hlo.errors import TextError
 from rhino.hlo.sharding import (
     SUBGROUP_TYPES,
@@ -148,6 +150,41 @@ def test_xla_prints_empty_tile_dims_it_cannot_parse() -> None:
         xla_client.HloSharding.from_string("{devices=[]<=[1]}")
     s = parse_sharding("{devices=[]<=[1]}")
     assert (s.tile_shape, s.data_tile_shape(), s.devices()) == ((), (), (0,))
+
+
+SNIPPETS = Path(__file__).resolve().parents[1] / "data" / "snippets"
+
+
+def braced_values(text: str, key: str) -> list[str]:
+    """The `{...}` value after each `key=` that is not part of a longer name."""
+    values = []
+    for match in re.finditer(rf"(?<![\w.]){key}=(?=\{{)", text):
+        depth, i, quote = 0, match.end(), None
+        while True:
+            c = text[i]
+            if quote:
+                quote = None if c == quote else quote
+                i += 2 if c == "\\" else 1
+                continue
+            if c in "\"'":
+                quote = c
+            depth += {"{": 1, "}": -1}.get(c, 0)
+            i += 1
+            if depth == 0:
+                break
+        values.append(text[match.end() : i])
+    return values
+
+
+def test_every_sharding_xla_prints_for_the_snippets_round_trips() -> None:
+    seen = 0
+    for path in sorted(SNIPPETS.glob("*.hlo")):
+        printed = xla_client.hlo.hlo_module_from_text(path.read_text()).to_string()
+        for key in ("sharding", "entry", "exit"):
+            for value in braced_values(printed, key):
+                assert str(parse_sharding(value)) == value, path.name
+                seen += 1
+    assert seen >= 28
 
 
 def test_fields_of_parsed_forms() -> None:

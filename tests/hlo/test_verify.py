@@ -10,7 +10,9 @@ from rhino.hlo.shape import array_shape
 from rhino.hlo.verify import verify
 from tests.hlo.corpus import corpus_files, corpus_ids
 
-HEAD = "HloModule m\n\nENTRY e {\n  a = f32[4,8]{1,0} parameter(0)\n  b = f32[8,2]{1,0} parameter(1)\n"
+HEAD = (
+    "HloModule m\n\nENTRY e {\n  a = f32[4,8]{1,0} parameter(0)\n  b = f32[8,2]{1,0} parameter(1)\n"
+)
 
 
 @pytest.mark.parametrize("path", corpus_files(), ids=corpus_ids())
@@ -21,10 +23,14 @@ def test_corpus_verifies(path) -> None:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [
-        ("  ROOT d = f32[4,3]{1,0} dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n",
-         "does not match the expected dims [4, 2]"),
-        ("  ROOT d = f32[4,2]{1,0} dot(a, b), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n",
-         "lhs dim 0 and rhs dim 0 are paired but have different sizes"),
+        (
+            "  ROOT d = f32[4,3]{1,0} dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n",
+            "does not match the expected dims [4, 2]",
+        ),
+        (
+            "  ROOT d = f32[4,2]{1,0} dot(a, b), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n",
+            "lhs dim 0 and rhs dim 0 are paired but have different sizes",
+        ),
         ("  ROOT t = f32[4,8]{1,0} transpose(a), dimensions={1,0}\n", "expected dims [8, 4]"),
         ("  ROOT r = f32[5,6]{1,0} reshape(a)\n", "32 elements"),
         ("  ROOT x = f32[4,8]{1,0} add(a)\n", "add takes 2 operands, got 1"),
@@ -44,8 +50,12 @@ def test_verify_reports_the_instruction_and_neighbours(body: str, fragment: str)
 
 
 def test_parameter_numbers_must_be_dense() -> None:
-    module = parse_module(HEAD + "  c = f32[] parameter(3)\n  ROOT x = f32[4,8]{1,0} negate(a)\n}\n")
-    with pytest.raises(HloVerifyError, match=r"computation e: parameter numbers \[0, 1, 3\] are not 0..2"):
+    module = parse_module(
+        HEAD + "  c = f32[] parameter(3)\n  ROOT x = f32[4,8]{1,0} negate(a)\n}\n"
+    )
+    with pytest.raises(
+        HloVerifyError, match=r"computation e: parameter numbers \[0, 1, 3\] are not 0..2"
+    ):
         verify(module)
 
 

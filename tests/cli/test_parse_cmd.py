@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from rhino.cli.main import cli
+from rhino.hlo.parser import parse_file
+from tests.hlo.corpus import ROOT
+
+MLP = ROOT / "tests" / "data" / "mlp_step.hlo"
+SCAN = ROOT / "examples" / "gpt_scan_tiny.hlo"
+
+
+def run(*args: str, input: str | None = None):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
+
+
+def test_human_summary() -> None:
+    r = run("parse", str(MLP))
+    assert r.exit_code == 0
+    for fragment in ("jit_step", "instructions", "48", "opcodes", "largest tensors", "FLOPs"):
+        assert fragment in r.output
+
+
+def test_json_schema_is_stable() -> None:
+    r = run("parse", str(SCAN), "--json")
+    assert r.exit_code == 0
+    doc = json.loads(r.output)
+    assert doc["schema"] == "rhino.parse/1"
+    expected_keys = {"schema", "file", "name", "computations", "instructions", "entry_instructions",
+                     "opcode_histogram", "parameters", "parameter_bytes", "output_bytes", "total_flops",
+                     "total_bytes", "largest_tensors", "while_loops", "fusions", "unknown_opcodes"}  # fmt: skip
+    assert set(doc) == expected_keys
+    assert [lp["trip_count"] for lp in doc["while_loops"]] == [2, 2]
+    assert doc["instructions"] == parse_file(SCAN).instruction_count
+
+
+def test_emit_dot_stdin_and_gzip(tmp_path: Path) -> None:
+    emitted, dot = tmp_path / "out.hlo", tmp_path / "entry.dot"
+    assert run("parse", str(MLP), "--emit", str(emitted), "--dot", str(dot)).exit_code == 0
+    assert emitted.read_text() == MLP.read_text()
+    assert dot.read_text().startswith('digraph "jit_step"') and "->" in dot.read_text()
+    assert (
+        json.loads(run("parse", "-", "--json", input=MLP.read_text()).output)["instructions"] == 48
+    )
+    gz = tmp_path / "m.hlo.gz"
+    gz.write_bytes(gzip.compress(MLP.read_bytes()))
+    assert json.loads(run("parse", str(gz), "--json").output)["instructions"] == 48
+
+
+def test_bad_input_is_a_message_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.hlo"
+    bad.write_text(MLP.read_text().replace("dot(x.1, params_0_.1)", "dot(x.1, nowhere)"))
+    r = CliRunner().invoke(cli, ["parse", str(bad)])
+    assert r.exit_code == 2
+    assert f"{bad}:12:" in r.output and "undefined instruction %nowhere" in r.output
+    assert "Traceback" not in r.output
+    r = CliRunner().invoke(cli, ["parse", str(tmp_path / "missing.hlo")])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.hlo"
+    bad.write_text("HloModule m\n")
+    r = CliRunner().invoke(cli, ["parse", str(bad), "--debug"])
+    assert r.exit_code != 0 and r.exception is not None
+    assert type(r.exception).__name__ == "HloParseError"
+
+
+def test_unknown_opcode_is_reported_not_fatal(tmp_path: Path) -> None:
+    f = tmp_path / "new.hlo"
+    f.write_text(
+        "HloModule m\n\nENTRY e {\n  p = f32[4]{0} parameter(0)\n  ROOT q = f32[4]{0} fancy-new-op(p)\n}\n"
+    )
+    doc = json.loads(run("parse", str(f), "--json").output)
+    assert doc["unknown_opcodes"] == ["fancy-new-op"]
+
+
+def test_help_has_examples() -> None:
+    r = run("parse", "--help")
+    assert "Examples:" in r.output and "rhino parse" in r.output
