@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from rhino.hlo.errors import RhinoError
+from rhino.hlo.errors import HloParseError, RhinoError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,7 +43,9 @@ def handle_errors(fn: F) -> F:
         except RhinoError as e:
             if debug:
                 raise
-            stderr.print(f"[bold red]error:[/] {_escape(str(e))}")
+            # plain text, never wrapped: paths and carets must stay intact
+            message = str(e) if isinstance(e, HloParseError) else f"error: {e}"
+            click.echo(message, err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             stderr.print("interrupted")
@@ -51,19 +53,14 @@ def handle_errors(fn: F) -> F:
         except Exception as e:  # a bug in rhino, not bad input
             if debug:
                 raise
-            stderr.print(
-                f"[bold red]internal error:[/] {type(e).__name__}: {_escape(str(e))}\n"
-                "This is a bug in rhino; rerun with --debug for the traceback."
+            click.echo(
+                f"internal error: {type(e).__name__}: {e}\n"
+                "This is a bug in rhino; rerun with --debug for the traceback.",
+                err=True,
             )
             sys.exit(3)
 
     return wrapper  # type: ignore[return-value]
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
 
 
 def to_jsonable(value: Any) -> Any:
