@@ -1,0 +1,90 @@
+"""Module-to-module passes. Each takes a module and returns a new one; the input is untouched.
+
+Pre- and postcondition of every pass: the module verifies (`rhino.hlo.verify`).
+"""
+
+from __future__ import annotations
+
+from rhino.hlo.ir import Computation, Instruction, Module
+from rhino.hlo.opcode import Opcode
+from rhino.hlo.parser import parse_module
+from rhino.hlo.printer import print_module
+
+
+def clone_module(module: Module) -> Module:
+    """A deep copy, through the printer and parser (a fixpoint, so nothing changes)."""
+    return parse_module(print_module(module), f"<copy of {module.name}>")
+
+
+def inline_calls(module: Module) -> Module:
+    """Replace every `call` by the body of the computation it calls, recursively.
+
+    JAX lowers nested `jit`s (relu, log_softmax, where, ...) to `call`s; the planner
+    wants one flat graph. Computations left with no caller are dropped. Inlined
+    instructions keep their names where those are free, else get a `.N` suffix.
+    Post: no `call` remains; the module computes the same values.
+    """
+    out = clone_module(module)
+    used = {inst.name for inst in out.instructions()}
+    for comp in out.computations:
+        while True:
+            calls = [i for i in comp.instructions if i.opcode is Opcode.CALL and len(i.called) == 1]
+            if not calls:
+                break
+            for call in calls:
+                _inline_one(comp, call, used)
+    return drop_unreachable(out)
+
+
+def _inline_one(comp: Computation, call: Instruction, used: set[str]) -> None:
+    callee = call.called[0]
+    mapping: dict[int, Instruction] = {}
+    for inst in callee.instructions:
+        if inst.opcode is Opcode.PARAMETER:
+            mapping[id(inst)] = call.operands[inst.parameter_number or 0]
+            continue
+        clone = Instruction(
+            _fresh(inst.name, used),
+            inst.opcode,
+            inst.shape,
+            [mapping[id(op)] for op in inst.operands],
+            inst.attrs,
+            opcode_text=inst.opcode_text,
+            literal=inst.literal,
+        )
+        clone.called = inst.called
+        clone.control_predecessors = tuple(mapping[id(p)] for p in inst.control_predecessors)
+        comp.insert_before(call, clone)
+        mapping[id(inst)] = clone
+    assert callee.root is not None
+    result = mapping[id(callee.root)]
+    call.replace_all_uses_with(result)
+    if comp.root is call:
+        comp.root = result
+    comp.remove(call)
+
+
+def _fresh(name: str, used: set[str]) -> str:
+    candidate = name
+    k = 0
+    while candidate in used:
+        k += 1
+        candidate = f"{name}.i{k}"
+    used.add(candidate)
+    return candidate
+
+
+def drop_unreachable(module: Module) -> Module:
+    """Remove computations that the entry computation does not reach (in place; returned)."""
+    reached: set[str] = set()
+    stack = [module.entry]
+    while stack:
+        comp = stack.pop()
+        if comp.name in reached:
+            continue
+        reached.add(comp.name)
+        for inst in comp.instructions:
+            stack.extend(inst.called)
+    module.computations = [c for c in module.computations if c.name in reached]
+    module._by_name = {c.name: c for c in module.computations}
+    return module

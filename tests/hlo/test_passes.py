@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import pytest
+
+from rhino.hlo.opcode import Opcode
+from rhino.hlo.parser import parse_file
+from rhino.hlo.passes import clone_module, inline_calls
+from rhino.hlo.printer import print_module
+from rhino.hlo.verify import verify
+from tests.hlo.corpus import ROOT
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.hlo"))
+
+
+def test_clone_is_equal_and_independent() -> None:
+    m = parse_file(ROOT / "tests" / "data" / "mlp_step.hlo")
+    c = clone_module(m)
+    assert print_module(c) == print_module(m)
+    c.entry.root.name = "changed"  # type: ignore[union-attr]
+    assert m.entry.root.name == "tuple.1"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_inline_calls_leaves_no_call_and_verifies(path) -> None:  # type: ignore[no-untyped-def]
+    before = parse_file(path)
+    after = inline_calls(before)
+    verify(after)
+    assert not any(i.opcode is Opcode.CALL for i in after.instructions())
+    assert (
+        any(i.opcode is Opcode.CALL for i in before.instructions())
+        or path.name == "mlp_optimized.hlo"
+    )
+    assert [p.shape for p in after.entry.parameters] == [p.shape for p in before.entry.parameters]
+    assert after.entry.root.shape == before.entry.root.shape  # type: ignore[union-attr]
+    # non-call instructions are all still there (inlined copies may add more)
+    assert after.instruction_count >= before.instruction_count - sum(
+        1 + len(c.parameters) for c in before.computations if not c.is_entry
+    )
