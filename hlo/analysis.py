@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-from rhino.hlo.errors import RhinoError
+from rhino.hlo.errors import RhinoError, TextError
 from rhino.hlo.ir import Computation, Instruction, Module
 from rhino.hlo.opcode import ELEMENTWISE, Opcode
 
@@ -246,6 +248,151 @@ def _step(body: Computation, index: int) -> float | None:
     if step is None:
         return None
     return -step if update.opcode is Opcode.SUBTRACT else step
+
+
+# -- replica groups ---------------------------------------------------------------------
+
+_DEVICE_IDS = re.compile(r"\(\s*([^()]*(?:\([^()]*\))?[^()]*)\s*\)\s*(\{[^{}]*\})?\s*")
+_IOTA_IDS = re.compile(r"\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?")
+_EXPLICIT_IDS = re.compile(r"\d+(?:\s*,\s*\d+)*")
+_AXIS_REF = re.compile(r"'([^']*)'(?::\((\d+)\)(\d+))?")
+
+
+def replica_groups(inst: Instruction) -> list[list[int]] | None:
+    """The replica groups of a collective, as lists of ids in XLA's order within a group.
+
+    Reads every form of `replica_groups=` XLA prints: explicit `{{0,1},{2,3}}`, iota
+    `[2,4]<=[8]` / `[4,2]<=[2,4]T(1,0)`, and the mesh form `mesh['a'=2,'b'=4] {'a'}`,
+    whose device order may come in a separate `device_ids=` attribute (rhino's attribute
+    scanner splits `replica_groups=mesh[...], device_ids=([2,4]T(1,0)) {'a'}` in two; the
+    `{...}` of grouped axes then ends `device_ids`' value). Mesh form, as XLA computes it
+    (MeshAxesReplicaGroupList::flattened_replica_groups): the device ids (iota, or
+    `device_ids` = an explicit list `(0,4,1,5,...)` or an iota `([2,4]T(1,0))`) are laid
+    row-major on the mesh; there is one group per setting of the axes not listed, and
+    within a group the listed axes vary in the order listed (the last fastest). A sub-axis
+    `'a':(k)m` is the part of axis a of size m below the k major positions.
+
+    Returns None when the instruction has no `replica_groups`, or `{}` (one group of all
+    participants, whose number the module's `num_partitions` gives). Ids are partition
+    ids for SPMD collectives (`use_global_device_ids=true` or a channel_id).
+    Raises HloParseError (located) on an inconsistent mesh form.
+    """
+    from rhino.hlo.attrs import MeshReplicaGroups
+
+    value = inst.attr("replica_groups")
+    if value is None:
+        return None
+    if not isinstance(value, MeshReplicaGroups):
+        groups = [list(g) for g in value]
+        return groups or None
+    try:
+        return _mesh_form_groups(value, inst.attrs.get("device_ids"))
+    except TextError as e:
+        key = "device_ids" if "device_ids" in inst.attrs else "replica_groups"
+        raise inst._attr_error(key, e) from None
+
+
+def _mesh_form_groups(value: Any, device_ids_text: str | None) -> list[list[int]]:
+    """Groups of a decoded `mesh[...]` value and the text of its `device_ids=`, if any."""
+    axes: tuple[tuple[str, int], ...] = value.axes
+    n = math.prod(size for _, size in axes)
+    ids = list(range(n))
+    grouped_text = value.text[value.text.index("]") + 1 :].strip()
+    if device_ids_text is not None:
+        if grouped_text:
+            raise TextError(f"grouped axes given twice: {grouped_text} and in device_ids")
+        m = _DEVICE_IDS.fullmatch(device_ids_text)
+        if m is None:
+            raise TextError(
+                f"expected device_ids=(0,4,1,5,...) or ([2,4]T(1,0)) then {{'axis',...}}, "
+                f"got {device_ids_text!r}"
+            )
+        ids = _device_ids(m.group(1).strip(), n)
+        grouped_text = (m.group(2) or "").strip()
+    if not (grouped_text.startswith("{") and grouped_text.endswith("}")):
+        raise TextError(f"expected the grouped mesh axes like {{'a'}} after mesh[...], got "
+                        f"{grouped_text!r}")  # fmt: skip
+    refs = _axis_refs(grouped_text[1:-1], axes)
+    return _groups_on_mesh(axes, refs, ids)
+
+
+def _device_ids(text: str, n: int) -> list[int]:
+    """`0,4,1,5` (explicit) or `[2,4]T(1,0)` (iota reshaped, transposed), flattened."""
+    import numpy as np
+
+    m = _IOTA_IDS.fullmatch(text)
+    if m is not None:
+        dims = [int(x) for x in m.group(1).split(",")]
+        perm = [int(x) for x in m.group(2).split(",")] if m.group(2) else list(range(len(dims)))
+        if sorted(perm) != list(range(len(dims))):
+            raise TextError(f"device_ids {text}: T({m.group(2)}) is not a permutation of {dims}")
+        if math.prod(dims) != n:
+            raise TextError(f"device_ids {text} holds {math.prod(dims)} ids, the mesh {n}")
+        return [int(x) for x in np.arange(n).reshape(dims).transpose(perm).ravel()]
+    if _EXPLICIT_IDS.fullmatch(text) is None:
+        raise TextError(f"expected device ids like 0,4,1,5 or [2,4]T(1,0), got {text!r}")
+    ids = [int(x) for x in text.split(",")]
+    if sorted(ids) != list(range(n)):
+        raise TextError(f"device_ids ({text}) is not a permutation of the {n} mesh devices")
+    return ids
+
+
+_AxisRef = tuple[int, int, int | None]
+"""(mesh axis index, pre-size, sub-axis size or None for the whole axis)."""
+
+
+def _axis_refs(text: str, axes: tuple[tuple[str, int], ...]) -> list[_AxisRef]:
+    names = [a for a, _ in axes]
+    refs: list[_AxisRef] = []
+    pos = 0
+    for m in _AXIS_REF.finditer(text):
+        if text[pos : m.start()].strip(" ,"):
+            break
+        pos = m.end()
+        if m.group(1) not in names:
+            raise TextError(f"grouped axis {m.group(1)!r} is not an axis of mesh {names}")
+        axis = names.index(m.group(1))
+        size = axes[axis][1]
+        pre, sub = (int(m.group(2)), int(m.group(3))) if m.group(2) else (1, None)
+        if sub is not None and (sub < 2 or size % (pre * sub)):
+            raise TextError(f"sub-axis {m.group(0)} does not divide axis {names[axis]}={size}")
+        refs.append((axis, pre, sub))
+    if text[pos:].strip(" ,"):
+        raise TextError(f"expected grouped axes like 'a' or 'a':(2)4, got {text[pos:]!r}")
+    return refs
+
+
+def _groups_on_mesh(
+    axes: tuple[tuple[str, int], ...], refs: list[_AxisRef], ids: list[int]
+) -> list[list[int]]:
+    """Reshape ids onto the mesh (each axis split where sub-axes need it), move the
+    grouped dims last in the order listed, and cut into groups."""
+    import numpy as np
+
+    dims: list[int] = []
+    dim_of_ref = [0] * len(refs)
+    for axis, (name, size) in enumerate(axes):
+        mine = sorted((k for k, r in enumerate(refs) if r[0] == axis), key=lambda k: refs[k][1])
+        prefix = 1
+        for k in mine:
+            _, pre, sub = refs[k]
+            if sub is None and len(mine) > 1:
+                raise TextError(f"axis {name!r} is grouped whole and by sub-axes at once")
+            sub = size if sub is None else sub
+            if pre % prefix:
+                raise TextError(f"sub-axes of {name!r} overlap")
+            if pre != prefix:
+                dims.append(pre // prefix)
+            dim_of_ref[k] = len(dims)
+            dims.append(sub)
+            prefix = pre * sub
+        if prefix != size:
+            dims.append(size // prefix)
+    grouped = dim_of_ref
+    rest = [d for d in range(len(dims)) if d not in grouped]
+    per_group = math.prod(dims[d] for d in grouped)
+    array = np.asarray(ids).reshape(dims).transpose(rest + grouped).reshape(-1, per_group)
+    return [[int(x) for x in row] for row in array]
 
 
 # -- whole-module facts ------------------------------------------------------------------
