@@ -159,7 +159,7 @@ def attention_shapes(d: int, heads: int, head_dim: int) -> dict[str, jax.ShapeDt
     }  # fmt: skip
 
 
-def mlp_block(x: jax.Array, p: Mapping[str, jax.Array]) -> jax.Array:
+def mlp_block(x: jax.Array, p: Params) -> jax.Array:
     """Transformer feed-forward block: dense, gelu, dense."""
     return dense(jax.nn.gelu(dense(x, p["fc1"])), p["fc2"])
 

@@ -34,7 +34,9 @@ CONFIGS: dict[str, MLPConfig] = {
 def build(name: str, cfg: MLPConfig) -> ModelSpec:
     """An MLP training step: x [batch, hidden] -> y [batch, out_features], MSE loss."""
     widths = [cfg.hidden] * cfg.layers + [cfg.out_features]
-    params = [dense_shapes(d_in, d_out) for d_in, d_out in zip(widths[:-1], widths[1:])]
+    params = [
+        dense_shapes(d_in, d_out) for d_in, d_out in zip(widths[:-1], widths[1:], strict=True)
+    ]
 
     def loss_fn(params: Params, batch: Batch) -> jax.Array:
         h = batch["x"]

@@ -90,25 +90,28 @@ def top2_gating(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """GShard top-2 gating of x [G, S, D]: (combine [G,S,E,C], dispatch [G,S,E,C], aux loss).
 
-    Each token goes to its best expert and, with the renormalized second gate, to its
-    second best; a token past an expert's capacity C is dropped for that expert.
+    Each token goes to its best and second-best experts with their two gates renormalized
+    to sum to 1; past an expert's capacity C a token is dropped for that expert (its gate
+    there becomes 0, the other keeps its weight). Capacity goes to first choices first.
     """
     e, c = cfg.experts, capacity(cfg)
     gates = jax.nn.softmax(jnp.einsum("gsd,de->gse", x, wg), axis=-1)
     mask1 = jax.nn.one_hot(jnp.argmax(gates, axis=-1), e, dtype=F32)
     mask2 = jax.nn.one_hot(jnp.argmax(gates * (1.0 - mask1), axis=-1), e, dtype=F32)
     aux = jnp.mean(jnp.mean(mask1, axis=1) * jnp.mean(gates, axis=1)) * e * e
+    gate1 = jnp.sum(gates * mask1, axis=-1)
+    gate2 = jnp.sum(gates * mask2, axis=-1)
+    denom = gate1 + gate2 + 1e-9
     pos1 = (jnp.cumsum(mask1, axis=1) - 1.0) * mask1
     mask1 = mask1 * (pos1 < c)
     pos2 = (jnp.cumsum(mask2, axis=1) - 1.0 + jnp.sum(mask1, axis=1, keepdims=True)) * mask2
     mask2 = mask2 * (pos2 < c)
-    gate1 = jnp.sum(gates * mask1, axis=-1)
-    gate2 = jnp.sum(gates * mask2, axis=-1)
-    denom = gate1 + gate2 + 1e-9
+    gate1 = gate1 / denom * jnp.sum(mask1, axis=-1)
+    gate2 = gate2 / denom * jnp.sum(mask2, axis=-1)
     slot1 = jax.nn.one_hot(jnp.sum(pos1 * mask1, axis=-1).astype(jnp.int32), c, dtype=F32)
     slot2 = jax.nn.one_hot(jnp.sum(pos2 * mask2, axis=-1).astype(jnp.int32), c, dtype=F32)
-    combine = (gate1 / denom)[..., None, None] * mask1[..., None] * slot1[:, :, None, :]
-    combine += (gate2 / denom)[..., None, None] * mask2[..., None] * slot2[:, :, None, :]
+    combine = gate1[..., None, None] * mask1[..., None] * slot1[:, :, None, :]
+    combine += gate2[..., None, None] * mask2[..., None] * slot2[:, :, None, :]
     dispatch = (combine > 0.0).astype(F32)
     return combine, dispatch, aux
 
@@ -128,7 +131,13 @@ def moe_mlp(x: jax.Array, p: Params, cfg: MoEConfig) -> tuple[jax.Array, jax.Arr
 def moe_shapes(cfg: MoEConfig) -> dict[str, jax.ShapeDtypeStruct]:
     """Shapes of an MoE layer's weights: gate [D, E] and per-expert MLPs."""
     e, d, f = cfg.experts, cfg.hidden, cfg.ffn
-    return {"gate": f32(d, e), "wi": f32(e, d, f), "bi": f32(e, f), "wo": f32(e, f, d), "bo": f32(e, d)}
+    return {
+        "gate": f32(d, e),
+        "wi": f32(e, d, f),
+        "bi": f32(e, f),
+        "wo": f32(e, f, d),
+        "bo": f32(e, d),
+    }
 
 
 def _gpt(cfg: MoEConfig) -> GPTConfig:

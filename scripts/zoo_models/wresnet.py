@@ -68,7 +68,6 @@ CONFIGS: dict[str, WideResNetConfig] = {
 }
 
 
-
 def _bn_shapes(c: int) -> dict[str, jax.ShapeDtypeStruct]:
     return {"scale": f32(c), "bias": f32(c)}
 
@@ -99,7 +98,9 @@ def block(x: jax.Array, p: Params, stride: int) -> jax.Array:
 def layout(cfg: WideResNetConfig) -> list[tuple[int, int, int, bool]]:
     """(c_in, filters, stride, projected) of every block, in order."""
     if cfg.layers not in STAGE_SIZES:
-        raise ZooError(f"wresnet: depth {cfg.layers} unknown; expected one of {sorted(STAGE_SIZES)}")
+        raise ZooError(
+            f"wresnet: depth {cfg.layers} unknown; expected one of {sorted(STAGE_SIZES)}"
+        )
     blocks, c_in = [], cfg.base_channels
     for stage, size in enumerate(STAGE_SIZES[cfg.layers]):
         filters = cfg.base_channels * 2**stage
@@ -124,7 +125,7 @@ def build(name: str, cfg: WideResNetConfig) -> ModelSpec:
     def loss_fn(params: Params, batch: Batch) -> jax.Array:
         h = jax.nn.relu(batch_norm(conv2d(batch["images"], params["stem"], 2), params["stem_bn"]))
         h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
-        for p, stride in zip(params["blocks"], strides):
+        for p, stride in zip(params["blocks"], strides, strict=True):
             h = block(h, p, stride)
         logits = dense(jnp.mean(h, axis=(1, 2)), params["head"])
         return softmax_cross_entropy(logits, batch["labels"])
