@@ -1,0 +1,1 @@
+"""Cluster and sweep YAML shipped with rhino (configs/clusters, configs/sweeps)."""

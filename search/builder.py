@@ -1,0 +1,230 @@
+"""From an HLO module and a mesh to a sharding problem: nodes, strategies, edge costs.
+
+    build_graph(module, mesh, cluster) -> ShardingGraph
+
+Pre: `module` verifies. Calls are inlined first (JAX lowers nested jits to `call`s).
+Nodes are the instructions of the entry computation and of while bodies (weighted by the
+loop's trip count), plus one node per array leaf of every while loop's carried tuple:
+the body's parameter, the body's result and the loop's result all hold a carried value
+in that node's layout, which is how the body is planned consistently with the loop.
+`tuple` and `get-tuple-element` are not nodes: an edge runs from the instruction that
+produced an array leaf to the instruction that reads it.
+
+Edge (u, v) costs C[k][l] = reshard time of the tensor from u's strategy k result layout
+to the layout v's strategy l reads it in, times v's weight.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rhino.hlo.analysis import while_trip_count
+from rhino.hlo.errors import InfeasibleError
+from rhino.hlo.ir import Computation, Instruction, Module
+from rhino.hlo.opcode import Opcode
+from rhino.hlo.passes import inline_calls
+from rhino.hlo.shape import Shape
+from rhino.search.cluster import Cluster
+from rhino.search.mesh import DeviceMesh
+from rhino.search.reshard import reshard_cost
+from rhino.search.rules import strategies as rule_strategies
+from rhino.search.rules import unmodelled
+from rhino.search.spec import ShardingSpec
+from rhino.search.strategy import Context, Strategy, candidate_specs
+
+PASS_THROUGH = (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT)
+
+
+@dataclass
+class GraphNode:
+    """One decision: the strategy of an instruction (or of a while loop's carried leaf)."""
+
+    name: str
+    """Instruction name, or `<while>#<leaf>` for a carried value."""
+    inst: Instruction
+    """The instruction (the while loop, for a carried value)."""
+    strategies: list[Strategy]
+    """Its strategies; index k is the ILP's choice k."""
+    weight: float = 1.0
+    """How often it runs per step (a while body's trip count)."""
+    leaf_shapes: tuple[Shape, ...] = ()
+    """Array shape of each result leaf."""
+    order: int = 0
+    """Position in program order (for liveness)."""
+    last_use: int = 0
+    """Position of the last reader (for liveness)."""
+    carried: bool = False
+    """Is this a while loop's carried value?"""
+
+    def memory(self, k: int, mesh: DeviceMesh) -> float:
+        """Bytes per device of the results under strategy k."""
+        s = self.strategies[k]
+        return float(sum(
+            math.prod(spec.shard_shape(shape.dims, mesh)) * shape.element_bytes
+            for spec, shape in zip(s.outs, self.leaf_shapes, strict=False)
+        ))  # fmt: skip
+
+
+@dataclass
+class ShardingGraph:
+    """The search space of one module on one mesh (before it becomes an ILP)."""
+
+    module: Module
+    """The module planned (calls inlined)."""
+    mesh: DeviceMesh
+    cluster: Cluster
+    nodes: list[GraphNode] = field(default_factory=list)
+    edges: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    """(u, v) -> cost matrix [len(u.strategies), len(v.strategies)] in seconds."""
+    warnings: list[str] = field(default_factory=list)
+    """Opcodes planned replicated because rhino does not model them, and the like."""
+    index: dict[str, int] = field(default_factory=dict)
+    """Node name -> position in `nodes`."""
+    operand_sources: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    """(node, operand index) -> (node, result leaf) that operand is read from."""
+
+    def node(self, name: str) -> GraphNode:
+        return self.nodes[self.index[name]]
+
+
+def build_graph(
+    module: Module,
+    mesh: DeviceMesh,
+    cluster: Cluster,
+    *,
+    pins: dict[str, ShardingSpec] | None = None,
+    max_strategies: int = 64,
+) -> ShardingGraph:
+    """The nodes, strategies and edge costs of `module` on `mesh` (see module doc)."""
+    flat = inline_calls(module)
+    ctx = Context(mesh, cluster, max_strategies, dict(pins or {}))
+    graph = ShardingGraph(flat, mesh, cluster)
+    _Builder(graph, ctx).computation(flat.entry, weight=1.0, params=None)
+    unknown_pins = set(ctx.pinned) - set(graph.index)
+    if unknown_pins:
+        raise InfeasibleError(
+            f"pinned instructions not found in {module.name}: {', '.join(sorted(unknown_pins))}"
+        )
+    return graph
+
+
+# a leaf source: (node index, leaf index within that node's results)
+Source = tuple[int, int]
+
+
+class _Builder:
+    def __init__(self, graph: ShardingGraph, ctx: Context) -> None:
+        self.graph = graph
+        self.ctx = ctx
+        self.clock = 0
+        # instruction -> the sources of its array leaves, in leaf order
+        self.leaves: dict[int, list[Source | None]] = {}
+        self.warned: set[str] = set()
+
+    def add_node(self, node: GraphNode) -> int:
+        node.order = node.last_use = self.clock
+        self.clock += 1
+        self.graph.index[node.name] = len(self.graph.nodes)
+        self.graph.nodes.append(node)
+        return len(self.graph.nodes) - 1
+
+    def computation(
+        self, comp: Computation, weight: float, params: list[Source | None] | None
+    ) -> None:
+        """Add the instructions of `comp`; `params` are the carried leaves of a while body."""
+        for inst in comp.instructions:
+            if inst.opcode is Opcode.PARAMETER and params is not None:
+                self.leaves[id(inst)] = list(params)
+            elif inst.opcode is Opcode.TUPLE:
+                self.leaves[id(inst)] = [src for op in inst.operands for src in self.leaves[id(op)]]
+            elif inst.opcode is Opcode.GET_TUPLE_ELEMENT:
+                self.leaves[id(inst)] = self._element(inst)
+            elif inst.opcode is Opcode.WHILE:
+                self.while_loop(inst, weight)
+            else:
+                self.instruction(inst, weight)
+
+    def _element(self, gte: Instruction) -> list[Source | None]:
+        tuple_shape = gte.operands[0].shape
+        index = gte.attr("index")
+        start = sum(len(e.leaves()) for e in tuple_shape.elements[:index])
+        count = len(tuple_shape.elements[index].leaves())
+        return self.leaves[id(gte.operands[0])][start : start + count]
+
+    def instruction(self, inst: Instruction, weight: float) -> None:
+        found = rule_strategies(inst, self.ctx)
+        if not found:
+            pinned = self.ctx.pinned.get(inst.name)
+            raise InfeasibleError(f"%{inst.name}: pinned layout {pinned} is not one rhino can give it "
+                                  f"({inst.opcode_text} {inst.shape})")  # fmt: skip
+        if unmodelled(inst) and inst.opcode_text not in self.warned:
+            self.warned.add(inst.opcode_text)
+            self.graph.warnings.append(f"opcode {inst.opcode_text} is not modelled: %{inst.name} and others like it are planned replicated")  # fmt: skip
+        leaves = inst.shape.leaves()
+        v = self.add_node(GraphNode(inst.name, inst, found, weight, tuple(leaves)))
+        self.leaves[id(inst)] = [(v, i) for i in range(len(leaves))]
+        for j, op in enumerate(inst.operands):
+            sources = self.leaves.get(id(op), [])
+            if len(sources) != 1:
+                continue  # a tuple-typed operand: read as is (rules replicate those)
+            if sources[0] is not None:
+                self.graph.operand_sources[(v, j)] = sources[0]
+            self.edge(sources[0], v, lambda s, j=j: s.ins[j] if j < len(s.ins) else None, weight)
+
+    def edge(self, src: Source | None, v: int, wanted, weight: float) -> None:  # type: ignore[no-untyped-def]
+        """Add the cost of bringing leaf `src` into the layout each strategy of v wants."""
+        if src is None:
+            return
+        u, leaf = src
+        nu, nv = self.graph.nodes[u], self.graph.nodes[v]
+        nu.last_use = max(nu.last_use, self.clock)
+        shape = nu.leaf_shapes[leaf]
+        matrix = np.zeros((len(nu.strategies), len(nv.strategies)))
+        for l, sv in enumerate(nv.strategies):
+            dst = wanted(sv)
+            if dst is None:
+                continue
+            for k, su in enumerate(nu.strategies):
+                matrix[k, l] = reshard_cost(shape.dims, shape.element_bytes, su.outs[leaf], dst,
+                                            self.graph.mesh, self.graph.cluster) * weight  # fmt: skip
+        key = (u, v)
+        self.graph.edges[key] = (
+            self.graph.edges[key] + matrix if key in self.graph.edges else matrix
+        )
+
+    def while_loop(self, inst: Instruction, weight: float) -> None:
+        """Carried leaves become nodes; init, body parameter, body result and the loop's
+        result all use them. The body runs `trip count` times per run of the loop."""
+        trips = while_trip_count(inst).count
+        if trips is None:
+            trips = 1
+            self.graph.warnings.append(f"%{inst.name}: trip count unknown, body costs counted once")
+        body = next(c for c in inst.called if c.name == inst.attr("body"))
+        init = self.leaves[id(inst.operands[0])]
+        carried: list[Source | None] = []
+        for i, shape in enumerate(inst.shape.leaves()):
+            specs = (
+                candidate_specs(shape.dims, self.ctx.mesh)
+                if shape.dtype not in ("token", "opaque")
+                else ()
+            )
+            options = [Strategy(str(s), (s,), (), 0.0) for s in specs] or [
+                Strategy("-", (candidate_specs((), self.ctx.mesh)[0],), (), 0.0)]  # fmt: skip
+            name = f"{inst.name}#{i}"
+            c = self.add_node(GraphNode(name, inst, options, weight, (shape,), carried=True))
+            self.graph.nodes[c].last_use = self.clock
+            self.edge(init[i] if i < len(init) else None, c, lambda s: s.outs[0], weight)
+            carried.append((c, 0))
+        self.computation(body, weight * trips, carried)
+        assert body.root is not None
+        results = self.leaves[id(body.root)]
+        for i, src in enumerate(results):
+            if i < len(carried) and carried[i] is not None:
+                self.edge(src, carried[i][0], lambda s: s.outs[0], weight * trips)  # type: ignore[index]
+        for c in carried:
+            if c is not None:
+                self.graph.nodes[c[0]].last_use = self.clock
+        self.leaves[id(inst)] = carried

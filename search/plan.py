@@ -1,0 +1,120 @@
+"""A plan: how every instruction is sharded, and what rhino predicts it costs.
+
+Plain data, versioned JSON on disk (`rhino plan --out`), consumed by `rhino run`. The
+`module_hash` ties a plan to the HLO it was made for; `mesh` to the mesh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rhino.hlo.errors import ConfigError
+
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlannedCollective:
+    """A collective the plan predicts XLA will run."""
+
+    kind: str
+    axes: tuple[int, ...]
+    nbytes: float
+    """Per device per execution (full-side convention of rhino.search.comm)."""
+    seconds: float
+    instruction: str
+    """The instruction it belongs to (the consumer, for a reshard on an edge)."""
+    count: float = 1.0
+    """Executions per step (trip count inside loops)."""
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class InstructionPlan:
+    name: str
+    opcode: str
+    shape: str
+    strategy: str
+    """The strategy's notation, `S0R = S0R x RR`."""
+    outs: tuple[str, ...]
+    """Result layout per leaf, in rhino's notation."""
+    ins: tuple[str | None, ...]
+    """Layout each operand is read in."""
+    sharding: str | None
+    """XLA HloSharding text of the result; None where XLA cannot express it (strides)."""
+    compute_s: float
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    module: str
+    module_hash: str
+    mesh: tuple[int, ...]
+    cluster: str
+    level: str
+    objective_s: float
+    """Predicted step time: compute plus communication (no overlap assumed)."""
+    compute_s: float
+    comm_s: float
+    comm_by_kind: dict[str, float]
+    """Seconds per `<kind> axis <a,b>`."""
+    peak_memory_bytes: float
+    budget_bytes: float | None
+    solver: dict[str, Any]
+    search_time_s: float
+    instructions: tuple[InstructionPlan, ...]
+    collectives: tuple[PlannedCollective, ...]
+    warnings: tuple[str, ...] = ()
+    version: int = PLAN_VERSION
+    problem: dict[str, int] = field(default_factory=dict)
+    """Problem size: nodes, edges, strategy pairs."""
+
+    def instruction(self, name: str) -> InstructionPlan | None:
+        return next((i for i in self.instructions if i.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": f"rhino.plan/{self.version}", **asdict(self)}
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @staticmethod
+    def from_dict(doc: dict[str, Any], source: str = "<plan>") -> Plan:
+        if doc.get("schema") != f"rhino.plan/{PLAN_VERSION}":
+            raise ConfigError(
+                f"{source}: not a rhino plan of version {PLAN_VERSION} (schema {doc.get('schema')!r})"
+            )
+        try:
+            fields = {k: v for k, v in doc.items() if k != "schema"}
+            fields["mesh"] = tuple(fields["mesh"])
+            fields["instructions"] = tuple(
+                InstructionPlan(**{**i, "outs": tuple(i["outs"]), "ins": tuple(i["ins"])})
+                for i in fields["instructions"]
+            )
+            fields["collectives"] = tuple(
+                PlannedCollective(**{**c, "axes": tuple(c["axes"])}) for c in fields["collectives"]
+            )
+            fields["warnings"] = tuple(fields.get("warnings", ()))
+            return Plan(**fields)
+        except (KeyError, TypeError) as e:
+            raise ConfigError(f"{source}: malformed plan: {e}") from None
+
+    @staticmethod
+    def read(path: str | Path) -> Plan:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}:{e.lineno}:{e.colno}: not JSON: {e.msg}") from None
+        return Plan.from_dict(doc, str(path))
+
+
+def module_hash(text: str) -> str:
+    """Fingerprint of a module's printed text (what a plan is valid for)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

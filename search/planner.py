@@ -1,0 +1,167 @@
+"""`make_plan(module, mesh, ...)`: the SPMD search, from HLO to a `Plan`.
+
+module --build_graph--> ShardingGraph --to_problem--> ShardingProblem
+       --solve_ilp (O3: the whole graph)--> Solution --to_plan--> Plan
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from rhino.hlo.errors import ConfigError
+from rhino.hlo.ir import Module
+from rhino.hlo.printer import print_module
+from rhino.search.builder import ShardingGraph, build_graph
+from rhino.search.cluster import Cluster
+from rhino.search.mesh import DeviceMesh
+from rhino.search.plan import InstructionPlan, Plan, PlannedCollective, module_hash
+from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, Solution, SolveOptions
+from rhino.search.reshard import reshard
+from rhino.search.solver import solve_ilp
+from rhino.search.spec import ShardingSpec, SpecError
+
+LEVELS = ("O3",)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan for, besides the module."""
+
+    mesh: DeviceMesh
+    cluster: Cluster
+    level: str = "O3"
+    budget_bytes: float | None = None
+    pins: tuple[tuple[str, ShardingSpec], ...] = ()
+    solve: SolveOptions = SolveOptions()
+    max_strategies: int = 64
+
+
+def make_plan(
+    module: Module, request: PlanRequest, progress: Callable[[str], None] | None = None
+) -> Plan:
+    """The best plan for `module` on the request's mesh (see module doc)."""
+    if request.level not in LEVELS:
+        raise ConfigError(
+            f"optimization level {request.level!r} is not available; choose one of {', '.join(LEVELS)}"
+        )
+    say = progress or (lambda _msg: None)
+    start = time.perf_counter()
+    say("building strategies")
+    graph = build_graph(module, request.mesh, request.cluster, pins=dict(request.pins),
+                        max_strategies=request.max_strategies)  # fmt: skip
+    problem = to_problem(graph, request.budget_bytes)
+    say(f"solving: {problem.size[0]} nodes, {problem.size[1]} edges")
+    solution = solve_ilp(problem, request.solve)
+    say("writing the plan")
+    return to_plan(graph, problem, solution, request, time.perf_counter() - start)
+
+
+def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:
+    end = max((n.last_use for n in graph.nodes), default=0) + 1
+    root = graph.module.entry.root
+    outputs = {id(root)} | ({id(op) for op in root.operands} if root is not None else set())
+    nodes = []
+    for n in graph.nodes:
+        cost = np.array([s.cost for s in n.strategies]) * n.weight
+        memory = np.array([n.memory(k, graph.mesh) for k in range(len(n.strategies))])
+        held = n.inst.opcode.value == "parameter" and n.inst.parent is graph.module.entry
+        live = (0 if held else n.order, end if held or id(n.inst) in outputs else n.last_use)
+        nodes.append(ProblemNode(n.name, tuple(s.label for s in n.strategies), cost, memory, live))
+    edges = tuple(ProblemEdge(u, v, m) for (u, v), m in graph.edges.items())
+    return ShardingProblem(tuple(nodes), edges, budget)
+
+
+def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, request: PlanRequest,
+            search_time: float) -> Plan:  # fmt: skip
+    mesh = graph.mesh
+    instructions = []
+    collectives: list[PlannedCollective] = []
+    compute = 0.0
+    for n, k in zip(graph.nodes, solution.choice, strict=True):
+        s = n.strategies[k]
+        compute += s.compute * n.weight
+        for c in s.comm:
+            collectives.append(
+                PlannedCollective(
+                    c.kind, c.axes, c.nbytes, c.seconds, n.name, n.weight, "in the instruction"
+                )
+            )
+        if n.carried:
+            continue
+        instructions.append(InstructionPlan(
+            n.name, n.inst.opcode_text, str(n.inst.shape), s.label, tuple(str(o) for o in s.outs),
+            tuple(None if i is None else str(i) for i in s.ins), _sharding_text(s.outs, n.leaf_shapes, mesh),
+            s.compute, n.weight))  # fmt: skip
+    for (u, v), _ in graph.edges.items():
+        nu, nv = graph.nodes[u], graph.nodes[v]
+        su, sv = nu.strategies[solution.choice[u]], nv.strategies[solution.choice[v]]
+        for leaf, dst in _edge_layouts(graph, u, v, su, sv):
+            shape = nu.leaf_shapes[leaf]
+            r = reshard(shape.dims, shape.element_bytes, su.outs[leaf], dst, mesh, graph.cluster)
+            for step in r.collectives():
+                collectives.append(PlannedCollective(step.kind, tuple(step.axes), step.nbytes, step.seconds, nv.name,
+                                                     nv.weight, f"reshard of %{nu.name} {su.outs[leaf]} -> {dst}"))  # fmt: skip
+    by_kind: dict[str, float] = defaultdict(float)
+    for c in collectives:
+        by_kind[f"{c.kind} axis {','.join(map(str, c.axes))}"] += c.seconds * c.count
+    comm = sum(by_kind.values())
+    return Plan(
+        module=graph.module.name,
+        module_hash=module_hash(print_module(graph.module)),
+        mesh=mesh.shape,
+        cluster=graph.cluster.name,
+        level=request.level,
+        objective_s=solution.objective,
+        compute_s=compute,
+        comm_s=comm,
+        comm_by_kind=dict(sorted(by_kind.items())),
+        peak_memory_bytes=solution.peak_memory,
+        budget_bytes=request.budget_bytes,
+        solver={
+            "status": solution.status.value,
+            "objective_s": solution.objective,
+            "bound_s": solution.bound,
+            "gap": solution.gap,
+            "time_s": solution.solve_time_s,
+            "variables": solution.variables,
+            "constraints": solution.constraints,
+        },  # fmt: skip
+        search_time_s=search_time,
+        instructions=tuple(instructions),
+        collectives=tuple(collectives),
+        warnings=tuple(graph.warnings),
+        problem=dict(zip(("nodes", "edges", "pairs"), problem.size, strict=True)),
+    )
+
+
+def _edge_layouts(graph: ShardingGraph, u: int, v: int, su, sv):  # type: ignore[no-untyped-def]
+    """(leaf of u, layout v wants it in) for every use of u's results by v."""
+    nv = graph.nodes[v]
+    if nv.carried:  # init or body result flowing into a carried value
+        return [(0, sv.outs[0])] if len(graph.nodes[u].leaf_shapes) == 1 else []
+    out = []
+    for j, want in enumerate(sv.ins):
+        if want is None:
+            continue
+        src = graph.operand_sources.get((v, j))
+        if src is not None and src[0] == u:
+            out.append((src[1], want))
+    return out
+
+
+def _sharding_text(outs: tuple[ShardingSpec, ...], shapes, mesh: DeviceMesh) -> str | None:  # type: ignore[no-untyped-def]
+    try:
+        parts = [
+            str(spec.to_hlo_sharding(mesh, shape.rank))
+            for spec, shape in zip(outs, shapes, strict=False)
+        ]
+    except SpecError:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    return "{" + ", ".join(parts) + "}"

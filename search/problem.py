@@ -1,0 +1,164 @@
+"""The sharding problem as plain data, and an evaluation of any answer to it.
+
+A `ShardingProblem` is what every solver (the whole-graph ILP of O3, the cone/segment
+search of O2, brute force in tests) works on: nodes with per-strategy costs and memory,
+edges with cost matrices, optionally a per-device memory budget with liveness. Nothing
+here knows about HLO. `evaluate(choice)` recomputes cost and peak memory from scratch
+and raises InfeasibleError for an answer over budget, so no solver is trusted blindly.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rhino.hlo.errors import InfeasibleError
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.2f} MiB"
+
+
+@dataclass(frozen=True, eq=False)
+class ProblemNode:
+    """One decision."""
+
+    name: str
+    """Unique name (an instruction name)."""
+    labels: tuple[str, ...]
+    """A label per strategy, for reports."""
+    cost: np.ndarray
+    """Seconds per strategy (compute and the node's own collectives)."""
+    memory: np.ndarray
+    """Bytes per device per strategy (the node's results)."""
+    live: tuple[int, int] = (0, 0)
+    """First and last program step at which the results are held."""
+
+    def __post_init__(self) -> None:
+        n = len(self.labels)
+        if n == 0:
+            raise ValueError(f"node {self.name}: no strategies")
+        if self.cost.shape != (n,) or self.memory.shape != (n,):
+            raise ValueError(
+                f"node {self.name}: {n} strategies but cost {self.cost.shape}, memory {self.memory.shape}"
+            )
+
+
+@dataclass(frozen=True, eq=False)
+class ProblemEdge:
+    """Cost of every pair of strategies of two nodes (resharding between them)."""
+
+    u: int
+    v: int
+    cost: np.ndarray
+    """[len(u strategies), len(v strategies)] seconds."""
+
+
+@dataclass(frozen=True, eq=False)
+class ShardingProblem:
+    """Choose one strategy per node; minimize node plus edge costs; fit the budget."""
+
+    nodes: tuple[ProblemNode, ...]
+    edges: tuple[ProblemEdge, ...] = ()
+    budget: float | None = None
+    """Bytes per device; None for no limit."""
+    constant_memory: float = 0.0
+    """Bytes held on every device whatever the choice (outside the nodes)."""
+
+    def __post_init__(self) -> None:
+        for e in self.edges:
+            nu, nv = len(self.nodes[e.u].labels), len(self.nodes[e.v].labels)
+            if e.cost.shape != (nu, nv):
+                raise ValueError(
+                    f"edge ({self.nodes[e.u].name}, {self.nodes[e.v].name}): cost matrix is "
+                    f"{e.cost.shape[0]}x{e.cost.shape[1]}, expected {nu}x{nv}"
+                )
+
+    @property
+    def size(self) -> tuple[int, int, int]:
+        """(nodes, edges, strategy pairs over all edges)."""
+        return len(self.nodes), len(self.edges), int(sum(e.cost.size for e in self.edges))
+
+    def evaluate(self, choice: tuple[int, ...] | list[int]) -> Evaluation:
+        """Cost and peak memory of `choice`, computed independently of any solver."""
+        if len(choice) != len(self.nodes):
+            raise ValueError(f"choice has {len(choice)} entries for {len(self.nodes)} nodes")
+        node_cost = float(sum(n.cost[k] for n, k in zip(self.nodes, choice, strict=True)))
+        edge_cost = float(sum(e.cost[choice[e.u], choice[e.v]] for e in self.edges))
+        peak, step, top = self.peak_memory(choice)
+        if self.budget is not None and peak > self.budget * (1 + 1e-9):
+            name, size = top
+            raise InfeasibleError(
+                f"peak {gib(peak)} > budget {gib(self.budget)} at step {step} (largest: %{name} {gib(size)})"
+            )
+        return Evaluation(node_cost + edge_cost, node_cost, edge_cost, peak)
+
+    def peak_memory(
+        self, choice: tuple[int, ...] | list[int]
+    ) -> tuple[float, int, tuple[str, float]]:
+        """(peak bytes per device, the step where it occurs, the largest node live then)."""
+        events: dict[int, float] = {}
+        for n, k in zip(self.nodes, choice, strict=True):
+            m = float(n.memory[k])
+            events[n.live[0]] = events.get(n.live[0], 0.0) + m
+            events[n.live[1] + 1] = events.get(n.live[1] + 1, 0.0) - m
+        level, peak, at = self.constant_memory, self.constant_memory, 0
+        for step in sorted(events):
+            level += events[step]
+            if level > peak:
+                peak, at = level, step
+        live = [
+            (n.name, float(n.memory[k]))
+            for n, k in zip(self.nodes, choice, strict=True)
+            if n.live[0] <= at <= n.live[1]
+        ]
+        return peak, at, max(live, key=lambda t: t[1], default=("-", 0.0))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    objective: float
+    """Total seconds."""
+    node_cost: float
+    edge_cost: float
+    peak_memory: float
+    """Bytes per device."""
+
+
+class SolveStatus(enum.Enum):
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"
+    """A plan, not proven optimal (time limit)."""
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    time_limit_s: float = 60.0
+    threads: int = 2
+    seed: int = 0
+    relative_gap: float = 0.0
+
+
+@dataclass(frozen=True)
+class Solution:
+    """A choice per node, with how it was found."""
+
+    choice: tuple[int, ...]
+    objective: float
+    """Seconds, recomputed by `evaluate`."""
+    bound: float
+    """Best lower bound the solver proved (seconds)."""
+    status: SolveStatus
+    solve_time_s: float
+    peak_memory: float
+    variables: int = 0
+    constraints: int = 0
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float:
+        if self.objective <= 0:
+            return 0.0
+        return max(0.0, (self.objective - self.bound) / self.objective)

@@ -1,0 +1,214 @@
+"""Exact solvers for a `ShardingProblem`: the ILP of Rhino §4.2 on OR-tools CP-SAT, and
+brute force for tests.
+
+Data
+    c[v][k]        cost of node v under strategy k (seconds)
+    C[u,v][k,l]    cost of edge (u, v) when u takes k and v takes l
+    m[v][k]        bytes per device of v's results under k; live[v] = [first, last] step
+    B              per-device budget (optional)
+Variables
+    s[v][k] in {0,1}         v takes strategy k
+    e[u,v][g,h] in {0,1}     u's layout group g meets v's layout group h on edge (u, v)
+Model
+    min   sum_v sum_k c[v][k] s[v][k] + sum_(u,v) sum_(g,h) C[u,v][g,h] e[u,v][g,h]
+    (one)     sum_k s[v][k] = 1                                         for every v
+    (rows)    sum_h e[u,v][g,h] = sum_{k in g} s[u][k]                  for every edge, g
+    (cols)    sum_g e[u,v][g,h] = sum_{l in h} s[v][l]                  for every edge, h
+    (memory)  sum_{v live at t} sum_k m[v][k] s[v][k] <= B              for every step t
+
+The paper linearizes each product s[u][k] s[v][l] with A >= s_u + s_v - 1; the
+row/column form above is exact too and its LP relaxation is much tighter. Strategies of
+a node whose rows (columns) of C are equal form one group g (h): a dot with 64
+strategies usually reads an operand in at most 16 layouts, so the edge needs 16 x 16
+pair variables, not 64 x 64. Edges from or to a node with one strategy fold into the
+other node's costs. Costs are scaled to integers (picoseconds, or coarser for huge
+totals); the reported objective is always the float `evaluate` of the chosen plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from rhino.hlo.errors import InfeasibleError
+from rhino.search.problem import ShardingProblem, Solution, SolveOptions, SolveStatus, gib
+
+
+def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> Solution:
+    """Minimize the problem's cost within its budget; the best plan found by the time
+    limit when the search is not finished (status FEASIBLE)."""
+    options = options or SolveOptions()
+    start = time.perf_counter()
+    if problem.budget is not None:
+        _check_budget(problem)
+    node_cost = [n.cost.astype(float).copy() for n in problem.nodes]
+    pair_edges = []
+    for e in problem.edges:
+        if not e.cost.any():
+            continue
+        if len(problem.nodes[e.u].labels) == 1:
+            node_cost[e.v] += e.cost[0, :]
+        elif len(problem.nodes[e.v].labels) == 1:
+            node_cost[e.u] += e.cost[:, 0]
+        else:
+            pair_edges.append(e)
+    total = sum(float(c.max()) for c in node_cost) + sum(float(e.cost.max()) for e in pair_edges)
+    scale = 1e12 if total * 1e12 < 1e15 else 1e15 / max(total, 1e-30)
+
+    model = cp_model.CpModel()
+    # s[v][k]
+    s = [
+        [model.new_bool_var(f"s[{v}][{k}]") for k in range(len(n.labels))]
+        for v, n in enumerate(problem.nodes)
+    ]
+    objective = []
+    # (one)
+    for v in range(len(problem.nodes)):
+        model.add_exactly_one(s[v])
+        objective += [int(round(c * scale)) * s[v][k] for k, c in enumerate(node_cost[v]) if c]
+    # (rows), (cols) on grouped layouts
+    for e in pair_edges:
+        rows, row_of = _groups(e.cost)
+        cols, col_of = _groups(e.cost.T)
+        if len(rows) == 1 or len(cols) == 1:  # the cost depends on one side only: fold it
+            if len(rows) == 1:
+                objective += [
+                    int(round(e.cost[0, l] * scale)) * s[e.v][l]
+                    for l in range(e.cost.shape[1])
+                    if e.cost[0, l]
+                ]
+            else:
+                objective += [
+                    int(round(e.cost[k, 0] * scale)) * s[e.u][k]
+                    for k in range(e.cost.shape[0])
+                    if e.cost[k, 0]
+                ]
+            continue
+        pair = {
+            (g, h): model.new_bool_var(f"e[{e.u},{e.v}][{g},{h}]")
+            for g in range(len(rows))
+            for h in range(len(cols))
+        }
+        for g, members in enumerate(rows):
+            model.add(sum(pair[g, h] for h in range(len(cols))) == sum(s[e.u][k] for k in members))
+        for h, members in enumerate(cols):
+            model.add(sum(pair[g, h] for g in range(len(rows))) == sum(s[e.v][l] for l in members))
+        for (g, h), var in pair.items():
+            c = e.cost[rows[g][0], cols[h][0]]
+            if c:
+                objective.append(int(round(c * scale)) * var)
+    # (memory)
+    if problem.budget is not None:
+        _add_memory(model, problem, s)
+    model.minimize(sum(objective))
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = options.time_limit_s
+    solver.parameters.num_workers = max(1, options.threads)
+    solver.parameters.random_seed = options.seed
+    solver.parameters.interleave_search = True  # deterministic with several workers
+    solver.parameters.relative_gap_limit = options.relative_gap
+    status = solver.solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if status == cp_model.INFEASIBLE:
+            raise InfeasibleError("no plan fits the memory budget")  # _check_budget says more
+        raise InfeasibleError(
+            f"the solver found no plan within {options.time_limit_s:g} s (status {solver.status_name(status)})"
+        )
+    choice = tuple(next(k for k, var in enumerate(row) if solver.boolean_value(var)) for row in s)
+    evaluation = problem.evaluate(choice)
+    proto = model.proto
+    return Solution(
+        choice=choice,
+        objective=evaluation.objective,
+        bound=min(evaluation.objective, solver.best_objective_bound / scale),
+        status=SolveStatus.OPTIMAL if status == cp_model.OPTIMAL else SolveStatus.FEASIBLE,
+        solve_time_s=time.perf_counter() - start,
+        peak_memory=evaluation.peak_memory,
+        variables=len(proto.variables),
+        constraints=len(proto.constraints),
+    )
+
+
+def _groups(matrix: np.ndarray) -> tuple[list[list[int]], list[int]]:
+    """Rows of `matrix` grouped by equal content: (members of each group, group of each row)."""
+    seen: dict[bytes, int] = {}
+    groups: list[list[int]] = []
+    row_of = []
+    for k, row in enumerate(matrix):
+        key = row.tobytes()
+        g = seen.setdefault(key, len(groups))
+        if g == len(groups):
+            groups.append([])
+        groups[g].append(k)
+        row_of.append(g)
+    return groups, row_of
+
+
+def _live_steps(problem: ShardingProblem) -> list[int]:
+    return sorted({n.live[0] for n in problem.nodes})
+
+
+def _add_memory(
+    model: cp_model.CpModel, problem: ShardingProblem, s: list[list[cp_model.IntVar]]
+) -> None:
+    budget = problem.budget - problem.constant_memory  # type: ignore[operator]
+    unit = max(1.0, budget / 2**40)  # keep coefficients in int64 comfortably
+    for t in _live_steps(problem):
+        terms = []
+        fixed = 0.0
+        for v, n in enumerate(problem.nodes):
+            if not n.live[0] <= t <= n.live[1]:
+                continue
+            low = float(n.memory.min())
+            fixed += low
+            terms += [
+                int(np.ceil((m - low) / unit)) * s[v][k] for k, m in enumerate(n.memory) if m > low
+            ]
+        if terms:
+            model.add(sum(terms) <= int(np.floor((budget - fixed) / unit)))
+
+
+def min_peak_memory(problem: ShardingProblem) -> tuple[float, int, str]:
+    """The smallest peak any plan can have: every node in its smallest layout (exact, as
+    nodes' memory does not depend on each other). (bytes, step, largest node then)."""
+    best = [int(np.argmin(n.memory)) for n in problem.nodes]
+    peak, step, (name, _) = problem.peak_memory(best)
+    return peak, step, name
+
+
+def _check_budget(problem: ShardingProblem) -> None:
+    peak, step, name = min_peak_memory(problem)
+    if problem.budget is not None and peak > problem.budget:
+        raise InfeasibleError(
+            f"no plan fits the memory budget of {gib(problem.budget)} per device: the smallest possible "
+            f"peak is {gib(peak)} (at step {step}, largest tensor then: %{name}); "
+            f"use --memory {gib(peak * 1.0001).replace(' ', '')} or more, or a larger mesh"
+        )
+
+
+def solve_brute_force(problem: ShardingProblem) -> Solution:
+    """Try every choice (tiny problems only)."""
+    start = time.perf_counter()
+    best: tuple[float, tuple[int, ...]] | None = None
+    for choice in itertools.product(*(range(len(n.labels)) for n in problem.nodes)):
+        try:
+            value = problem.evaluate(choice).objective
+        except InfeasibleError:
+            continue
+        if best is None or value < best[0] - 1e-15:
+            best = (value, choice)
+    if best is None:
+        raise InfeasibleError("no plan fits the memory budget")
+    ev = problem.evaluate(best[1])
+    return Solution(
+        best[1],
+        ev.objective,
+        ev.objective,
+        SolveStatus.OPTIMAL,
+        time.perf_counter() - start,
+        ev.peak_memory,
+    )

@@ -1,0 +1,243 @@
+"""Strategies: the ways one instruction can run on a mesh, and what each costs.
+
+A `Strategy` fixes the layout (a `ShardingSpec`) of every result leaf of an instruction
+and the layout in which it reads each operand, with the compute time on one device and
+the communication the instruction performs itself (the all-reduce of a dot whose
+contracting dim is split, the halo exchange of a spatially split convolution). The
+layout conversions between a producer's result and a consumer's operand are not part
+of a strategy: they are the edge costs of the problem (`rhino.search.reshard`).
+
+Per-opcode rules live in `rhino.search.rules`; this module holds the types they share
+and the tensor-layout helpers (candidate specs, mapping splits through reshapes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from rhino.search.cluster import Cluster
+from rhino.search.mesh import DeviceMesh
+from rhino.search.spec import Replicate, ShardingSpec, Split
+
+R = Replicate()
+
+
+@dataclass(frozen=True)
+class CommStep:
+    """A collective an instruction performs itself (for costs and the fidelity report)."""
+
+    kind: str
+    """"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"."""
+    axes: tuple[int, ...]
+    """Mesh axes the collective runs over."""
+    nbytes: float
+    """Bytes per device, full-side convention of `rhino.search.comm`."""
+    seconds: float
+    """Predicted time."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to run an instruction."""
+
+    label: str
+    """Alpa/XLA-style notation, e.g. `S0R = S0R x RR`."""
+    outs: tuple[ShardingSpec, ...]
+    """Layout of each result leaf (one for an array result)."""
+    ins: tuple[ShardingSpec | None, ...]
+    """Layout each operand is read in; None for an operand read whole on every device
+    that is not a tensor the plan places (tokens)."""
+    compute: float
+    """Seconds of compute per device."""
+    comm: tuple[CommStep, ...] = ()
+    """Collectives the instruction itself performs."""
+
+    @property
+    def comm_seconds(self) -> float:
+        return sum(c.seconds for c in self.comm)
+
+    @property
+    def cost(self) -> float:
+        return self.compute + self.comm_seconds
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a rule needs besides the instruction."""
+
+    mesh: DeviceMesh
+    cluster: Cluster
+    max_strategies: int = 64
+    """Rules keep at most this many strategies per instruction (cheapest first)."""
+    pinned: dict[str, ShardingSpec] = field(default_factory=dict)
+    """User-pinned result layouts by instruction name."""
+
+
+# -- candidate layouts of a tensor -----------------------------------------------------------
+
+
+def candidate_specs(dims: tuple[int, ...], mesh: DeviceMesh) -> tuple[ShardingSpec, ...]:
+    """Maximal-stride layouts of a `dims` tensor: each mesh axis replicates or splits one dim.
+
+    Several axes may split the same dim (in mesh order). Axes of size 1 only replicate.
+    Replicated first, then by notation (deterministic).
+    """
+    return _candidate_specs(tuple(dims), mesh)
+
+
+@lru_cache(maxsize=4096)
+def _candidate_specs(dims: tuple[int, ...], mesh: DeviceMesh) -> tuple[ShardingSpec, ...]:
+    per_axis = []
+    for size in mesh.shape:
+        choices: list[Replicate | Split] = [R]
+        if size > 1:
+            choices += [Split(d) for d in range(len(dims)) if dims[d] % size == 0]
+        per_axis.append(choices)
+    found = []
+    for axes in itertools.product(*per_axis):
+        spec = ShardingSpec(tuple(axes))
+        if spec.is_valid(dims, mesh):
+            found.append(spec)
+    found.sort(key=lambda s: (not s.is_replicated(), str(s)))
+    return tuple(found)
+
+
+def replicated(mesh: DeviceMesh) -> ShardingSpec:
+    return ShardingSpec.replicated(mesh.ndim)
+
+
+def shard_fraction(spec: ShardingSpec, dims: Sequence[int], mesh: DeviceMesh) -> float:
+    """Fraction of the tensor each device holds (1 for replicated)."""
+    n = math.prod(dims) if dims else 1
+    if n == 0:
+        return 1.0
+    return math.prod(spec.shard_shape(dims, mesh)) / n
+
+
+def work_fraction(specs: Sequence[ShardingSpec], mesh: DeviceMesh) -> float:
+    """1 / the number of devices the work is divided over: mesh axes that split or hold
+    partial sums in any of `specs` divide it."""
+    used: set[int] = set()
+    for spec in specs:
+        used.update(a for a, s in enumerate(spec.axes) if not isinstance(s, Replicate))
+    return 1.0 / math.prod(mesh.shape[a] for a in used) if used else 1.0
+
+
+def map_spec(
+    spec: ShardingSpec, dim_map: dict[int, int | None], mesh: DeviceMesh
+) -> ShardingSpec | None:
+    """`spec` with every split dim d renamed to dim_map[d]; None when a split dim has no
+    image (the layout does not carry over). Strides are kept."""
+    axes = []
+    for entry in spec.axes:
+        if isinstance(entry, Split):
+            target = dim_map.get(entry.dim)
+            if target is None:
+                return None
+            axes.append(Split(target, entry.stride))
+        else:
+            axes.append(entry)
+    try:
+        return ShardingSpec(tuple(axes), spec.order)
+    except Exception:
+        return None
+
+
+def keep_dims(spec: ShardingSpec, keep: Sequence[int]) -> ShardingSpec:
+    """`spec` with splits of dims outside `keep` replaced by replication."""
+    kept = set(keep)
+    axes = [e if not isinstance(e, Split) or e.dim in kept else R for e in spec.axes]
+    return ShardingSpec(tuple(axes))
+
+
+# -- reshape: which splits carry over, and with what stride (Rhino §4.1) -----------------------
+
+
+def reshape_groups(
+    src: Sequence[int], dst: Sequence[int]
+) -> list[tuple[list[int], list[int]]] | None:
+    """Pair up runs of src dims and dst dims with equal element counts (major to minor).
+
+    Trailing size-1 dims join the last group. None if the counts differ or are zero.
+    """
+    if math.prod(src) != math.prod(dst) or 0 in src or 0 in dst:
+        return None
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        gs, gd = [i], [j]
+        ps, pd = src[i], dst[j]
+        i, j = i + 1, j + 1
+        while ps != pd:
+            if ps < pd:
+                gs.append(i)
+                ps *= src[i]
+                i += 1
+            else:
+                gd.append(j)
+                pd *= dst[j]
+                j += 1
+        groups.append((gs, gd))
+    if not groups:
+        return [(list(range(len(src))), list(range(len(dst))))]
+    groups[-1][0].extend(range(i, len(src)))
+    groups[-1][1].extend(range(j, len(dst)))
+    return groups
+
+
+def map_split_through_reshape(
+    src: Sequence[int], dst: Sequence[int], dim: int, stride: int | None, shards: int
+) -> tuple[int, int | None] | None:
+    """The split of reshape output `dst` that holds the same elements on each device as
+    splitting `src` dim `dim` into `shards` with `stride` (None: maximal); None if none.
+
+    In the flattened run of dims a reshape group covers, splitting a dim with stride t
+    deals units of u = t * (product of the dims minor to it) elements round-robin. The
+    same units, seen from the other side, are a split of the dim whose minor product
+    divides u, with stride u / that product. Returns (dst dim, stride or None if maximal).
+    """
+    groups = reshape_groups(src, dst)
+    if groups is None:
+        return None
+    for gs, gd in groups:
+        if dim not in gs:
+            continue
+        t = stride if stride is not None else src[dim] // shards
+        unit = t * math.prod(src[k] for k in gs if k > dim)
+        for d in gd:
+            inner = math.prod(dst[k] for k in gd if k > d)
+            if unit % inner:
+                continue
+            t2 = unit // inner
+            if t2 > dst[d] or dst[d] % (t2 * shards):
+                continue
+            # the unit must not straddle a more major dst dim: t2 * shards divides dst[d]
+            return d, (None if t2 * shards == dst[d] else t2)
+        return None
+    return None
+
+
+def reshape_spec(
+    spec: ShardingSpec, src: Sequence[int], dst: Sequence[int], mesh: DeviceMesh
+) -> ShardingSpec | None:
+    """The layout of a reshape's result (dst) equivalent to `spec` on its operand (src)."""
+    axes = []
+    for a, entry in enumerate(spec.axes):
+        if isinstance(entry, Split):
+            if len(spec.dim_axes(entry.dim)) > 1:
+                return None  # several axes on one dim: not mapped (rare)
+            mapped = map_split_through_reshape(src, dst, entry.dim, entry.stride, mesh.shape[a])
+            if mapped is None:
+                return None
+            axes.append(Split(mapped[0], mapped[1]))
+        else:
+            axes.append(entry)
+    try:
+        out = ShardingSpec(tuple(axes))
+    except Exception:
+        return None
+    return out if out.is_valid(dst, mesh) else None
