@@ -83,13 +83,16 @@ def emit_json(command: str, payload: dict[str, Any]) -> None:
 
 
 @contextmanager
-def status(message: str, enabled: bool = True) -> Iterator[None]:
-    """A spinner on stderr while a step runs (only on a terminal, never in --json pipes)."""
+def status(message: str, enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """A spinner on stderr while a step runs (only on a terminal, never in --json pipes).
+
+    Yields a function that changes the spinner's text (`update("solving ...")`).
+    """
     if enabled and stderr.is_terminal:
-        with stderr.status(message):
-            yield
+        with stderr.status(message) as spinner:
+            yield lambda text: spinner.update(f"{message}: {text}")
     else:
-        yield
+        yield lambda text: None
 
 
 def human_bytes(n: float) -> str:

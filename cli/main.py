@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from rhino.cli.parse_cmd import parse_command
+from rhino.cli.plan_cmd import plan_command
+from rhino.cli.sweep_cmd import sweep_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -21,6 +23,8 @@ def cli() -> None:
 
 
 cli.add_command(parse_command)
+cli.add_command(plan_command)
+cli.add_command(sweep_command)
 
 
 def main() -> None:

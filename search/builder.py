@@ -17,6 +17,7 @@ to the layout v's strategy l reads it in, times v's weight.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,6 +80,8 @@ class ShardingGraph:
     nodes: list[GraphNode] = field(default_factory=list)
     edges: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     """(u, v) -> cost matrix [len(u.strategies), len(v.strategies)] in seconds."""
+    state: list[tuple[str, int]] = field(default_factory=list)
+    """(parameter name, output leaf) pairs of state carried from step to step."""
     warnings: list[str] = field(default_factory=list)
     """Opcodes planned replicated because rhino does not model them, and the like."""
     index: dict[str, int] = field(default_factory=dict)
@@ -97,18 +100,63 @@ def build_graph(
     *,
     pins: dict[str, ShardingSpec] | None = None,
     max_strategies: int = 64,
+    state: bool = True,
 ) -> ShardingGraph:
-    """The nodes, strategies and edge costs of `module` on `mesh` (see module doc)."""
+    """The nodes, strategies and edge costs of `module` on `mesh` (see module doc).
+
+    With `state`, the step's updated state (see `state_pairs`) must come back in the
+    layout its parameter arrives in, as the next step will read it: an edge from each
+    output leaf to its parameter costs the reshard between the two.
+    """
     flat = inline_calls(module)
     ctx = Context(mesh, cluster, max_strategies, dict(pins or {}))
     graph = ShardingGraph(flat, mesh, cluster)
-    _Builder(graph, ctx).computation(flat.entry, weight=1.0, params=None)
+    builder = _Builder(graph, ctx)
+    builder.computation(flat.entry, weight=1.0, params=None)
+    if state:
+        builder.state_edges(state_pairs(flat))
     unknown_pins = set(ctx.pinned) - set(graph.index)
     if unknown_pins:
         raise InfeasibleError(
             f"pinned instructions not found in {module.name}: {', '.join(sorted(unknown_pins))}"
         )
     return graph
+
+
+_ALIAS = re.compile(r"\{\s*(\d*)\s*\}\s*:\s*\(\s*(\d+)\s*,\s*\{\s*\}")
+
+
+def state_pairs(module: Module) -> list[tuple[int, int]]:
+    """(parameter number, output leaf) pairs: state a training step returns updated.
+
+    From `input_output_alias` when the module has one (donated buffers); otherwise the
+    parameters and the output leaves are paired in order by equal shape (a step
+    `(params, opt_state, batch) -> (loss, params, opt_state)` pairs every parameter and
+    optimizer buffer with its update).
+    """
+    entry = module.entry
+    root = entry.root
+    leaves = root.shape.leaves() if root is not None else []
+    alias = module.attrs.get("input_output_alias")
+    if alias:
+        pairs = []
+        for out, param in _ALIAS.findall(alias):
+            pairs.append((int(param), int(out) if out else 0))
+        return pairs
+    params = entry.parameters
+    pairs = []
+    j = 0
+    for p in params:
+        k = j
+        while k < len(leaves) and (leaves[k].dims, leaves[k].dtype) != (
+            p.shape.dims,
+            p.shape.dtype,
+        ):
+            k += 1
+        if k < len(leaves):
+            pairs.append((p.parameter_number or 0, k))
+            j = k + 1
+    return pairs if len(pairs) >= 1 and root is not None and root.shape.is_tuple else []
 
 
 # a leaf source: (node index, leaf index within that node's results)
@@ -195,6 +243,19 @@ class _Builder:
             self.graph.edges[key] + matrix if key in self.graph.edges else matrix
         )
 
+    def state_edges(self, pairs: list[tuple[int, int]]) -> None:
+        """Output leaf -> parameter edges: the next step reads the update in the parameter's layout."""
+        entry = self.graph.module.entry
+        params = {p.parameter_number: p for p in entry.parameters}
+        outputs = self.leaves.get(id(entry.root), []) if entry.root is not None else []
+        for number, leaf in pairs:
+            param = params.get(number)
+            if param is None or param.name not in self.graph.index or leaf >= len(outputs):
+                continue
+            v = self.graph.index[param.name]
+            self.edge(outputs[leaf], v, lambda s: s.outs[0], 1.0)
+            self.graph.state.append((param.name, leaf))
+
     def while_loop(self, inst: Instruction, weight: float) -> None:
         """Carried leaves become nodes; init, body parameter, body result and the loop's
         result all use them. The body runs `trip count` times per run of the loop."""
@@ -204,7 +265,7 @@ class _Builder:
             self.graph.warnings.append(f"%{inst.name}: trip count unknown, body costs counted once")
         body = next(c for c in inst.called if c.name == inst.attr("body"))
         init = self.leaves[id(inst.operands[0])]
-        carried: list[Source | None] = []
+        carried_nodes: list[Source] = []
         for i, shape in enumerate(inst.shape.leaves()):
             specs = (
                 candidate_specs(shape.dims, self.ctx.mesh)
@@ -217,14 +278,12 @@ class _Builder:
             c = self.add_node(GraphNode(name, inst, options, weight, (shape,), carried=True))
             self.graph.nodes[c].last_use = self.clock
             self.edge(init[i] if i < len(init) else None, c, lambda s: s.outs[0], weight)
-            carried.append((c, 0))
-        self.computation(body, weight * trips, carried)
+            carried_nodes.append((c, 0))
+        self.computation(body, weight * trips, list(carried_nodes))
         assert body.root is not None
         results = self.leaves[id(body.root)]
-        for i, src in enumerate(results):
-            if i < len(carried) and carried[i] is not None:
-                self.edge(src, carried[i][0], lambda s: s.outs[0], weight * trips)  # type: ignore[index]
-        for c in carried:
-            if c is not None:
-                self.graph.nodes[c[0]].last_use = self.clock
-        self.leaves[id(inst)] = carried
+        for src, (node, _) in zip(results, carried_nodes, strict=False):
+            self.edge(src, node, lambda s: s.outs[0], weight * trips)
+        for node, _ in carried_nodes:
+            self.graph.nodes[node].last_use = self.clock
+        self.leaves[id(inst)] = list(carried_nodes)

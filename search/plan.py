@@ -70,6 +70,8 @@ class Plan:
     instructions: tuple[InstructionPlan, ...]
     collectives: tuple[PlannedCollective, ...]
     warnings: tuple[str, ...] = ()
+    state: int = 0
+    """How many parameters are state the step returns updated (kept in one layout)."""
     version: int = PLAN_VERSION
     problem: dict[str, int] = field(default_factory=dict)
     """Problem size: nodes, edges, strategy pairs."""

@@ -39,6 +39,8 @@ class PlanRequest:
     pins: tuple[tuple[str, ShardingSpec], ...] = ()
     solve: SolveOptions = SolveOptions()
     max_strategies: int = 64
+    state: bool = True
+    """Updated state returns in its parameter's layout (see builder.state_pairs)."""
 
 
 def make_plan(
@@ -53,7 +55,7 @@ def make_plan(
     start = time.perf_counter()
     say("building strategies")
     graph = build_graph(module, request.mesh, request.cluster, pins=dict(request.pins),
-                        max_strategies=request.max_strategies)  # fmt: skip
+                        max_strategies=request.max_strategies, state=request.state)  # fmt: skip
     problem = to_problem(graph, request.budget_bytes)
     say(f"solving: {problem.size[0]} nodes, {problem.size[1]} edges")
     solution = solve_ilp(problem, request.solve)
@@ -135,6 +137,7 @@ def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, 
         instructions=tuple(instructions),
         collectives=tuple(collectives),
         warnings=tuple(graph.warnings),
+        state=len(graph.state),
         problem=dict(zip(("nodes", "edges", "pairs"), problem.size, strict=True)),
     )
 
@@ -142,7 +145,7 @@ def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, 
 def _edge_layouts(graph: ShardingGraph, u: int, v: int, su, sv):  # type: ignore[no-untyped-def]
     """(leaf of u, layout v wants it in) for every use of u's results by v."""
     nv = graph.nodes[v]
-    if nv.carried:  # init or body result flowing into a carried value
+    if nv.carried or nv.inst.opcode.value == "parameter":  # into a carried value or step state
         return [(0, sv.outs[0])] if len(graph.nodes[u].leaf_shapes) == 1 else []
     out = []
     for j, want in enumerate(sv.ins):

@@ -1,0 +1,40 @@
+"""Apply a `Plan` to its module: the HLO with the plan's shardings written in."""
+
+from __future__ import annotations
+
+from rhino.hlo.errors import ConfigError
+from rhino.hlo.ir import Module
+from rhino.hlo.passes import inline_calls
+from rhino.hlo.printer import print_module
+from rhino.hlo.sharding import HloSharding, parse_sharding
+from rhino.runtime.annotate import annotate
+from rhino.search.plan import Plan, module_hash
+
+
+def planned_module(module: Module) -> Module:
+    """The module as the planner sees it (calls inlined); plan names refer to this one."""
+    return inline_calls(module)
+
+
+def plan_shardings(plan: Plan) -> dict[str, HloSharding]:
+    """Instruction name -> XLA sharding of its result, for every instruction XLA can take
+    one on (not tuple, get-tuple-element or while: XLA drops or rejects those)."""
+    out = {}
+    for inst in plan.instructions:
+        if inst.sharding is None or inst.opcode in ("tuple", "get-tuple-element", "while"):
+            continue
+        out[inst.name] = parse_sharding(inst.sharding)
+    return out
+
+
+def apply_plan(
+    module: Module, plan: Plan, *, check_hash: bool = True, strip_metadata: bool = True
+) -> Module:
+    """`module` (calls inlined) with every planned sharding set."""
+    flat = planned_module(module)
+    if check_hash and module_hash(print_module(flat)) != plan.module_hash:
+        raise ConfigError(
+            f"the plan was made for another module (plan for {plan.module!r}, hash {plan.module_hash}; "
+            f"this module {flat.name!r} hashes to {module_hash(print_module(flat))})"
+        )
+    return annotate(flat, plan_shardings(plan), strip_metadata=strip_metadata)

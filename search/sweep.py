@@ -1,0 +1,537 @@
+"""Sweeps: a batch of plans, (model x mesh x level x cluster x memory), read from YAML.
+
+A sweep file (configs/sweeps/*.yaml):
+
+    models: ["../../examples/*.hlo"]   # HLO files or globs, relative to this YAML file
+    meshes: ["1x8", "2x4"]             # device meshes, outermost axis first
+    levels: [O3]                       # optional, default [O3]
+    clusters: [m8]                     # optional, default [m8]; a name or a YAML path
+                                       #   (a path is relative to this YAML file)
+    memory: [null, 16GiB]              # optional, default [null]: per-device budgets;
+                                       #   null = the cluster's device memory,
+                                       #   "unlimited" = no budget
+    time_limit: 60                     # optional, default 60: solver seconds per entry
+    threads: 2                         # optional, default as `rhino plan`: solver threads
+    entries:                           # optional: more entries, after the product above
+      - {model: ../../generated/gpt_medium.hlo, mesh: "1x8", memory: 16GiB}
+      - {model: "../../examples/mlp*.hlo", mesh: ["1x2", "1x4"], time_limit: 5}
+
+The top-level lists make a cartesian product (model outermost, then mesh, level,
+cluster, memory). Each item of `entries` is a small product of its own: `model` is
+required; `mesh`, `level`, `cluster`, `memory` take one value or a list and default to
+the top-level lists; `time_limit` and `threads` default to the top-level values.
+`models` needs `meshes` (or every entry its own `mesh`). A single value may stand where a
+list is expected. A glob that matches no file is an error in the sweep file; a plain path
+that does not exist is not: its rows fail when they run.
+
+An entry's row holds what `rhino plan MODEL --mesh M --opt L --cluster C --memory B
+--time-limit T` would predict. Rows come back in the order above, whatever order the worker processes finish in. A
+row that fails (a RhinoError such as an infeasible memory budget or an unreadable
+model, or a bug) carries status "error" and the message; the other rows still run.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import json
+import multiprocessing
+import os
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, fields
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rhino.hlo.errors import ConfigError, RhinoError
+from rhino.hlo.parser import parse_file
+from rhino.hlo.verify import verify
+from rhino.search.cluster import Cluster, load_cluster, parse_quantity
+from rhino.search.mesh import DeviceMesh, parse_mesh
+from rhino.search.planner import LEVELS, PlanRequest, make_plan
+from rhino.search.problem import SolveOptions
+
+SWEEP_SCHEMA = "rhino.sweep/1"
+"""`schema` of the JSON documents `rhino sweep` writes."""
+
+UNLIMITED = "unlimited"
+DEVICE = "device"
+
+_TOP_KEYS = ("models", "meshes", "levels", "clusters", "memory", "time_limit", "threads", "entries")
+_ENTRY_KEYS = ("model", "mesh", "level", "cluster", "memory", "time_limit", "threads")
+
+
+@dataclass(frozen=True)
+class SweepEntry:
+    """One plan to make: everything resolved, ready to send to a worker process."""
+
+    model: str
+    """HLO file, relative to the working directory when inside it."""
+    mesh: DeviceMesh
+    level: str
+    cluster: Cluster
+    memory: str
+    """The budget as written: "16GiB", "device" (the cluster's memory) or "unlimited"."""
+    budget_bytes: float | None
+    """The budget in bytes; None for no budget."""
+    time_limit_s: float
+    """Solver time limit (the best plan so far is kept when it is hit)."""
+    threads: int
+    """Solver threads."""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A parsed sweep file."""
+
+    source: str
+    """The file, as given."""
+    entries: tuple[SweepEntry, ...]
+    """In the order of the file (see the module doc)."""
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """The outcome of one entry. Field names are the stable CSV/JSON column names."""
+
+    model: str
+    mesh: str
+    """"1x8"."""
+    level: str
+    cluster: str
+    """The cluster's name."""
+    memory: str
+    """The budget as written (see `SweepEntry.memory`)."""
+    budget_bytes: float | None
+    status: str
+    """"ok" or "error"."""
+    message: str
+    """Why the entry failed; "" when it did not."""
+    step_ms: float | None = None
+    """Estimated step time: compute plus communication."""
+    compute_ms: float | None = None
+    comm_ms: float | None = None
+    peak_memory_bytes: float | None = None
+    """Predicted peak memory per device."""
+    search_s: float | None = None
+    """Planning time (strategies, ILP), without parsing."""
+    solver_status: str | None = None
+    """"optimal", or "feasible" when the time limit stopped the solver."""
+    solver_gap: float | None = None
+    """Relative gap between the plan and the solver's lower bound."""
+    nodes: int | None = None
+    """Nodes of the sharding problem."""
+    warnings: int | None = None
+    """How many warnings the plan carries (e.g. replicated fallbacks)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(SweepRow))
+"""Column names, in order, of the CSV and JSON outputs."""
+
+
+# -- reading a sweep file ----------------------------------------------------------------------
+
+
+def load_sweep(path: str | os.PathLike[str]) -> Sweep:
+    """Read and check a sweep file; every error is a ConfigError naming file, key, line:col."""
+    name = os.fspath(path)
+    try:
+        text = Path(name).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{name}: cannot read the sweep file: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name}: not a UTF-8 text file") from None
+    return load_sweep_text(text, name, Path(name).parent)
+
+
+def load_sweep_text(
+    text: str, source: str = "<string>", base: str | os.PathLike[str] = "."
+) -> Sweep:
+    """Read a sweep from YAML text; paths in it are relative to `base`."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{source}{where}: not valid YAML: {problem}") from None
+    finally:
+        loader.dispose()
+    if node is None:
+        raise ConfigError(f"{source}: empty sweep file (expected keys {', '.join(_TOP_KEYS)})")
+    return _SweepReader(source, Path(base), loader).sweep(node)
+
+
+class _SweepReader:
+    """Typed access to the YAML node tree, with errors that carry file, key and line:col."""
+
+    def __init__(self, source: str, base: Path, loader: yaml.SafeLoader) -> None:
+        self.source = source
+        self.base = base
+        self.loader = loader
+        self.clusters: dict[str, Cluster] = {}
+
+    def fail(self, node: yaml.Node, key: str, message: str) -> ConfigError:
+        mark = node.start_mark
+        where = f"key '{key}'" if key else "top level"
+        return ConfigError(f"{self.source}:{mark.line + 1}:{mark.column + 1}: {where}: {message}")
+
+    def sweep(self, root: yaml.Node) -> Sweep:
+        top = self.mapping(root, "", _TOP_KEYS)
+        time_limit = self.time_limit(top.get("time_limit"), "time_limit", 60.0)
+        threads = self.threads(top.get("threads"), "threads", SolveOptions().threads)
+        defaults = {
+            "mesh": self.meshes(top["meshes"], "meshes") if "meshes" in top else None,
+            "level": self.levels(top["levels"], "levels") if "levels" in top else ["O3"],
+            "cluster": self.clusters_of(top.get("clusters"), "clusters"),
+            "memory": self.memory(top.get("memory"), "memory"),
+        }
+        entries: list[SweepEntry] = []
+        if "models" in top:
+            if defaults["mesh"] is None:
+                raise self.fail(root, "meshes", "missing (every sweep of `models` needs meshes)")
+            models = self.models(top["models"], "models")
+            entries += self.expand(models, defaults, time_limit, threads)
+        for i, item in enumerate(self.list(top["entries"], "entries") if "entries" in top else []):
+            entries += self.entry(item, f"entries[{i}]", defaults, time_limit, threads)
+        if not entries:
+            raise self.fail(root, "", "no entries: give `models` and `meshes`, or `entries`")
+        return Sweep(self.source, tuple(entries))
+
+    def entry(self, node: yaml.Node, key: str, defaults: dict[str, Any], time_limit: float,
+              threads: int) -> list[SweepEntry]:  # fmt: skip
+        doc = self.mapping(node, key, _ENTRY_KEYS)
+        if "model" not in doc:
+            raise self.fail(node, f"{key}.model", "missing")
+        own = dict(defaults)
+        if "mesh" in doc:
+            own["mesh"] = self.meshes(doc["mesh"], f"{key}.mesh")
+        elif defaults["mesh"] is None:
+            raise self.fail(node, f"{key}.mesh", "missing (and no top-level `meshes`)")
+        if "level" in doc:
+            own["level"] = self.levels(doc["level"], f"{key}.level")
+        if "cluster" in doc:
+            own["cluster"] = self.clusters_of(doc["cluster"], f"{key}.cluster")
+        if "memory" in doc:
+            own["memory"] = self.memory(doc["memory"], f"{key}.memory")
+        models = self.models(doc["model"], f"{key}.model")
+        time_limit = self.time_limit(doc.get("time_limit"), f"{key}.time_limit", time_limit)
+        threads = self.threads(doc.get("threads"), f"{key}.threads", threads)
+        return self.expand(models, own, time_limit, threads)
+
+    def expand(self, models: list[str], d: dict[str, Any], time_limit: float,
+               threads: int) -> list[SweepEntry]:  # fmt: skip
+        """The product models x meshes x levels x clusters x memory, model outermost."""
+        out = []
+        for model, mesh, level, cluster, (key, node) in product(
+            models, d["mesh"], d["level"], d["cluster"], d["memory"]
+        ):
+            label, budget = self.budget(node, key, cluster)
+            out.append(SweepEntry(model, mesh, level, cluster, label, budget, time_limit, threads))
+        return out
+
+    # -- one key each --------------------------------------------------------------------------
+
+    def models(self, node: yaml.Node, key: str) -> list[str]:
+        out = []
+        for i, item in enumerate(self.list(node, key)):
+            text = self.string(item, f"{key}[{i}]")
+            path = self.base / Path(text).expanduser()
+            if not glob.has_magic(text):
+                out.append(_shown(path))
+                continue
+            matches = sorted(p for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+            if not matches:
+                raise self.fail(
+                    item, f"{key}[{i}]", f"{text!r} matches no file (looked for {_shown(path)})"
+                )
+            out += [_shown(Path(p)) for p in matches]
+        return out
+
+    def meshes(self, node: yaml.Node, key: str) -> list[DeviceMesh]:
+        out = []
+        for i, item in enumerate(self.list(node, key)):
+            value = self.scalar(item)
+            if isinstance(value, bool) or not isinstance(value, str | int):
+                raise self.fail(item, f"{key}[{i}]", f'expected a mesh like "2x4", got {value!r}')
+            try:
+                out.append(parse_mesh(str(value)))
+            except ConfigError as e:
+                raise self.fail(item, f"{key}[{i}]", str(e)) from None
+        return out
+
+    def levels(self, node: yaml.Node, key: str) -> list[str]:
+        out = []
+        for i, item in enumerate(self.list(node, key)):
+            level = self.string(item, f"{key}[{i}]")
+            if level not in LEVELS:
+                raise self.fail(item, f"{key}[{i}]", f"level {level!r} is not available; choose one of {', '.join(LEVELS)}")  # fmt: skip
+            out.append(level)
+        return out
+
+    def clusters_of(self, node: yaml.Node | None, key: str) -> list[Cluster]:
+        if node is None:
+            return [self.cluster("m8", node, key)]
+        return [self.cluster(self.string(item, f"{key}[{i}]"), item, f"{key}[{i}]")
+                for i, item in enumerate(self.list(node, key))]  # fmt: skip
+
+    def cluster(self, text: str, node: yaml.Node | None, key: str) -> Cluster:
+        looks_like_path = text.endswith((".yaml", ".yml")) or "/" in text or os.sep in text
+        name = _shown(self.base / text) if looks_like_path else text
+        if name not in self.clusters:
+            try:
+                self.clusters[name] = load_cluster(name)
+            except ConfigError as e:
+                if node is None:
+                    raise ConfigError(f"{self.source}: default cluster: {e}") from None
+                raise self.fail(node, key, str(e)) from None
+        return self.clusters[name]
+
+    def memory(self, node: yaml.Node | None, key: str) -> list[tuple[str, yaml.Node | None]]:
+        """(key, node) per budget; no node stands for the default, null."""
+        if node is None:
+            return [(key, None)]
+        if isinstance(node, yaml.SequenceNode):
+            return [(f"{key}[{i}]", item) for i, item in enumerate(self.list(node, key))]
+        return [(key, node)]
+
+    def budget(
+        self, node: yaml.Node | None, key: str, cluster: Cluster
+    ) -> tuple[str, float | None]:
+        """(label, bytes) of one budget, for `cluster` (null: its device memory)."""
+        value = None if node is None else self.scalar(node)
+        if value is None:
+            return DEVICE, cluster.memory_bytes
+        if value == UNLIMITED:
+            return UNLIMITED, None
+        try:
+            return str(value), parse_quantity(value, "bytes")
+        except ValueError as e:
+            assert node is not None
+            raise self.fail(
+                node, key, f"{e}, null (the cluster's memory) or {UNLIMITED!r}"
+            ) from None
+
+    def time_limit(self, node: yaml.Node | None, key: str, default: float) -> float:
+        if node is None:
+            return default
+        value = self.scalar(node)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise self.fail(node, key, f"expected seconds greater than 0, got {value!r}")
+        return float(value)
+
+    def threads(self, node: yaml.Node | None, key: str, default: int) -> int:
+        if node is None:
+            return default
+        value = self.scalar(node)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.fail(node, key, f"expected a positive integer, got {value!r}")
+        return value
+
+    # -- node shapes ---------------------------------------------------------------------------
+
+    def mapping(self, node: yaml.Node, key: str, allowed: Sequence[str]) -> dict[str, yaml.Node]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, key, f"expected a mapping with keys {', '.join(allowed)}")
+        out: dict[str, yaml.Node] = {}
+        for k, v in node.value:
+            name = self.scalar(k)
+            full = f"{key}.{name}" if key else str(name)
+            if name not in allowed:
+                raise self.fail(k, full, f"unknown key; expected one of {', '.join(allowed)}")
+            if name in out:
+                raise self.fail(k, full, "given twice")
+            out[name] = v
+        return out
+
+    def list(self, node: yaml.Node, key: str) -> list[yaml.Node]:
+        """The items of a sequence; a single value counts as a list of one."""
+        if not isinstance(node, yaml.SequenceNode):
+            return [node]
+        if not node.value:
+            raise self.fail(node, key, "empty list")
+        return list(node.value)
+
+    def string(self, node: yaml.Node, key: str) -> str:
+        value = self.scalar(node)
+        if not isinstance(value, str) or not value:
+            raise self.fail(node, key, f"expected a string, got {value!r}")
+        return value
+
+    def scalar(self, node: yaml.Node) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            return _Composite(node)
+        return self.loader.construct_object(node, deep=True)
+
+
+@dataclass(frozen=True)
+class _Composite:
+    """A mapping or list where a scalar was expected (for error messages)."""
+
+    node: yaml.Node
+
+    def __repr__(self) -> str:
+        return "a list" if isinstance(self.node, yaml.SequenceNode) else "a mapping"
+
+
+def _shown(path: Path) -> str:
+    """A path as a user would write it: relative to the working directory when inside it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return str(path.absolute())
+    return str(path.absolute()) if rel.startswith("..") else rel
+
+
+# -- running -----------------------------------------------------------------------------------
+
+
+def run_entry(entry: SweepEntry, tracebacks: bool = False) -> SweepRow:
+    """Parse, verify and plan one entry; never raises (a failure is a row with status error)."""
+    head = _row_head(entry)
+    try:
+        module = parse_file(entry.model)
+        verify(module)
+        solve = SolveOptions(time_limit_s=entry.time_limit_s, threads=entry.threads)
+        request = PlanRequest(
+            entry.mesh, entry.cluster, entry.level, entry.budget_bytes, solve=solve
+        )
+        plan = make_plan(module, request)
+    except RhinoError as e:
+        return SweepRow(**head, status="error", message=str(e))
+    except Exception as e:  # a bug in rhino: reported in the row, the sweep goes on
+        return SweepRow(**head, status="error", message=_internal(e, tracebacks))
+    return SweepRow(
+        **head,
+        status="ok",
+        message="",
+        step_ms=plan.objective_s * 1e3,
+        compute_ms=plan.compute_s * 1e3,
+        comm_ms=plan.comm_s * 1e3,
+        peak_memory_bytes=plan.peak_memory_bytes,
+        search_s=plan.search_time_s,
+        solver_status=str(plan.solver.get("status")),
+        solver_gap=plan.solver.get("gap"),
+        nodes=plan.problem.get("nodes"),
+        warnings=len(plan.warnings),
+    )
+
+
+def run_sweep(
+    entries: Sequence[SweepEntry],
+    jobs: int = 1,
+    on_row: Callable[[int, SweepRow], None] | None = None,
+    tracebacks: bool = False,
+) -> list[SweepRow]:
+    """One row per entry, in the order of `entries`.
+
+    jobs > 1 runs the entries in that many worker processes (each parses its model);
+    jobs == 1 runs them here, one after the other. `on_row(index, row)` is called as each
+    entry finishes (in completion order). `tracebacks` appends the Python traceback to
+    the message of an internal error.
+    """
+    if jobs < 1:
+        raise ConfigError(f"jobs must be at least 1, got {jobs}")
+    report = on_row or (lambda _i, _row: None)
+    rows: list[SweepRow | None] = [None] * len(entries)
+    if jobs == 1 or len(entries) <= 1:
+        for i, entry in enumerate(entries):
+            rows[i] = run_entry(entry, tracebacks)
+            report(i, rows[i])  # type: ignore[arg-type]
+        return rows  # type: ignore[return-value]
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(entries)), mp_context=_context())
+    try:
+        futures: dict[Future[SweepRow], int] = {
+            pool.submit(run_entry, entry, tracebacks): i for i, entry in enumerate(entries)
+        }
+        for future in as_completed(futures):
+            i = futures[future]
+            try:
+                row = future.result()
+            except Exception as e:  # the worker died (killed, out of memory) or could not pickle
+                row = SweepRow(
+                    **_row_head(entries[i]), status="error", message=_internal(e, tracebacks)
+                )
+            rows[i] = row
+            report(i, row)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return rows  # type: ignore[return-value]
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """Workers start from a fork server that has imported rhino once (cheap, and safe with
+    the threads of the parent: progress display, solver); plain spawn where there is none."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["rhino.search.sweep"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def _row_head(entry: SweepEntry) -> dict[str, Any]:
+    return {
+        "model": entry.model,
+        "mesh": "x".join(map(str, entry.mesh.shape)),
+        "level": entry.level,
+        "cluster": entry.cluster.name,
+        "memory": entry.memory,
+        "budget_bytes": entry.budget_bytes,
+    }
+
+
+def _internal(e: BaseException, tracebacks: bool) -> str:
+    text = f"internal error: {type(e).__name__}: {e}"
+    if tracebacks:
+        text += "\n" + "".join(traceback.format_exception(e)).rstrip()
+    return text
+
+
+# -- writing rows ------------------------------------------------------------------------------
+
+
+def output_format(path: str | os.PathLike[str]) -> str:
+    """ "csv" or "json", from the file's extension; ConfigError for anything else."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".csv", ".json"):
+        raise ConfigError(f"--out {os.fspath(path)}: expected a .csv or .json file name")
+    return suffix[1:]
+
+
+def rows_document(rows: Sequence[SweepRow]) -> dict[str, Any]:
+    """The JSON document of a sweep: `{"schema": "rhino.sweep/1", "rows": [...]}`."""
+    return {"schema": SWEEP_SCHEMA, "rows": [asdict(r) for r in rows]}
+
+
+def rows_csv(rows: Sequence[SweepRow]) -> str:
+    """CSV text, a header of `COLUMNS` then one line per row; None is an empty cell."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: "" if v is None else v for k, v in asdict(r).items()})
+    return buffer.getvalue()
+
+
+def write_rows(rows: Sequence[SweepRow], path: str | os.PathLike[str]) -> None:
+    """Write rows as CSV or JSON, by the file's extension."""
+    if output_format(path) == "csv":
+        text = rows_csv(rows)
+    else:
+        text = json.dumps(rows_document(rows), indent=2) + "\n"
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"--out {os.fspath(path)}: cannot write: {e.strerror}") from None

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from rhino.cli.main import cli
+from rhino.hlo.parser import parse_file
+from rhino.runtime.xla_bridge import xla_parse
+from rhino.search.plan import Plan
+from tests.hlo.corpus import ROOT
+
+MLP = ROOT / "tests" / "data" / "mlp_step.hlo"
+
+
+def invoke(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_human_report() -> None:
+    r = invoke("plan", str(MLP), "--mesh", "1x4")
+    assert r.exit_code == 0, r.output
+    for fragment in (
+        "estimated step",
+        "compute",
+        "memory per device",
+        "solver optimal",
+        "%params_0_.1",
+        "%dot_general.5",
+    ):
+        assert fragment in r.output
+
+
+def test_json_out_and_emitted_hlo(tmp_path: Path) -> None:
+    out, hlo = tmp_path / "plan.json", tmp_path / "annotated.hlo"
+    r = invoke(
+        "plan", str(MLP), "--mesh", "1x4", "--json", "--out", str(out), "--emit-hlo", str(hlo)
+    )
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["schema"] == "rhino.plan/1"
+    assert {
+        "objective_s",
+        "compute_s",
+        "comm_by_kind",
+        "peak_memory_bytes",
+        "solver",
+        "instructions",
+    } <= set(doc)
+    assert Plan.read(out).module == "jit_step"
+    text = hlo.read_text()
+    xla_parse(text)  # XLA's parser accepts the annotated module
+    annotated = parse_file(hlo)
+    for inst in annotated.entry:
+        if inst.opcode_text not in ("tuple", "get-tuple-element"):
+            assert "sharding" in inst.attrs, inst.name
+
+
+def test_bad_inputs_exit_2(tmp_path: Path) -> None:
+    cases = [
+        (["--mesh", "2x"], "mesh"),
+        (["--mesh", "1x4", "--memory", "lots"], "--memory"),
+        (["--mesh", "1x4", "--memory", "1KiB"], "smallest possible peak"),
+        (["--mesh", "1x4", "--pin", "nowhere=RS0"], "nowhere"),
+        (["--mesh", "1x4", "--pin", "params_0_.1=XYZ"], "sharding spec"),
+        (["--mesh", "1x4", "--opt", "O9"], "O9"),
+        (["--mesh", "1x4", "--cluster", "nonexistent"], "nonexistent"),
+    ]
+    for args, fragment in cases:
+        r = invoke("plan", str(MLP), *args)
+        assert r.exit_code == 2, (args, r.output)
+        assert fragment in r.output and "Traceback" not in r.output, (args, r.output)
+
+
+def test_unknown_opcode_gets_a_replicated_plan_and_a_warning(tmp_path: Path) -> None:
+    f = tmp_path / "new.hlo"
+    f.write_text(
+        "HloModule m\n\nENTRY e {\n  p = f32[8,8]{1,0} parameter(0)\n"
+        "  q = f32[8,8]{1,0} fancy-new-op(p)\n  ROOT r = f32[8,8]{1,0} add(q, q)\n}\n"
+    )
+    r = invoke("plan", str(f), "--mesh", "1x4", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert any("fancy-new-op" in w for w in doc["warnings"])
+    q = next(i for i in doc["instructions"] if i["name"] == "q")
+    assert q["outs"] == ["RR"]

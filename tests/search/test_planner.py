@@ -1,0 +1,100 @@
+"""What the O3 search finds on models whose best plan is known (issue 3's checks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rhino.hlo.parser import parse_file
+from rhino.search.cluster import load_cluster, load_cluster_text
+from rhino.search.mesh import parse_mesh
+from rhino.search.plan import Plan
+from rhino.search.planner import PlanRequest, make_plan
+from tests.hlo.corpus import ROOT
+
+DATA = ROOT / "tests" / "data"
+
+
+def plan_for(path: Path, mesh: str, cluster=None, **kw) -> Plan:  # type: ignore[no-untyped-def]
+    return make_plan(
+        parse_file(path), PlanRequest(parse_mesh(mesh), cluster or load_cluster("m8"), **kw)
+    )
+
+
+def layout(plan: Plan, name: str) -> str:
+    inst = plan.instruction(name)
+    assert inst is not None, name
+    return inst.outs[0]
+
+
+def test_small_batch_big_weights_comes_out_megatron() -> None:
+    plan = plan_for(DATA / "mlp_megatron.hlo", "1x4")
+    assert layout(plan, "params_0___w__.1") == "RS1"  # first weight split by columns
+    assert layout(plan, "params_1___w__.1") == "RS0"  # second by rows
+    # the forward pass reduces the second dot's partial sums, and moves nothing else:
+    # an all-reduce, or a reduce-scatter with its all-gather (the same bytes)
+    act = 8 * 256 * 4
+    forward = [c for c in plan.collectives if c.instruction in ("dot_general.6", "sub.7")]
+    assert {c.kind for c in forward} <= {"all-reduce", "reduce-scatter", "all-gather"}
+    assert sum(c.nbytes for c in forward) <= 2 * act
+    assert all(c.nbytes <= act for c in plan.collectives)  # no weight-sized traffic
+
+
+def test_big_batch_small_weights_comes_out_data_parallel() -> None:
+    plan = plan_for(DATA / "mlp_data_parallel.hlo", "1x4")
+    for data in ("batch__x__.1", "batch__y__.1"):
+        assert layout(plan, data) == "RS0"
+    for dot in ("dot_general.5", "dot_general.6"):  # forward dots split on the batch
+        assert layout(plan, dot) == "RS0"
+    weight_bytes = 256 * 256 * 4
+    assert all(c.nbytes <= weight_bytes for c in plan.collectives)  # only weight-sized traffic
+
+
+CHEAP_AXIS0 = """
+name: cheap-axis-0
+devices_per_node: 4
+device: {memory: 32 GiB, memory_bandwidth: 800 GB/s, flops: {f32: 14 TFLOP/s}}
+links:
+  intra_node: {bandwidth: 100 GB/s, latency: 2 us}
+  inter_node: {bandwidth: 100 Gb/s, latency: 5 us}
+meshes:
+  "2x2": [{bandwidth: 100 GB/s, latency: 2 us}, {bandwidth: 1 GB/s, latency: 2 us}]
+"""
+
+
+def test_all_reduce_goes_on_the_cheap_axis() -> None:
+    cluster = load_cluster_text(CHEAP_AXIS0, "cheap.yaml")
+    plan = plan_for(DATA / "mlp_megatron.hlo", "2x2", cluster)
+    volume = {
+        axes: sum(c.nbytes for c in plan.collectives if c.axes == axes)
+        for axes in ((0,), (1,), (0, 1))
+    }
+    assert volume[(0,)] > 0, "tensor parallelism needs some collective"
+    assert volume[(0, 1)] == 0
+    assert volume[(1,)] < 0.05 * volume[(0,)], volume  # the big reductions use the cheap axis
+    biggest = max(plan.collectives, key=lambda c: c.nbytes)
+    assert biggest.axes == (0,) and biggest.kind in ("all-reduce", "reduce-scatter")
+
+
+def test_plan_round_trips_through_json(tmp_path: Path) -> None:
+    plan = plan_for(DATA / "mlp_step.hlo", "1x4")
+    path = tmp_path / "plan.json"
+    plan.write(path)
+    assert Plan.read(path) == plan
+    assert plan.state == 2  # both weights come back updated
+
+
+def test_same_plan_twice() -> None:
+    a = plan_for(DATA / "mlp_megatron.hlo", "1x4")
+    b = plan_for(DATA / "mlp_megatron.hlo", "1x4")
+    assert [i.strategy for i in a.instructions] == [i.strategy for i in b.instructions]
+
+
+@pytest.mark.parametrize("name", ["params_0___w__.1=RS0", "params_0___w__.1=RR"])
+def test_pins_are_honoured(name: str) -> None:
+    from rhino.search.spec import parse_spec
+
+    inst, spec = name.split("=")
+    plan = plan_for(DATA / "mlp_megatron.hlo", "1x4", pins=((inst, parse_spec(spec)),))
+    assert layout(plan, inst) == spec

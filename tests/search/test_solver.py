@@ -1,0 +1,76 @@
+"""The ILP against brute force on tiny random problems; evaluate() checks every answer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rhino.hlo.errors import InfeasibleError
+from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
+from rhino.search.solver import min_peak_memory, solve_brute_force, solve_ilp
+
+
+def random_problem(seed: int, budget: bool = False) -> ShardingProblem:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 7))
+    nodes = []
+    for v in range(n):
+        k = int(rng.integers(1, 5))
+        start = int(rng.integers(0, n))
+        nodes.append(ProblemNode(f"n{v}", tuple(f"s{i}" for i in range(k)), rng.random(k).round(3),
+                                 rng.integers(1, 100, size=k).astype(float), (start, start + int(rng.integers(0, 3)))))  # fmt: skip
+    edges = []
+    for u in range(n):
+        for v in range(u + 1, n):
+            if rng.random() < 0.5:
+                cost = rng.random((len(nodes[u].labels), len(nodes[v].labels))).round(3)
+                cost[rng.random(cost.shape) < 0.3] = 0.0
+                edges.append(ProblemEdge(u, v, cost))
+    problem = ShardingProblem(tuple(nodes), tuple(edges))
+    if budget:
+        low = min_peak_memory(problem)[0]
+        problem = ShardingProblem(
+            tuple(nodes), tuple(edges), budget=low * float(rng.uniform(1.0, 1.6))
+        )
+    return problem
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_ilp_equals_brute_force(seed: int) -> None:
+    problem = random_problem(seed, budget=seed % 2 == 1)
+    ilp = solve_ilp(problem, SolveOptions(time_limit_s=20))
+    brute = solve_brute_force(problem)
+    assert ilp.objective == pytest.approx(brute.objective, rel=1e-9, abs=1e-12)
+    assert problem.evaluate(ilp.choice).objective == ilp.objective
+    if problem.budget is not None:
+        assert ilp.peak_memory <= problem.budget * (1 + 1e-9)
+
+
+def test_same_answer_twice() -> None:
+    problem = random_problem(7)
+    assert solve_ilp(problem).choice == solve_ilp(problem).choice
+
+
+def test_infeasible_budget_names_the_smallest_that_works() -> None:
+    problem = random_problem(3)
+    low, _, name = min_peak_memory(problem)
+    tight = ShardingProblem(problem.nodes, problem.edges, budget=low * 0.9)
+    with pytest.raises(InfeasibleError) as info:
+        solve_ilp(tight)
+    message = str(info.value)
+    assert "smallest possible peak" in message and f"%{name}" in message
+    solve_ilp(ShardingProblem(problem.nodes, problem.edges, budget=low))  # exactly enough works
+
+
+def test_evaluate_rejects_an_answer_over_budget() -> None:
+    node = ProblemNode("big", ("R", "S"), np.array([0.0, 1.0]), np.array([100.0, 25.0]), (0, 1))
+    problem = ShardingProblem((node,), (), budget=50.0)
+    assert solve_ilp(problem).choice == (1,)
+    with pytest.raises(InfeasibleError, match=r"peak .* > budget .* \(largest: %big"):
+        problem.evaluate((0,))
+
+
+def test_bad_matrix_shape_is_rejected() -> None:
+    a = ProblemNode("a", ("x", "y"), np.zeros(2), np.zeros(2))
+    with pytest.raises(ValueError, match=r"edge \(a, a\): cost matrix is 3x2, expected 2x2"):
+        ShardingProblem((a,), (ProblemEdge(0, 0, np.zeros((3, 2))),))
