@@ -34,7 +34,7 @@ from rhino.search.reshard import reshard_cost
 from rhino.search.rules import strategies as rule_strategies
 from rhino.search.rules import unmodelled
 from rhino.search.spec import ShardingSpec
-from rhino.search.strategy import Context, Strategy, candidate_specs
+from rhino.search.strategy import Context, Strategy, candidate_specs, strided_candidates
 
 PASS_THROUGH = (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT)
 
@@ -101,15 +101,19 @@ def build_graph(
     pins: dict[str, ShardingSpec] | None = None,
     max_strategies: int = 64,
     state: bool = True,
+    strides: bool = True,
 ) -> ShardingGraph:
     """The nodes, strategies and edge costs of `module` on `mesh` (see module doc).
 
+    With `strides`, layouts with non-maximal strides are candidates where a reshape
+    makes them useful (§4.3.3); without, every spec uses maximal strides.
     With `state`, the step's updated state (see `state_pairs`) must come back in the
     layout its parameter arrives in, as the next step will read it: an edge from each
     output leaf to its parameter costs the reshard between the two.
     """
     flat = inline_calls(module)
-    ctx = Context(mesh, cluster, max_strategies, dict(pins or {}))
+    strided = strided_candidates(list(flat.instructions()), mesh) if strides else {}
+    ctx = Context(mesh, cluster, max_strategies, dict(pins or {}), strided)
     graph = ShardingGraph(flat, mesh, cluster)
     builder = _Builder(graph, ctx)
     builder.computation(flat.entry, weight=1.0, params=None)

@@ -41,6 +41,8 @@ class PlanRequest:
     max_strategies: int = 64
     state: bool = True
     """Updated state returns in its parameter's layout (see builder.state_pairs)."""
+    strides: bool = True
+    """Consider non-maximal strides where reshapes make them useful (Rhino §4.1)."""
 
 
 def make_plan(
@@ -55,7 +57,7 @@ def make_plan(
     start = time.perf_counter()
     say("building strategies")
     graph = build_graph(module, request.mesh, request.cluster, pins=dict(request.pins),
-                        max_strategies=request.max_strategies, state=request.state)  # fmt: skip
+                        max_strategies=request.max_strategies, state=request.state, strides=request.strides)  # fmt: skip
     problem = to_problem(graph, request.budget_bytes)
     say(f"solving: {problem.size[0]} nodes, {problem.size[1]} edges")
     solution = solve_ilp(problem, request.solve)

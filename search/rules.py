@@ -120,7 +120,7 @@ def _reduced(spec: ShardingSpec, partial_axes: Sequence[int], out_dims: tuple[in
 def elementwise(inst: Instruction, ctx: Context) -> list[Strategy]:
     """Every operand in the result's layout (scalar operands replicated)."""
     out = []
-    for spec in candidate_specs(inst.shape.dims, ctx.mesh):
+    for spec in ctx.candidates(inst):
         ins = [_operand_spec(op, spec, ctx) for op in inst.operands]
         out.append(_strategy(inst, ctx, [spec], ins))
     return out
@@ -163,12 +163,12 @@ def reshape(inst: Instruction, ctx: Context) -> list[Strategy]:
     needs no communication. Where no mapping exists the operand is read replicated."""
     src, dst = inst.operands[0].shape.dims, inst.shape.dims
     out = []
-    for spec in candidate_specs(dst, ctx.mesh):
+    for spec in ctx.candidates(inst):
         operand = reshape_spec(spec, dst, src, ctx.mesh)
         out.append(
             _strategy(inst, ctx, [spec], [operand if operand is not None else replicated(ctx.mesh)])
         )
-    for spec in candidate_specs(src, ctx.mesh):
+    for spec in ctx.candidates(inst.operands[0]):
         result = reshape_spec(spec, src, dst, ctx.mesh)
         if result is not None:
             out.append(_strategy(inst, ctx, [result], [spec]))

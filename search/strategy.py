@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from rhino.hlo.ir import Instruction
 from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh
 from rhino.search.spec import Replicate, ShardingSpec, Split
@@ -75,6 +76,13 @@ class Context:
     """Rules keep at most this many strategies per instruction (cheapest first)."""
     pinned: dict[str, ShardingSpec] = field(default_factory=dict)
     """User-pinned result layouts by instruction name."""
+    strided: dict[str, tuple[ShardingSpec, ...]] = field(default_factory=dict)
+    """Extra (non-maximal stride) result layouts by instruction name (§4.3.3)."""
+
+    def candidates(self, inst: Instruction) -> tuple[ShardingSpec, ...]:
+        """Result layouts to consider for `inst`: maximal strides, plus strided ones
+        where they can save communication."""
+        return candidate_specs(inst.shape.dims, self.mesh) + self.strided.get(inst.name, ())
 
 
 # -- candidate layouts of a tensor -----------------------------------------------------------
@@ -241,3 +249,38 @@ def reshape_spec(
     except Exception:
         return None
     return out if out.is_valid(dst, mesh) else None
+
+
+# -- candidate generation with strides (Rhino §4.3.3) ----------------------------------------
+
+
+def strided_candidates(
+    instructions: Sequence[Instruction], mesh: DeviceMesh
+) -> dict[str, tuple[ShardingSpec, ...]]:
+    """Non-maximal-stride layouts worth considering, by instruction name.
+
+    Every tensor uses maximal strides by default; another stride is only useful where it
+    saves communication. It arises where a reshape merges a split dim with a whole one
+    (the split's elements are then dealt in units smaller than a shard), and it stays
+    free of communication through the element-wise ops after it, up to the next reshape
+    that restores a maximal stride. So: from each reshape, map its operand's layouts
+    (maximal or already strided) through it, and carry the strided results forward
+    through element-wise users of the same shape (one pass, program order).
+    """
+    from rhino.hlo.opcode import ELEMENTWISE, Opcode
+
+    extra: dict[str, set[ShardingSpec]] = {}
+    for inst in instructions:
+        if inst.shape.is_tuple:
+            continue
+        if inst.opcode in (Opcode.RESHAPE, Opcode.BITCAST) and not inst.operands[0].shape.is_tuple:
+            src = inst.operands[0]
+            for spec in (*candidate_specs(src.shape.dims, mesh), *extra.get(src.name, ())):
+                out = reshape_spec(spec, src.shape.dims, inst.shape.dims, mesh)
+                if out is not None and not out.is_maximal():
+                    extra.setdefault(inst.name, set()).add(out)
+        elif inst.opcode in ELEMENTWISE:
+            for op in inst.operands:
+                if op.shape.dims == inst.shape.dims and op.name in extra:
+                    extra.setdefault(inst.name, set()).update(extra[op.name])
+    return {name: tuple(sorted(specs, key=str)) for name, specs in extra.items()}

@@ -98,3 +98,19 @@ def test_pins_are_honoured(name: str) -> None:
     inst, spec = name.split("=")
     plan = plan_for(DATA / "mlp_megatron.hlo", "1x4", pins=((inst, parse_spec(spec)),))
     assert layout(plan, inst) == spec
+
+
+def test_reshape_merging_a_split_dim_gets_a_stride_and_saves_communication() -> None:
+    from rhino.search.spec import parse_spec
+
+    pins = (("p", parse_spec("RS1")), ("out", parse_spec("RS1")))
+    strided = plan_for(DATA / "strided_reshape.hlo", "1x4", pins=pins)
+    maximal = plan_for(DATA / "strided_reshape.hlo", "1x4", pins=pins, strides=False)
+    assert (
+        layout(strided, "r") == "RS0[s=1]"
+    )  # dims (8, 4) merged: units of 1 row dealt round-robin
+    assert layout(strided, "x") == "RS0[s=1]"
+    assert strided.comm_s == 0 and not strided.collectives
+    assert maximal.comm_s > 0
+    assert strided.objective_s < maximal.objective_s
+    assert strided.instruction("r").sharding is None  # XLA has no form for it (see rhino run)
