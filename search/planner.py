@@ -6,6 +6,7 @@ module --build_graph--> ShardingGraph --to_problem--> ShardingProblem
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from rhino.search.solver import solve_ilp
 from rhino.search.spec import ShardingSpec, SpecError
 
 LEVELS = ("O3",)
+MEMORY_MODES = ("exact", "largest")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class PlanRequest:
     """Updated state returns in its parameter's layout (see builder.state_pairs)."""
     strides: bool = True
     """Consider non-maximal strides where reshapes make them useful (Rhino §4.1)."""
+    memory_mode: str = "exact"
+    """How the budget is met: "exact" (a liveness constraint in the ILP) or "largest"
+    (Rhino §4.4: force the k largest parameters to be sharded, smallest feasible k)."""
 
 
 def make_plan(
@@ -58,11 +63,83 @@ def make_plan(
     say("building strategies")
     graph = build_graph(module, request.mesh, request.cluster, pins=dict(request.pins),
                         max_strategies=request.max_strategies, state=request.state, strides=request.strides)  # fmt: skip
+    if request.memory_mode not in MEMORY_MODES:
+        raise ConfigError(
+            f"memory mode {request.memory_mode!r}: choose one of {', '.join(MEMORY_MODES)}"
+        )
     problem = to_problem(graph, request.budget_bytes)
     say(f"solving: {problem.size[0]} nodes, {problem.size[1]} edges")
-    solution = solve_ilp(problem, request.solve)
+    if request.memory_mode == "largest" and request.budget_bytes is not None:
+        solution = solve_largest_sharded(graph, problem, request.solve)
+    else:
+        solution = solve_ilp(problem, request.solve)
     say("writing the plan")
     return to_plan(graph, problem, solution, request, time.perf_counter() - start)
+
+
+def solve_largest_sharded(
+    graph: ShardingGraph, problem: ShardingProblem, options: SolveOptions
+) -> Solution:
+    """Rhino §4.4: sort the parameters by size, force the k largest to be sharded (their
+    replicated strategies removed), solve without a memory constraint, and keep the
+    smallest k whose plan fits the budget (binary search; feasibility grows with k)."""
+    entry = graph.module.entry
+    params = sorted(
+        (
+            v
+            for v, n in enumerate(graph.nodes)
+            if n.inst.opcode.value == "parameter" and n.inst.parent is entry
+        ),
+        key=lambda v: (-graph.nodes[v].leaf_shapes[0].byte_size, graph.nodes[v].name),
+    )
+    free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
+
+    def attempt(k: int) -> Solution | None:
+        allowed = {
+            v: [i for i, s in enumerate(graph.nodes[v].strategies) if not s.outs[0].is_replicated()]
+            for v in params[:k]
+        }
+        if any(not ks for ks in allowed.values()):
+            return None
+        sub, back = restrict(free, allowed)
+        found = solve_ilp(sub, options)
+        choice = tuple(back[v][k2] for v, k2 in enumerate(found.choice))
+        if problem.peak_memory(choice)[0] > (problem.budget or 0.0):
+            return None
+        ev = problem.evaluate(choice)
+        return dataclasses.replace(found, choice=choice, objective=ev.objective, bound=min(found.bound, ev.objective),
+                                   peak_memory=ev.peak_memory)  # fmt: skip
+
+    low, high = 0, len(params)
+    best = attempt(high)
+    if best is None:
+        return solve_ilp(problem, options)  # sharding every parameter is not enough: say why
+    while low < high:
+        mid = (low + high) // 2
+        found = attempt(mid)
+        if found is not None:
+            best, high = found, mid
+        else:
+            low = mid + 1
+    return best
+
+
+def restrict(
+    problem: ShardingProblem, allowed: dict[int, list[int]]
+) -> tuple[ShardingProblem, list[list[int]]]:
+    """The problem with only `allowed` strategies at some nodes; and for each node, the
+    original index of each remaining strategy."""
+    back = [allowed.get(v, list(range(len(n.labels)))) for v, n in enumerate(problem.nodes)]
+    nodes = tuple(
+        ProblemNode(
+            n.name, tuple(n.labels[k] for k in back[v]), n.cost[back[v]], n.memory[back[v]], n.live
+        )
+        for v, n in enumerate(problem.nodes)
+    )
+    edges = tuple(
+        ProblemEdge(e.u, e.v, e.cost[np.ix_(back[e.u], back[e.v])]) for e in problem.edges
+    )
+    return ShardingProblem(nodes, edges, problem.budget, problem.constant_memory), back
 
 
 def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:

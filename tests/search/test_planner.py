@@ -114,3 +114,19 @@ def test_reshape_merging_a_split_dim_gets_a_stride_and_saves_communication() -> 
     assert maximal.comm_s > 0
     assert strided.objective_s < maximal.objective_s
     assert strided.instruction("r").sharding is None  # XLA has no form for it (see rhino run)
+
+
+@pytest.mark.parametrize("mode", ["exact", "largest"])
+def test_a_budget_below_the_unconstrained_peak_is_met(mode: str) -> None:
+    free = plan_for(DATA / "mlp_zero.hlo", "1x4", budget_bytes=None)
+    budget = 0.8 * free.peak_memory_bytes
+    plan = plan_for(DATA / "mlp_zero.hlo", "1x4", budget_bytes=budget, memory_mode=mode)
+    assert plan.peak_memory_bytes <= budget
+    assert plan.objective_s >= free.objective_s
+
+
+def test_an_impossible_budget_says_what_would_work() -> None:
+    from rhino.hlo.errors import InfeasibleError
+
+    with pytest.raises(InfeasibleError, match=r"smallest possible peak is .* use --memory"):
+        plan_for(DATA / "mlp_zero.hlo", "1x4", budget_bytes=1e6)
