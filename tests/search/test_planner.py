@@ -116,13 +116,27 @@ def test_reshape_merging_a_split_dim_gets_a_stride_and_saves_communication() -> 
     assert strided.instruction("r").sharding is None  # XLA has no form for it (see rhino run)
 
 
+SLOW_LINKS = """
+name: slow
+devices_per_node: 1
+device: {memory: 32 GiB, memory_bandwidth: 800 GB/s, flops: {f32: 14 TFLOP/s}}
+links:
+  intra_node: {bandwidth: 100 GB/s, latency: 2 us}
+  inter_node: {bandwidth: 1 Gb/s, latency: 50 us}
+"""
+
+
 @pytest.mark.parametrize("mode", ["exact", "largest"])
 def test_a_budget_below_the_unconstrained_peak_is_met(mode: str) -> None:
-    free = plan_for(DATA / "mlp_zero.hlo", "1x4", budget_bytes=None)
-    budget = 0.8 * free.peak_memory_bytes
-    plan = plan_for(DATA / "mlp_zero.hlo", "1x4", budget_bytes=budget, memory_mode=mode)
+    slow = load_cluster_text(SLOW_LINKS, "slow.yaml")  # communication so dear that all is replicated
+    free = plan_for(DATA / "mlp_zero.hlo", "1x4", slow, budget_bytes=None)
+    assert all(i.outs[0] == "RR" for i in free.instructions if i.opcode == "parameter")
+    budget = 20e6  # below the replicated peak (~43 MB), above the smallest possible (~10.2 MiB)
+    assert free.peak_memory_bytes > budget
+    plan = plan_for(DATA / "mlp_zero.hlo", "1x4", slow, budget_bytes=budget, memory_mode=mode)
     assert plan.peak_memory_bytes <= budget
     assert plan.objective_s >= free.objective_s
+    assert plan.instruction("params_0___w__.1").outs[0] != "RR"  # the largest weight is sharded
 
 
 def test_an_impossible_budget_says_what_would_work() -> None:
