@@ -21,7 +21,8 @@ from rhino.hlo.parser import parse_file
 from rhino.hlo.printer import print_module
 from rhino.hlo.verify import verify
 from rhino.search.cluster import load_cluster, parse_quantity
-from rhino.search.mesh import parse_mesh
+from rhino.search.mesh import DeviceMesh, parse_mesh
+from rhino.search.meshsearch import MeshTrial, plan_best_mesh
 from rhino.search.plan import Plan
 from rhino.search.planner import LEVELS, PlanRequest, make_plan
 from rhino.search.problem import SolveOptions
@@ -33,15 +34,20 @@ Examples:
   rhino plan examples/gpt_tiny.hlo --mesh 1x8
   rhino plan model.hlo --mesh 2x4 --cluster h100x8 --memory 16GiB --out plan.json
   rhino plan model.hlo --mesh 1x4 --pin params_0_.1=RS1 --emit-hlo annotated.hlo
+  rhino plan model.hlo --devices 8            # try 8, 2x4, 4x2; keep the best
   rhino plan model.hlo --mesh 2x4 --json | jq .objective_s
 """
 
 
 @click.command("plan", epilog=EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--mesh", "mesh_text", help="Device mesh, outermost axis first: 8, 1x8, 2x4.")
 @click.option(
-    "--mesh", "mesh_text", required=True, help="Device mesh, outermost axis first: 8, 1x8, 2x4."
+    "--devices",
+    type=click.IntRange(min=1),
+    help="Try every 1-D and 2-D mesh of this many devices; keep the best.",
 )
+@click.option("--jobs", default=2, show_default=True, help="Worker processes for --devices.")
 @click.option(
     "--opt",
     "level",
@@ -91,21 +97,33 @@ Examples:
 @json_option
 @debug_option
 @handle_errors
-def plan_command(file: str, mesh_text: str, level: str, cluster: str, memory: str | None, no_memory_limit: bool,
+def plan_command(file: str, mesh_text: str | None, devices: int | None, jobs: int, level: str, cluster: str, memory: str | None, no_memory_limit: bool,
                  time_limit: float, pins: tuple[str, ...], out: str | None, emit_hlo: str | None, show_all: bool,
                  as_json: bool, debug: bool) -> None:  # fmt: skip
     """Find the SPMD sharding of every instruction that minimizes the step time on a
     device mesh within the device memory (Rhino §4), and report it."""
-    mesh = parse_mesh(mesh_text)
+    if (mesh_text is None) == (devices is None):
+        raise ConfigError("give either --mesh (e.g. --mesh 2x4) or --devices (e.g. --devices 8)")
+    if pins and devices is not None:
+        raise ConfigError("--pin needs a fixed --mesh (a pin names a layout per mesh axis)")
+    mesh = parse_mesh(mesh_text) if mesh_text else DeviceMesh((devices or 1,))
     clus = load_cluster(cluster)
     budget = None if no_memory_limit else _budget(memory, clus.memory_bytes)
     request = PlanRequest(
         mesh, clus, level, budget, _pins(pins, mesh.ndim), SolveOptions(time_limit_s=time_limit)
     )
-    with status(f"planning {file} on {mesh}", enabled=not as_json) as update:
+    trials: tuple[MeshTrial, ...] = ()
+    with status(
+        f"planning {file} on {mesh_text or f'{devices} devices'}", enabled=not as_json
+    ) as update:
         module = parse_file(file)
         verify(module)
-        plan = make_plan(module, request, progress=update)
+        if devices is not None:
+            plan, trials = plan_best_mesh(
+                print_module(module), file, devices, request, jobs=jobs, progress=update
+            )
+        else:
+            plan = make_plan(module, request, progress=update)
     if out:
         plan.write(out)
     if emit_hlo:
@@ -113,9 +131,13 @@ def plan_command(file: str, mesh_text: str, level: str, cluster: str, memory: st
 
         Path(emit_hlo).write_text(print_module(apply_plan(module, plan)))
     if as_json:
-        emit_json("plan", {k: v for k, v in plan.to_dict().items() if k != "schema"})
+        doc = {k: v for k, v in plan.to_dict().items() if k != "schema"}
+        doc["meshes_tried"] = [
+            {"mesh": list(t.mesh), "objective_s": t.objective_s, "error": t.error} for t in trials
+        ]
+        emit_json("plan", doc)
     else:
-        render(file, plan, show_all)
+        render(file, plan, show_all, trials)
 
 
 def _budget(memory: str | None, device_memory: float) -> float:
@@ -138,11 +160,22 @@ def _pins(pins: tuple[str, ...], ndim: int) -> tuple[tuple[str, object], ...]:
 
 
 def _ms(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.2f} us"
     return f"{seconds * 1e3:.3f} ms"
 
 
-def render(file: str, plan: Plan, show_all: bool) -> None:
+def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] = ()) -> None:
     out = stdout
+    if trials:
+        tried = Table(title="meshes tried", title_justify="left")
+        for col in ("mesh", "estimated step", "note"):
+            tried.add_column(col)
+        for t in trials:
+            best = " (best)" if t.mesh == plan.mesh else ""
+            tried.add_row("x".join(map(str, t.mesh)), _ms(t.objective_s) if t.objective_s is not None else "-",
+                          (t.error or "") + best)  # fmt: skip
+        out.print(tried)
     mesh = "x".join(map(str, plan.mesh))
     out.print(f"[bold]{plan.module}[/] on mesh {mesh} ({plan.cluster}), level {plan.level}")
     t = Table(show_header=False, box=None, pad_edge=False)

@@ -85,3 +85,19 @@ def test_unknown_opcode_gets_a_replicated_plan_and_a_warning(tmp_path: Path) -> 
     assert any("fancy-new-op" in w for w in doc["warnings"])
     q = next(i for i in doc["instructions"] if i["name"] == "q")
     assert q["outs"] == ["RR"]
+
+
+def test_devices_tries_every_mesh_and_keeps_the_best() -> None:
+    r = invoke("plan", str(MLP), "--devices", "4", "--json", "--jobs", "2")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    tried = {tuple(t["mesh"]): t["objective_s"] for t in doc["meshes_tried"]}
+    assert set(tried) == {(4,), (2, 2)}
+    assert doc["objective_s"] == min(tried.values())
+    assert tuple(doc["mesh"]) == min(tried, key=lambda m: (tried[m], m != (4,)))
+
+
+def test_mesh_or_devices_not_both() -> None:
+    for args in ([], ["--mesh", "1x4", "--devices", "4"]):
+        r = invoke("plan", str(MLP), *args)
+        assert r.exit_code == 2 and "--mesh" in r.output and "--devices" in r.output

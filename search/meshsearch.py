@@ -1,0 +1,73 @@
+"""Try every mesh shape of N devices in parallel processes and keep the best plan (Rhino §3)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from rhino.hlo.errors import InfeasibleError, RhinoError
+from rhino.hlo.parser import parse_module
+from rhino.search.mesh import DeviceMesh, mesh_factorizations
+from rhino.search.plan import Plan
+from rhino.search.planner import PlanRequest, make_plan
+
+
+@dataclass(frozen=True)
+class MeshTrial:
+    """How one mesh shape did."""
+
+    mesh: tuple[int, ...]
+    objective_s: float | None
+    """Predicted step time; None when no plan was found."""
+    error: str | None
+    """Why there is no plan (e.g. the memory budget), or None."""
+
+
+def _trial(args: tuple[str, str, PlanRequest]) -> tuple[Plan | None, str | None]:
+    text, filename, request = args
+    try:
+        return make_plan(parse_module(text, filename), request), None
+    except RhinoError as e:
+        return None, str(e)
+
+
+def plan_best_mesh(
+    text: str,
+    filename: str,
+    devices: int,
+    request: PlanRequest,
+    *,
+    jobs: int = 2,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Plan, tuple[MeshTrial, ...]]:
+    """Plan `text` on every 1-D and 2-D mesh of `devices` devices; the best plan (lowest
+    predicted step time; ties to the earlier mesh in `mesh_factorizations` order) and
+    how each mesh did. `request.mesh` is replaced per trial."""
+    meshes = mesh_factorizations(devices)
+    work = [(text, filename, dataclasses.replace(request, mesh=m)) for m in meshes]
+    say = progress or (lambda _msg: None)
+    results: list[tuple[Plan | None, str | None]]
+    if jobs <= 1 or len(meshes) == 1:
+        results = []
+        for m, args in zip(meshes, work, strict=True):
+            say(f"mesh {m}")
+            results.append(_trial(args))
+    else:
+        say(f"{len(meshes)} meshes on {min(jobs, len(meshes))} processes")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(meshes))) as pool:
+            results = list(pool.map(_trial, work))
+    trials = tuple(
+        MeshTrial(m.shape, plan.objective_s if plan else None, error)
+        for m, (plan, error) in zip(meshes, results, strict=True)
+    )
+    found = [(plan.objective_s, k, plan) for k, (plan, _) in enumerate(results) if plan is not None]
+    if not found:
+        reasons = "; ".join(f"{_name(t.mesh)}: {t.error}" for t in trials)
+        raise InfeasibleError(f"no mesh of {devices} devices has a plan: {reasons}")
+    return min(found, key=lambda t: (t[0], t[1]))[2], trials
+
+
+def _name(shape: tuple[int, ...]) -> str:
+    return str(DeviceMesh(shape))
