@@ -41,6 +41,7 @@ import os
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, fields
 from itertools import product
 from pathlib import Path
@@ -73,8 +74,11 @@ class SweepEntry:
     model: str
     """HLO file, relative to the working directory when inside it."""
     mesh: DeviceMesh
+    """The device mesh to plan for."""
     level: str
+    """Search level (one of `rhino.search.planner.LEVELS`)."""
     cluster: Cluster
+    """The cluster, loaded (workers need no cluster files)."""
     memory: str
     """The budget as written: "16GiB", "device" (the cluster's memory) or "unlimited"."""
     budget_bytes: float | None
@@ -100,14 +104,17 @@ class SweepRow:
     """The outcome of one entry. Field names are the stable CSV/JSON column names."""
 
     model: str
+    """HLO file (see `SweepEntry.model`)."""
     mesh: str
     """"1x8"."""
     level: str
+    """Search level."""
     cluster: str
     """The cluster's name."""
     memory: str
     """The budget as written (see `SweepEntry.memory`)."""
     budget_bytes: float | None
+    """The budget in bytes; None for no budget."""
     status: str
     """"ok" or "error"."""
     message: str
@@ -115,7 +122,9 @@ class SweepRow:
     step_ms: float | None = None
     """Estimated step time: compute plus communication."""
     compute_ms: float | None = None
+    """Estimated compute time (FLOPs over device throughput)."""
     comm_ms: float | None = None
+    """Estimated communication time (collectives in instructions and reshards)."""
     peak_memory_bytes: float | None = None
     """Predicted peak memory per device."""
     search_s: float | None = None
@@ -159,17 +168,18 @@ def load_sweep_text(
     """Read a sweep from YAML text; paths in it are relative to `base`."""
     loader = yaml.SafeLoader(text)
     try:
-        node = loader.get_single_node()
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(f"{source}{where}: not valid YAML: {problem}") from None
+        try:
+            node = loader.get_single_node()
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e)
+            raise ConfigError(f"{source}{where}: not valid YAML: {problem}") from None
+        if node is None:
+            raise ConfigError(f"{source}: empty sweep file (expected keys {', '.join(_TOP_KEYS)})")
+        return _SweepReader(source, Path(base), loader).sweep(node)
     finally:
         loader.dispose()
-    if node is None:
-        raise ConfigError(f"{source}: empty sweep file (expected keys {', '.join(_TOP_KEYS)})")
-    return _SweepReader(source, Path(base), loader).sweep(node)
 
 
 class _SweepReader:
@@ -202,7 +212,7 @@ class _SweepReader:
                 raise self.fail(root, "meshes", "missing (every sweep of `models` needs meshes)")
             models = self.models(top["models"], "models")
             entries += self.expand(models, defaults, time_limit, threads)
-        for i, item in enumerate(self.list(top["entries"], "entries") if "entries" in top else []):
+        for i, item in enumerate(self.items(top["entries"], "entries") if "entries" in top else []):
             entries += self.entry(item, f"entries[{i}]", defaults, time_limit, threads)
         if not entries:
             raise self.fail(root, "", "no entries: give `models` and `meshes`, or `entries`")
@@ -244,7 +254,7 @@ class _SweepReader:
 
     def models(self, node: yaml.Node, key: str) -> list[str]:
         out = []
-        for i, item in enumerate(self.list(node, key)):
+        for i, item in enumerate(self.items(node, key)):
             text = self.string(item, f"{key}[{i}]")
             path = self.base / Path(text).expanduser()
             if not glob.has_magic(text):
@@ -260,7 +270,7 @@ class _SweepReader:
 
     def meshes(self, node: yaml.Node, key: str) -> list[DeviceMesh]:
         out = []
-        for i, item in enumerate(self.list(node, key)):
+        for i, item in enumerate(self.items(node, key)):
             value = self.scalar(item)
             if isinstance(value, bool) or not isinstance(value, str | int):
                 raise self.fail(item, f"{key}[{i}]", f'expected a mesh like "2x4", got {value!r}')
@@ -272,7 +282,7 @@ class _SweepReader:
 
     def levels(self, node: yaml.Node, key: str) -> list[str]:
         out = []
-        for i, item in enumerate(self.list(node, key)):
+        for i, item in enumerate(self.items(node, key)):
             level = self.string(item, f"{key}[{i}]")
             if level not in LEVELS:
                 raise self.fail(item, f"{key}[{i}]", f"level {level!r} is not available; choose one of {', '.join(LEVELS)}")  # fmt: skip
@@ -283,7 +293,7 @@ class _SweepReader:
         if node is None:
             return [self.cluster("m8", node, key)]
         return [self.cluster(self.string(item, f"{key}[{i}]"), item, f"{key}[{i}]")
-                for i, item in enumerate(self.list(node, key))]  # fmt: skip
+                for i, item in enumerate(self.items(node, key))]  # fmt: skip
 
     def cluster(self, text: str, node: yaml.Node | None, key: str) -> Cluster:
         looks_like_path = text.endswith((".yaml", ".yml")) or "/" in text or os.sep in text
@@ -302,7 +312,7 @@ class _SweepReader:
         if node is None:
             return [(key, None)]
         if isinstance(node, yaml.SequenceNode):
-            return [(f"{key}[{i}]", item) for i, item in enumerate(self.list(node, key))]
+            return [(f"{key}[{i}]", item) for i, item in enumerate(self.items(node, key))]
         return [(key, node)]
 
     def budget(
@@ -342,7 +352,8 @@ class _SweepReader:
 
     def mapping(self, node: yaml.Node, key: str, allowed: Sequence[str]) -> dict[str, yaml.Node]:
         if not isinstance(node, yaml.MappingNode):
-            raise self.fail(node, key, f"expected a mapping with keys {', '.join(allowed)}")
+            expected = f"expected a mapping with keys {', '.join(allowed)}"
+            raise self.fail(node, key, f"{expected}, got {self.scalar(node)!r}")
         out: dict[str, yaml.Node] = {}
         for k, v in node.value:
             name = self.scalar(k)
@@ -354,7 +365,7 @@ class _SweepReader:
             out[name] = v
         return out
 
-    def list(self, node: yaml.Node, key: str) -> list[yaml.Node]:
+    def items(self, node: yaml.Node, key: str) -> list[yaml.Node]:
         """The items of a sequence; a single value counts as a list of one."""
         if not isinstance(node, yaml.SequenceNode):
             return [node]
@@ -385,12 +396,14 @@ class _Composite:
 
 
 def _shown(path: Path) -> str:
-    """A path as a user would write it: relative to the working directory when inside it."""
+    """A path as a user would write it: relative to the working directory when inside it,
+    else absolute (normalized, symbolic links kept)."""
+    absolute = os.path.abspath(path)
     try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return str(path.absolute())
-    return str(path.absolute()) if rel.startswith("..") else rel
+        rel = os.path.relpath(absolute)
+    except ValueError:  # another drive
+        return absolute
+    return absolute if rel.startswith("..") else rel
 
 
 # -- running -----------------------------------------------------------------------------------
@@ -458,17 +471,33 @@ def run_sweep(
             i = futures[future]
             try:
                 row = future.result()
-            except Exception as e:  # the worker died (killed, out of memory) or could not pickle
+            except BrokenProcessPool:  # a worker was killed: the pool and what is left are lost
+                message = (
+                    "a worker process died (killed, or out of memory?) before this entry finished"
+                )
+                row = SweepRow(**_row_head(entries[i]), status="error", message=message)
+            except Exception as e:  # e.g. an entry that cannot be pickled
                 row = SweepRow(
                     **_row_head(entries[i]), status="error", message=_internal(e, tracebacks)
                 )
             rows[i] = row
             report(i, row)
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
+    except BaseException:  # KeyboardInterrupt: stop now, not after the running entries
+        _stop(pool)
         raise
     pool.shutdown()
     return rows  # type: ignore[return-value]
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel the entries not started and end the workers at once. Left alone, workers
+    finish their entries first (CP-SAT catches SIGINT and just stops early), and the
+    interpreter waits for them at exit. ProcessPoolExecutor has no terminate() before
+    Python 3.14, hence its private `_processes`."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        process.terminate()
 
 
 def _context() -> multiprocessing.context.BaseContext:
