@@ -6,6 +6,7 @@ import click
 
 from rhino.cli.parse_cmd import parse_command
 from rhino.cli.plan_cmd import plan_command
+from rhino.cli.run_cmd import run_command
 from rhino.cli.sweep_cmd import sweep_command
 
 
@@ -24,6 +25,7 @@ def cli() -> None:
 
 cli.add_command(parse_command)
 cli.add_command(plan_command)
+cli.add_command(run_command)
 cli.add_command(sweep_command)
 
 

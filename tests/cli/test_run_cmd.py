@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rhino.cli.main import cli
+from tests.hlo.corpus import ROOT
+
+MLP = ROOT / "tests" / "data" / "mlp_step.hlo"
+
+
+def invoke(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_plan_then_run_verifies_and_measures(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    assert invoke("plan", str(MLP), "--mesh", "1x4", "--out", str(plan)).exit_code == 0
+    r = invoke("run", str(MLP), "--plan", str(plan), "--devices", "4", "--steps", "2", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["schema"] == "rhino.run/1"
+    assert doc["verify"]["ok"] and len(doc["verify"]["outputs"]) == 3
+    assert doc["step"]["steps"] == 2 and doc["single_device_step"] is not None
+    assert {"predicted_bytes", "measured_bytes", "by_kind_axes"} <= set(doc["fidelity"])
+    assert doc["memory"]["peak_bytes"] > 0
+
+
+def test_a_plan_for_another_module_is_refused(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    other = ROOT / "tests" / "data" / "strided_reshape.hlo"
+    assert invoke("plan", str(other), "--mesh", "1x4", "--out", str(plan)).exit_code == 0
+    r = invoke("run", str(MLP), "--plan", str(plan), "--devices", "4")
+    assert r.exit_code == 2 and "another module" in r.output
+
+
+def test_failed_verification_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rhino.runtime.runner as runner
+
+    real = runner.run_plan
+
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        report = real(*args, **kwargs)
+        return runner.RunReport(
+            **{
+                **report.__dict__,
+                "verify": {**report.verify, "ok": False, "summary": "0/3 outputs match"},
+            }
+        )
+
+    monkeypatch.setattr(runner, "run_plan", broken)
+    r = invoke("run", str(MLP), "--mesh", "1x4", "--devices", "4", "--steps", "1")
+    assert r.exit_code == 1 and "0/3 outputs match" in r.output
+
+
+def test_plan_or_mesh_is_needed() -> None:
+    r = invoke("run", str(MLP))
+    assert r.exit_code == 2 and "--plan" in r.output
