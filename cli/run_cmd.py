@@ -156,9 +156,11 @@ def render(report) -> None:  # type: ignore[no-untyped-def]
     for col in ("kind", "axes", "predicted", "measured", "ratio"):
         t.add_column(col, justify="left" if col in ("kind", "axes") else "right")
     for row in report.fidelity["by_kind_axes"]:
-        ratio = row.get("ratio")
-        t.add_row(row["kind"], str(row["axes"]), human_bytes(row["predicted_bytes"]), human_bytes(row["measured_bytes"]),
-                  f"{ratio:.2f}" if ratio is not None else "-")  # fmt: skip
+        predicted, measured = row["predicted_bytes"], row["measured_bytes"]
+        ratio = f"{measured / predicted:.2f}" if predicted else "-"
+        t.add_row(
+            row["kind"], str(row["axes"]), human_bytes(predicted), human_bytes(measured), ratio
+        )
     out.print(t)
     for message in report.fidelity["messages"][:20]:
         out.print(f"  {message}")

@@ -154,7 +154,14 @@ def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:
         live = (0 if held else n.order, end if held or id(n.inst) in outputs else n.last_use)
         nodes.append(ProblemNode(n.name, tuple(s.label for s in n.strategies), cost, memory, live))
     edges = tuple(ProblemEdge(u, v, m) for (u, v), m in graph.edges.items())
-    return ShardingProblem(tuple(nodes), edges, budget)
+    problem = ShardingProblem(tuple(nodes), edges, budget)
+    if budget is not None:
+        largest = [int(np.argmax(n.memory)) for n in nodes]
+        if problem.peak_memory(largest)[0] <= budget:
+            # every tensor in its largest layout fits: the budget cannot bind, and without
+            # it the solver's exact reductions apply everywhere
+            problem = ShardingProblem(tuple(nodes), edges, None)
+    return problem
 
 
 def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, request: PlanRequest,
