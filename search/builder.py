@@ -231,6 +231,8 @@ class _Builder:
         if src is None:
             return
         u, leaf = src
+        if u == v:
+            return  # a loop body passing a carried value through unchanged: no conversion
         nu, nv = self.graph.nodes[u], self.graph.nodes[v]
         nu.last_use = max(nu.last_use, self.clock)
         shape = nu.leaf_shapes[leaf]

@@ -144,3 +144,10 @@ def test_an_impossible_budget_says_what_would_work() -> None:
 
     with pytest.raises(InfeasibleError, match=r"smallest possible peak is .* use --memory"):
         plan_for(DATA / "mlp_zero.hlo", "1x4", budget_bytes=1e6)
+
+
+def test_scanned_gpt_plans_with_its_loop_carries() -> None:
+    plan = plan_for(ROOT / "examples" / "gpt_scan_tiny.hlo", "1x8")
+    assert plan.solver["status"] in ("optimal", "feasible")
+    names = {i.name for i in plan.instructions}
+    assert not any("#" in n for n in names)  # carried values are decisions, not instructions
