@@ -104,6 +104,12 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
     if problem.budget is not None:
         _add_memory(model, problem, s)
     model.minimize(sum(objective))
+    # a plan to start from, so the solver always has one: without a budget any choice is
+    # valid (each node's cheapest); with one, the smallest layouts fit (_check_budget)
+    for v, n in enumerate(problem.nodes):
+        start_k = int(np.argmin(n.memory)) if problem.budget is not None else int(np.argmin(node_cost[v]))
+        for k, var in enumerate(s[v]):
+            model.add_hint(var, k == start_k)
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = options.time_limit_s
