@@ -72,7 +72,7 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
             node_cost[e.u] += e.cost[:, 0]
         else:
             pair_edges.append(e)
-    lp_choice, lp_value, lp_hint = _solve_lp(problem, node_cost, pair_edges, options)
+    lp_choice, lp_value, lp_hint, lp_size = _solve_lp(problem, node_cost, pair_edges, options)
     if lp_choice is not None:  # the relaxation's optimum is integral: a proven optimum
         evaluation = problem.evaluate(lp_choice)
         return Solution(
@@ -82,6 +82,8 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
             status=SolveStatus.OPTIMAL,
             solve_time_s=time.perf_counter() - start,
             peak_memory=evaluation.peak_memory,
+            variables=lp_size[0],
+            constraints=lp_size[1],
             stats={"lp_integral": 1.0},
         )
     total = sum(float(c.max()) for c in node_cost) + sum(float(e.cost.max()) for e in pair_edges)
@@ -176,19 +178,20 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
 
 
 def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges: list,  # type: ignore[type-arg]
-              options: SolveOptions) -> tuple[tuple[int, ...] | None, float, list[int] | None]:  # fmt: skip
+              options: SolveOptions) -> tuple[tuple[int, ...] | None, float, list[int] | None, tuple[int, int]]:  # fmt: skip
     """The LP relaxation of the model (same variables in [0, 1]) on HiGHS.
 
     The row/column linearization is tight: on these problems the LP optimum is usually
     integral, and then it is an optimal plan, proven by the LP itself. Returns (the plan
-    if integral, the LP value as a lower bound, the rounded LP choice as a hint).
+    if integral, the LP value as a lower bound, the rounded LP choice as a hint, and the
+    LP's (variables, constraints)).
     """
     from ortools.linear_solver import pywraplp
 
     with _quiet_stdout():  # HiGHS prints a banner on stdout, which must stay clean for --json
         lp = pywraplp.Solver.CreateSolver("HIGHS")
     if lp is None:
-        return None, 0.0, None
+        return None, 0.0, None, (0, 0)
     lp.SuppressOutput()
     lp.SetTimeLimit(int(max(1.0, options.time_limit_s / 2) * 1000))
     objective = lp.Objective()
@@ -231,12 +234,13 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
     objective.SetMinimization()
     with _quiet_stdout():
         status = lp.Solve()
+    size = (lp.NumVariables(), lp.NumConstraints())
     if status != pywraplp.Solver.OPTIMAL:
-        return None, 0.0, None
+        return None, 0.0, None, size
     values = [[var.solution_value() for var in row] for row in s]
     hint = [int(np.argmax(row)) for row in values]
     integral = all(abs(x - round(x)) <= 1e-6 for row in values for x in row)
-    return (tuple(hint) if integral else None), objective.Value() / LP_UNIT, hint
+    return (tuple(hint) if integral else None), objective.Value() / LP_UNIT, hint, size
 
 
 @contextlib.contextmanager
