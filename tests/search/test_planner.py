@@ -128,7 +128,9 @@ links:
 
 @pytest.mark.parametrize("mode", ["exact", "largest"])
 def test_a_budget_below_the_unconstrained_peak_is_met(mode: str) -> None:
-    slow = load_cluster_text(SLOW_LINKS, "slow.yaml")  # communication so dear that all is replicated
+    slow = load_cluster_text(
+        SLOW_LINKS, "slow.yaml"
+    )  # communication so dear that all is replicated
     free = plan_for(DATA / "mlp_zero.hlo", "1x4", slow, budget_bytes=None)
     assert all(i.outs[0] == "RR" for i in free.instructions if i.opcode == "parameter")
     budget = 20e6  # below the replicated peak (~43 MB), above the smallest possible (~10.2 MiB)
@@ -150,7 +152,20 @@ def test_scanned_gpt_plans_with_its_loop_carries() -> None:
     from rhino.search.problem import SolveOptions
 
     # the hint gives the solver a plan at once; 20 s bounds the test, optimal or not
-    plan = plan_for(ROOT / "examples" / "gpt_scan_tiny.hlo", "1x2", solve=SolveOptions(time_limit_s=20))
+    plan = plan_for(
+        ROOT / "examples" / "gpt_scan_tiny.hlo", "1x2", solve=SolveOptions(time_limit_s=20)
+    )
     assert plan.solver["status"] in ("optimal", "feasible")
     names = {i.name for i in plan.instructions}
     assert not any("#" in n for n in names)  # carried values are decisions, not instructions
+
+
+def test_gpt_block_shards_attention_by_heads_and_the_mlp_megatron_style() -> None:
+    plan = plan_for(DATA / "gpt_block.hlo", "1x8")  # batch 2: data parallelism cannot use 8 devices
+    scores = [i for i in plan.instructions if i.opcode == "dot" and i.shape.startswith("f32[2,16,")]
+    assert scores and all(i.outs[0] == "RS1" for i in scores)  # dim 1 = the 16 heads
+    prefix = "params__layers___0___"
+    for name in ("attn____wq__.1", "attn____wk__.1", "attn____wv__.1", "mlp____fc1____w__.1"):
+        assert layout(plan, prefix + name) == "RS1"  # column split
+    for name in ("attn____wo__.1", "mlp____fc2____w__.1"):
+        assert layout(plan, prefix + name) == "RS0"  # row split
