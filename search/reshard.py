@@ -54,7 +54,15 @@ from functools import lru_cache
 from rhino.search.cluster import Cluster
 from rhino.search.comm import collective_time, permute_time
 from rhino.search.mesh import DeviceMesh
-from rhino.search.spec import AxisSpec, Partial, Replicate, ShardingSpec, SpecError, Split
+from rhino.search.spec import (
+    AxisSpec,
+    Partial,
+    Replicate,
+    ShardingSpec,
+    SpecError,
+    Split,
+    device_tiles,
+)
 
 LOCAL = "local"
 """Kind of a step that moves no data between devices (slice, mask, local reorder)."""
@@ -413,7 +421,7 @@ def _permute_pairs(
     """For every device, a source that holds its `dst` shard whole under `src`: itself
     when it can, else the holder that differs from it on the fewest outer mesh axes
     (inner axes stay inside a node), the least used first."""
-    src_tiles, dst_tiles = _tiles(src, mesh, rank), _tiles(dst, mesh, rank)
+    src_tiles, dst_tiles = device_tiles(src, mesh, rank), device_tiles(dst, mesh, rank)
     ratio = [dst.shards(d, mesh) // src.shards(d, mesh) for d in range(rank)]
     holders: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
     for device in range(mesh.size):
@@ -437,22 +445,6 @@ def _permute_pairs(
         load[source] = load.get(source, 0) + 1
         pairs.append((source, device))
     return tuple(pairs)
-
-
-@lru_cache(maxsize=4096)
-def _tiles(spec: ShardingSpec, mesh: DeviceMesh, rank: int) -> tuple[tuple[int, ...], ...]:
-    """Per device, the index of the block it holds along each dim (maximal strides)."""
-    result = []
-    for device in range(mesh.size):
-        coords = mesh.coords(device)
-        index = []
-        for d in range(rank):
-            t = 0
-            for a in spec.dim_axes(d):
-                t = t * mesh.shape[a] + coords[a]
-            index.append(t)
-        result.append(tuple(index))
-    return tuple(result)
 
 
 def _changed_axes(a: ShardingSpec, b: ShardingSpec) -> tuple[int, ...]:

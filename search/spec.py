@@ -36,6 +36,7 @@ the all-reduce that XLA inserts.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -477,7 +478,7 @@ def from_hlo_sharding(sharding: HloSharding, mesh: DeviceMesh, rank: int) -> Sha
         )
     want = _tile_of_device(tile, len(data), devices)
     for spec in _specs_with_tiles(data, mesh):
-        if _tile_map(spec, mesh, rank) == want:
+        if dict(enumerate(device_tiles(spec, mesh, rank))) == want:
             return spec
     raise SpecError(f"sharding {sharding} is not the layout of any sharding spec on mesh {mesh}")
 
@@ -489,19 +490,21 @@ def _tile_of_device(tile: Sequence[int], rank: int, devices: Sequence[int]) -> d
     return result
 
 
-def _tile_map(spec: ShardingSpec, mesh: DeviceMesh, rank: int) -> dict[int, tuple]:
-    """device -> index of the tile it holds (per tensor dim), for a maximal spec."""
-    result = {}
+@functools.lru_cache(maxsize=4096)
+def device_tiles(spec: ShardingSpec, mesh: DeviceMesh, rank: int) -> tuple[tuple[int, ...], ...]:
+    """Per device (in id order), the index of the tile it holds along each tensor dim,
+    for a maximal-stride spec."""
+    result = []
     for device in range(mesh.size):
         coords = mesh.coords(device)
-        idx = []
+        index = []
         for d in range(rank):
             t = 0
             for a in spec.dim_axes(d):
                 t = t * mesh.shape[a] + coords[a]
-            idx.append(t)
-        result[device] = tuple(idx)
-    return result
+            index.append(t)
+        result.append(tuple(index))
+    return tuple(result)
 
 
 def _specs_with_tiles(data: Sequence[int], mesh: DeviceMesh) -> Iterator[ShardingSpec]:
