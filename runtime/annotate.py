@@ -155,7 +155,7 @@ def _fill_entry(module: Module, named: set[str], default: HloSharding | None) ->
         and "sharding" not in root.attrs
         and root.opcode not in REJECTED_OPCODES
     ):
-        _set(root, _root_sharding(root, default), problems)
+        _set(root, root_sharding(root, default), problems)
     return problems
 
 
@@ -216,7 +216,7 @@ def _set(inst: Instruction, sharding: HloSharding, problems: list[str]) -> None:
         problems.append(f"%{inst.name} ({inst.shape}): {e}")
 
 
-def _root_sharding(root: Instruction, default: HloSharding | None) -> HloSharding:
+def root_sharding(root: Instruction, default: HloSharding | None) -> HloSharding:
     """The sharding an unannotated ROOT gets: its operands' for a tuple, else default."""
     fallback = default if default is not None else HloSharding.replicated()
     if root.opcode is not Opcode.TUPLE:

@@ -8,6 +8,7 @@ from rhino.hlo.passes import inline_calls
 from rhino.hlo.printer import print_module
 from rhino.hlo.sharding import HloSharding, parse_sharding
 from rhino.runtime.annotate import annotate
+from rhino.runtime.constraints import add_constraints
 from rhino.search.plan import Plan, module_hash
 
 
@@ -28,13 +29,23 @@ def plan_shardings(plan: Plan) -> dict[str, HloSharding]:
 
 
 def apply_plan(
-    module: Module, plan: Plan, *, check_hash: bool = True, strip_metadata: bool = True
+    module: Module,
+    plan: Plan,
+    *,
+    check_hash: bool = True,
+    strip_metadata: bool = True,
+    constraints: bool = True,
 ) -> Module:
-    """`module` (calls inlined) with every planned sharding set."""
+    """`module` (calls inlined) with every planned sharding set, and, with
+    `constraints`, the plan's conversion paths and loop layouts pinned (see
+    runtime/constraints.py)."""
     flat = planned_module(module)
     if check_hash and module_hash(print_module(flat)) != plan.module_hash:
         raise ConfigError(
             f"the plan was made for another module (plan for {plan.module!r}, hash {plan.module_hash}; "
             f"this module {flat.name!r} hashes to {module_hash(print_module(flat))})"
         )
-    return annotate(flat, plan_shardings(plan), strip_metadata=strip_metadata)
+    annotated = annotate(flat, plan_shardings(plan), strip_metadata=strip_metadata)
+    if constraints:
+        annotated, _ = add_constraints(annotated, plan)
+    return annotated

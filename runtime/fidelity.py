@@ -520,14 +520,21 @@ class CollectiveMatch:
     measured: MeasuredCollective
     """What XLA inserted."""
     rule: str
-    """"instruction" (same instruction, kind and axes) or "kind+axes"."""
+    """"combined", "instruction" (same instruction, kind and axes) or "kind+axes"."""
     within_tolerance: bool
     """Measured total bytes within `tolerance` of predicted."""
+    combined: tuple[PredictedCollective, ...] = ()
+    """Rule "combined": the other predicted collectives XLA's combiner merged into the
+    same measured one."""
+
+    @property
+    def predicted_bytes(self) -> float:
+        return self.predicted.total_bytes + sum(p.total_bytes for p in self.combined)
 
     @property
     def ratio(self) -> float | None:
         """Measured / predicted total bytes (None when 0 bytes were predicted)."""
-        p = self.predicted.total_bytes
+        p = self.predicted_bytes
         return self.measured.total_bytes / p if p else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -537,6 +544,7 @@ class CollectiveMatch:
             "rule": self.rule,
             "within_tolerance": self.within_tolerance,
             "ratio": self.ratio,
+            "combined": [p.to_dict() for p in self.combined],
         }
 
 
@@ -613,7 +621,7 @@ class FidelityReport:
                 p, m = match.predicted, match.measured
                 lines.append(
                     f"{p.kind} over {_axes_text(p.axes)} at %{p.instruction}: predicted "
-                    f"{_size(p.total_bytes)}, XLA moves {_size(m.total_bytes)} ({m.name})"
+                    f"{_size(match.predicted_bytes)}, XLA moves {_size(m.total_bytes)} ({m.name})"
                 )
         return lines
 
@@ -664,6 +672,26 @@ def compare(
     def gap(p: PredictedCollective, m: MeasuredCollective) -> float:
         return abs(m.total_bytes - p.total_bytes) / max(p.total_bytes, m.total_bytes, 1.0)
 
+    # XLA's combiners merge collectives of several instructions into one, named
+    # "(a:b:c)"; its uses slice the pieces apart, so merged reduce-scatters show up as
+    # one all-reduce
+    for j in sorted(free_m):
+        m = measured[j]
+        names = _combined_names(m.instruction)
+        if m.axes is None or len(names) < 2:
+            continue
+        group = [i for i in sorted(free_p) if predicted[i].instruction in names
+                 and set(predicted[i].axes) == set(m.axes)
+                 and (predicted[i].kind == m.kind or (predicted[i].kind == "reduce-scatter" and m.kind == "all-reduce"))]  # fmt: skip
+        if not group:
+            continue
+        total = sum(predicted[i].total_bytes for i in group)
+        free_m.discard(j)
+        free_p.difference_update(group)
+        within = abs(m.total_bytes - total) <= tolerance * total
+        pairs[group[0]] = CollectiveMatch(
+            predicted[group[0]], m, "combined", within, tuple(predicted[i] for i in group[1:])
+        )
     rounds: list[tuple[str, Callable[[PredictedCollective, MeasuredCollective], bool]]] = [
         ("instruction", lambda p, m: p.instruction is not None and p.instruction == m.instruction),
         ("kind+axes", close),
@@ -690,6 +718,13 @@ def compare(
         missing=tuple(predicted[i] for i in sorted(free_p)),
         tolerance=tolerance,
     )
+
+
+def _combined_names(instruction: str | None) -> set[str]:
+    """The instructions of a combined collective's op_name "(a:b:c)"."""
+    if not instruction or not instruction.startswith("(") or ":" not in instruction:
+        return set()
+    return set(instruction[1:-1].split(":"))
 
 
 def _totals(

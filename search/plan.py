@@ -51,6 +51,28 @@ class InstructionPlan:
 
 
 @dataclass(frozen=True)
+class PlannedReshard:
+    """A layout conversion on an edge of the plan, and the layouts it passes through.
+
+    `rhino run` writes each layout of `path` into the HLO as a sharding constraint, so
+    that XLA converts the tensor the way the plan priced it (see runtime/apply.py).
+    """
+
+    consumer: str
+    """Instruction reading the tensor, or `<while>#<leaf>` for a loop-carried value, or
+    the parameter an updated piece of state returns into."""
+    where: str
+    """"operand" (operand `operand` of `consumer`), "init" (the loop's initial value),
+    "loop" (the body's result), or "state" (entry output leaf `operand`)."""
+    operand: int
+    producer: str
+    leaf: int
+    """Result leaf of `producer`."""
+    path: tuple[str, ...]
+    """Layout after each step that communicates, ending with the one `consumer` wants."""
+
+
+@dataclass(frozen=True)
 class Plan:
     module: str
     module_hash: str
@@ -58,7 +80,9 @@ class Plan:
     cluster: str
     level: str
     objective_s: float
-    """Predicted step time: compute plus communication (no overlap assumed)."""
+    """Predicted step time: compute plus communication (no overlap assumed). Readers
+    that want the same conversion of one value share it here, as in XLA; the solver's
+    objective (`solver["objective_s"]`) charges each reader, so it can be higher."""
     compute_s: float
     comm_s: float
     comm_by_kind: dict[str, float]
@@ -75,6 +99,9 @@ class Plan:
     version: int = PLAN_VERSION
     problem: dict[str, int] = field(default_factory=dict)
     """Problem size: nodes, edges, strategy pairs."""
+    carried: dict[str, str] = field(default_factory=dict)
+    """`<while>#<leaf>` -> layout of that loop-carried value."""
+    reshards: tuple[PlannedReshard, ...] = ()
 
     def instruction(self, name: str) -> InstructionPlan | None:
         return next((i for i in self.instructions if i.name == name), None)
@@ -102,6 +129,10 @@ class Plan:
                 PlannedCollective(**{**c, "axes": tuple(c["axes"])}) for c in fields["collectives"]
             )
             fields["warnings"] = tuple(fields.get("warnings", ()))
+            fields["reshards"] = tuple(
+                PlannedReshard(**{**r, "path": tuple(r["path"])})
+                for r in fields.get("reshards", ())
+            )
             return Plan(**fields)
         except (KeyError, TypeError) as e:
             raise ConfigError(f"{source}: malformed plan: {e}") from None

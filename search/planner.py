@@ -20,7 +20,7 @@ from rhino.hlo.printer import print_module
 from rhino.search.builder import ShardingGraph, build_graph
 from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh
-from rhino.search.plan import InstructionPlan, Plan, PlannedCollective, module_hash
+from rhino.search.plan import InstructionPlan, Plan, PlannedCollective, PlannedReshard, module_hash
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, Solution, SolveOptions
 from rhino.search.reshard import reshard
 from rhino.search.solver import solve_ilp
@@ -185,15 +185,29 @@ def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, 
             n.name, n.inst.opcode_text, str(n.inst.shape), s.label, tuple(str(o) for o in s.outs),
             tuple(None if i is None else str(i) for i in s.ins), _sharding_text(s.outs, n.leaf_shapes, mesh),
             s.compute, n.weight))  # fmt: skip
+    reshards: list[PlannedReshard] = []
+    converted: set[tuple[int, int, tuple[str, ...], float]] = set()
     for (u, v), _ in graph.edges.items():
         nu, nv = graph.nodes[u], graph.nodes[v]
         su, sv = nu.strategies[solution.choice[u]], nv.strategies[solution.choice[v]]
-        for leaf, dst in _edge_layouts(graph, u, v, su, sv):
+        for leaf, dst, where, operand in _edge_uses(graph, u, v, su, sv):
             shape = nu.leaf_shapes[leaf]
             r = reshard(shape.dims, shape.element_bytes, su.outs[leaf], dst, mesh, graph.cluster)
+            path = tuple(str(step.dst) for step in r.collectives())
+            path = path if path and path[-1] == str(dst) else (*path, str(dst))
+            if su.outs[leaf] != dst:
+                reshards.append(PlannedReshard(nv.name, where, operand, nu.name, leaf, path))
+            if (u, leaf, path, nv.weight) in converted:
+                continue  # readers wanting the same conversion of one value share it
+            converted.add((u, leaf, path, nv.weight))
             for step in r.collectives():
                 collectives.append(PlannedCollective(step.kind, tuple(step.axes), step.nbytes, step.seconds, nv.name,
                                                      nv.weight, f"reshard of %{nu.name} {su.outs[leaf]} -> {dst}"))  # fmt: skip
+    carried = {
+        n.name: str(n.strategies[k].outs[0])
+        for n, k in zip(graph.nodes, solution.choice, strict=True)
+        if n.carried
+    }
     by_kind: dict[str, float] = defaultdict(float)
     for c in collectives:
         by_kind[f"{c.kind} axis {','.join(map(str, c.axes))}"] += c.seconds * c.count
@@ -204,7 +218,7 @@ def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, 
         mesh=mesh.shape,
         cluster=graph.cluster.name,
         level=request.level,
-        objective_s=solution.objective,
+        objective_s=compute + comm,
         compute_s=compute,
         comm_s=comm,
         comm_by_kind=dict(sorted(by_kind.items())),
@@ -225,21 +239,32 @@ def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, 
         warnings=tuple(graph.warnings),
         state=len(graph.state),
         problem=dict(zip(("nodes", "edges", "pairs"), problem.size, strict=True)),
+        carried=carried,
+        reshards=tuple(reshards),
     )
 
 
-def _edge_layouts(graph: ShardingGraph, u: int, v: int, su, sv):  # type: ignore[no-untyped-def]
-    """(leaf of u, layout v wants it in) for every use of u's results by v."""
-    nv = graph.nodes[v]
-    if nv.carried or nv.inst.opcode.value == "parameter":  # into a carried value or step state
-        return [(0, sv.outs[0])] if len(graph.nodes[u].leaf_shapes) == 1 else []
+def _edge_uses(graph: ShardingGraph, u: int, v: int, su, sv):  # type: ignore[no-untyped-def]
+    """(leaf of u, layout v wants it in, where, operand) for every use of u's results by v
+    (`where` and `operand` as in PlannedReshard)."""
+    nu, nv = graph.nodes[u], graph.nodes[v]
+    if nv.carried:  # the loop's initial value (produced before it) or the body's result
+        where = "init" if nu.order < nv.order else "loop"
+        return [(0, sv.outs[0], where, 0)] if len(nu.leaf_shapes) == 1 else []
+    if nv.inst.opcode.value == "parameter":  # state returning into its parameter's layout
+        leaves = [leaf for name, leaf in graph.state if name == nv.name]
+        return (
+            [(0, sv.outs[0], "state", leaves[0] if leaves else -1)]
+            if len(nu.leaf_shapes) == 1
+            else []
+        )
     out = []
     for j, want in enumerate(sv.ins):
         if want is None:
             continue
         src = graph.operand_sources.get((v, j))
         if src is not None and src[0] == u:
-            out.append((src[1], want))
+            out.append((src[1], want, "operand", j))
     return out
 
 

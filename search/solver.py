@@ -136,10 +136,15 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
         _add_memory(model, problem, s)
     model.minimize(sum(objective))
     # a plan to start from, so the solver always has one: without a budget any choice is
-    # valid (each node's cheapest); with one, the smallest layouts fit (_check_budget)
+    # valid (the rounded LP optimum, improved node by node); with one, the smallest
+    # layouts fit (_check_budget)
+    fallback = None
+    if lp_hint is not None and problem.budget is None:
+        lp_hint = improve(problem, node_cost, lp_hint)
+        fallback = tuple(lp_hint)
     for v, n in enumerate(problem.nodes):
         if lp_hint is not None and problem.budget is None:
-            start_k = lp_hint[v]  # the LP optimum, rounded
+            start_k = lp_hint[v]
         elif problem.budget is not None:
             start_k = int(np.argmin(n.memory))
         else:
@@ -156,19 +161,31 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
     solver.parameters.interleave_search = True  # deterministic with several workers
     solver.parameters.relative_gap_limit = options.relative_gap
     status = solver.solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    if not found and fallback is None:
         if status == cp_model.INFEASIBLE:
             raise InfeasibleError("no plan fits the memory budget")  # _check_budget says more
         raise InfeasibleError(
             f"the solver found no plan within {options.time_limit_s:g} s (status {solver.status_name(status)})"
         )
-    choice = tuple(next(k for k, var in enumerate(row) if solver.boolean_value(var)) for row in s)
+    bound = max(lp_value, solver.best_objective_bound / scale if found else 0.0)
+    choice = fallback
+    if found:
+        choice = tuple(
+            next(k for k, var in enumerate(row) if solver.boolean_value(var)) for row in s
+        )
+        if (
+            fallback is not None
+            and problem.evaluate(fallback).objective < problem.evaluate(choice).objective
+        ):
+            choice = fallback
+    assert choice is not None
     evaluation = problem.evaluate(choice)
     proto = model.proto
     return Solution(
         choice=choice,
         objective=evaluation.objective,
-        bound=min(evaluation.objective, solver.best_objective_bound / scale),
+        bound=min(evaluation.objective, bound),
         status=SolveStatus.OPTIMAL if status == cp_model.OPTIMAL else SolveStatus.FEASIBLE,
         solve_time_s=time.perf_counter() - start,
         peak_memory=evaluation.peak_memory,
@@ -241,6 +258,34 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
     hint = [int(np.argmax(row)) for row in values]
     integral = all(abs(x - round(x)) <= 1e-6 for row in values for x in row)
     return (tuple(hint) if integral else None), objective.Value() / LP_UNIT, hint, size
+
+
+def improve(problem: ShardingProblem, node_cost: list[np.ndarray], choice: list[int],
+            sweeps: int = 20) -> list[int]:  # fmt: skip
+    """Local search from `choice` (no budget): each node in turn takes the strategy that
+    is cheapest given its neighbours' current ones, until no node changes (or `sweeps`
+    passes). Never worse than `choice`; the rounded LP optimum often gains a lot."""
+    choice = list(choice)
+    incident: list[list[tuple[np.ndarray, int, bool]]] = [[] for _ in problem.nodes]
+    for e in problem.edges:  # edges to a node with one strategy are in node_cost already
+        if e.cost.any() and min(e.cost.shape) > 1:
+            incident[e.u].append((e.cost, e.v, True))
+            incident[e.v].append((e.cost, e.u, False))
+    for _ in range(sweeps):
+        changed = False
+        for v in range(len(problem.nodes)):
+            if len(node_cost[v]) == 1:
+                continue
+            total = node_cost[v].copy()
+            for cost, w, outgoing in incident[v]:
+                total += cost[:, choice[w]] if outgoing else cost[choice[w], :]
+            best = int(np.argmin(total))
+            if total[best] < total[choice[v]] - 1e-15:
+                choice[v] = best
+                changed = True
+        if not changed:
+            break
+    return choice
 
 
 @contextlib.contextmanager
