@@ -55,6 +55,8 @@ class BertConfig:
 
 CONFIGS: dict[str, BertConfig] = {
     "tiny": BertConfig(2, 64, 256, 4, 16, vocab=512, seq=128, batch=8),
+    # "base" scaled down until it plans in seconds, still compute-bound on a V100
+    "small": BertConfig(2, 256, 1024, 4, 64, vocab=4101, seq=256, batch=32),
     "base": BertConfig(12, 768, 3072, 12, 64, vocab=4101, seq=512, batch=32),
     "long": BertConfig(12, 768, 3072, 12, 64, vocab=4101, seq=4096, batch=8),
 }

@@ -72,6 +72,9 @@ def _big(layers: int, hidden: int, ffn: int, heads: int, head_dim: int, experts:
 
 CONFIGS: dict[str, MoEConfig] = {
     "tiny": MoEConfig(2, 64, 128, 4, 16, 8, vocab=512, seq=64, batch=8, group_size=64),
+    # many wide experts (4 per device on 8), enough tokens to keep them busy: the expert
+    # weights outweigh the tokens dispatched to them, as in GShard
+    "small": MoEConfig(2, 256, 2048, 4, 64, 32, vocab=4096, seq=256, batch=16, group_size=256),
     "8e-380m": _big(8, 768, 6144, 16, 48, 8),
     "8e-760m": _big(16, 768, 6144, 16, 48, 8),
     "16e-1.3b": _big(16, 768, 6144, 16, 48, 16),

@@ -39,6 +39,10 @@ class UNetConfig:
 
 CONFIGS: dict[str, UNetConfig] = {
     "tiny": UNetConfig(levels=3, base_channels=8, image_size=32, in_channels=4, groups=4, batch=8),
+    # "base" scaled down until it plans in seconds, still compute-bound on a V100
+    "small": UNetConfig(
+        levels=3, base_channels=32, image_size=64, in_channels=4, groups=8, batch=64
+    ),
     "base": UNetConfig(
         levels=4, base_channels=64, image_size=64, in_channels=4, groups=32, batch=16
     ),
