@@ -12,6 +12,7 @@ from rhino.hlo.parser import parse_module
 from rhino.search.mesh import DeviceMesh, mesh_factorizations
 from rhino.search.plan import Plan
 from rhino.search.planner import PlanRequest, make_plan
+from rhino.search.workers import worker_context
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,9 @@ def plan_best_mesh(
             results.append(_trial(args))
     else:
         say(f"{len(meshes)} meshes on {min(jobs, len(meshes))} processes")
-        with ProcessPoolExecutor(max_workers=min(jobs, len(meshes))) as pool:
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, len(meshes)), mp_context=worker_context("rhino.search.meshsearch")
+        ) as pool:
             results = list(pool.map(_trial, work))
     trials = tuple(
         MeshTrial(m.shape, plan.objective_s if plan else None, error)

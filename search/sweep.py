@@ -36,7 +36,6 @@ import csv
 import glob
 import io
 import json
-import multiprocessing
 import os
 import traceback
 from collections.abc import Callable, Sequence
@@ -56,6 +55,7 @@ from rhino.search.cluster import Cluster, load_cluster, parse_quantity
 from rhino.search.mesh import DeviceMesh, parse_mesh
 from rhino.search.planner import LEVELS, PlanRequest, make_plan
 from rhino.search.problem import SolveOptions
+from rhino.search.workers import worker_context
 
 SWEEP_SCHEMA = "rhino.sweep/1"
 """`schema` of the JSON documents `rhino sweep` writes."""
@@ -462,7 +462,9 @@ def run_sweep(
             rows[i] = run_entry(entry, tracebacks)
             report(i, rows[i])  # type: ignore[arg-type]
         return rows  # type: ignore[return-value]
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(entries)), mp_context=_context())
+    pool = ProcessPoolExecutor(
+        max_workers=min(jobs, len(entries)), mp_context=worker_context("rhino.search.sweep")
+    )
     try:
         futures: dict[Future[SweepRow], int] = {
             pool.submit(run_entry, entry, tracebacks): i for i, entry in enumerate(entries)
@@ -498,16 +500,6 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
     for process in workers:
         process.terminate()
-
-
-def _context() -> multiprocessing.context.BaseContext:
-    """Workers start from a fork server that has imported rhino once (cheap, and safe with
-    the threads of the parent: progress display, solver); plain spawn where there is none."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["rhino.search.sweep"])
-        return ctx
-    return multiprocessing.get_context("spawn")
 
 
 def _row_head(entry: SweepEntry) -> dict[str, Any]:
