@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
-import sys
+import re
+from dataclasses import dataclass
 
 import click
 from rich.table import Table
@@ -26,9 +28,62 @@ Examples:
   rhino run model.hlo --plan plan.json --steps 20
   rhino run model.hlo --plan plan.json --platform cpu --devices 8 --json
 \b
+Several hosts: the same command on each, with its own --process-id (process 0 serves
+at --coordinator); the plan's mesh spans all their devices. Two hosts of 4 GPUs, then
+two processes of 4 simulated CPU devices on this machine (plan made for --mesh 2x4):
+  rhino run model.hlo --plan plan.json --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
+  for i in 0 1; do rhino run model.hlo --plan plan.json --devices 4 \\
+      --coordinator 127.0.0.1:1234 --num-processes 2 --process-id $i & done; wait
+\b
 Exit codes: 0 ok, 1 the sharded outputs differ from the single-device run,
 2 bad input (a plan for another module or mesh, too few devices, XLA rejected it).
 """
+
+
+@dataclass(frozen=True)
+class Job:
+    """A run shared by several processes (hosts) through jax's distributed runtime."""
+
+    coordinator: str
+    """HOST:PORT where process 0 serves and every process connects."""
+    num_processes: int
+    process_id: int
+    """This process's index, 0 .. num_processes-1."""
+
+
+_HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})")
+
+
+def job_of(
+    coordinator: str | None, num_processes: int | None, process_id: int | None
+) -> Job | None:
+    """The job the three options describe (None when none is given).
+
+    Raises ConfigError when only some are given, or a value is out of range."""
+    if coordinator is None and num_processes is None and process_id is None:
+        return None
+    if coordinator is None or num_processes is None or process_id is None:
+        given = {"--coordinator": coordinator, "--num-processes": num_processes,
+                 "--process-id": process_id}  # fmt: skip
+        missing = [name for name, value in given.items() if value is None]
+        raise ConfigError(
+            f"--coordinator, --num-processes and --process-id go together; missing "
+            f"{', '.join(missing)}"
+        )
+    if num_processes < 1:
+        raise ConfigError(f"--num-processes must be at least 1, got {num_processes}")
+    if not 0 <= process_id < num_processes:
+        raise ConfigError(
+            f"--process-id must be in 0..{num_processes - 1} for --num-processes "
+            f"{num_processes}, got {process_id}"
+        )
+    match = _HOST_PORT.fullmatch(coordinator)
+    if match is None or not 1 <= int(match.group("port")) <= 65535:
+        raise ConfigError(
+            f"--coordinator must be HOST:PORT with a port in 1..65535 (e.g. 10.0.0.1:1234 "
+            f"or [::1]:1234), got {coordinator!r}"
+        )
+    return Job(coordinator, num_processes, process_id)
 
 
 @click.command("run", epilog=EPILOG)
@@ -49,7 +104,8 @@ Exit codes: 0 ok, 1 the sharded outputs differ from the single-device run,
 @click.option(
     "--devices",
     type=click.IntRange(min=1),
-    help="Simulate this many CPU devices (implies --platform cpu).",
+    help="Simulate this many CPU devices (implies --platform cpu); in a job of several "
+    "processes, this many per process: together they must make the plan's mesh.",
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the inputs.")
 @click.option(
@@ -68,26 +124,45 @@ Exit codes: 0 ok, 1 the sharded outputs differ from the single-device run,
     type=click.IntRange(min=0),
     help="Untimed steps first.",
 )
+@click.option(
+    "--coordinator",
+    metavar="HOST:PORT",
+    help="Run as one process of a job of several (one per host): process 0 serves here.",
+)
+@click.option("--num-processes", type=int, help="Processes in the job (with --coordinator).")
+@click.option("--process-id", type=int, help="This process's index in the job, 0..num-processes-1.")
 @json_option
 @debug_option
 @handle_errors
 def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: str, cluster: str,
                 platform: str | None, devices: int | None, seed: int, verify: bool, steps: int, warmup: int,
+                coordinator: str | None, num_processes: int | None, process_id: int | None,
                 as_json: bool, debug: bool) -> None:  # fmt: skip
     """Write the plan's shardings into the HLO, compile it with XLA's SPMD partitioner,
     run it on local devices, check it computes what the single-device program computes,
-    and compare the collectives XLA inserted with the ones the plan predicted."""
+    and compare the collectives XLA inserted with the ones the plan predicted.
+
+    With --coordinator, --num-processes and --process-id, every process (host) runs the
+    same command with its own --process-id; the plan's mesh spans all of their devices,
+    and each process verifies and times its own partitions and prints its own report."""
     if (plan_file is None) == (mesh_text is None):
         raise ConfigError("give either --plan FILE or --mesh (to plan first)")
+    job = job_of(coordinator, num_processes, process_id)
+    if job is not None and job.num_processes > 1 and plan_file is None:
+        raise ConfigError(
+            "a job of several processes runs a plan made beforehand: give --plan FILE "
+            "(from `rhino plan FILE --mesh ... --out plan.json`), not --mesh"
+        )
     if devices is not None:
         if platform not in (None, "cpu"):
             raise ConfigError(
                 "--devices simulates CPU devices; it cannot be combined with --platform gpu"
             )
-        _simulate_cpu_devices(devices)
+        _simulate_cpu_devices(devices, exactly=job is not None)
         platform = "cpu"
     from rhino.hlo.parser import parse_file
     from rhino.hlo.verify import verify as verify_module
+    from rhino.runtime import xla_bridge as xb
     from rhino.runtime.runner import RunOptions, run_plan
     from rhino.search.plan import Plan
 
@@ -106,8 +181,20 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
                 PlanRequest(parse_mesh(mesh_text or ""), load_cluster(cluster), level),
                 update,
             )
-        update("compiling and running")
-        report = run_plan(module, plan, RunOptions(platform, seed, verify, steps, warmup))
+        options = RunOptions(platform, seed, verify, steps, warmup)
+        if job is None:
+            update("compiling and running")
+            report = run_plan(module, plan, options)
+        else:
+            _check_job_devices(job, devices, plan.mesh)
+            update(f"joining {job.coordinator} as process {job.process_id} of {job.num_processes}")
+            with xb.native_stdout_to_stderr():
+                xb.init_distributed(job.coordinator, job.num_processes, job.process_id)
+                try:
+                    update("compiling and running")
+                    report = run_plan(module, plan, options)
+                finally:
+                    xb.shutdown_distributed()
     if as_json:
         emit_json("run", report.__dict__)
     else:
@@ -118,19 +205,36 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
         )
 
 
-def _simulate_cpu_devices(n: int) -> None:
-    """Ask XLA for n host devices; only possible before jax is first imported."""
-    if "jax" in sys.modules:
-        import jax
+def _check_job_devices(job: Job, devices: int | None, mesh: tuple[int, ...]) -> None:
+    """--devices is per process: together the processes must make the plan's mesh."""
+    size = math.prod(mesh)
+    if devices is not None and devices * job.num_processes != size:
+        raise ConfigError(
+            f"--devices {devices} per process x {job.num_processes} processes = "
+            f"{devices * job.num_processes} devices, but the plan's mesh "
+            f"{'x'.join(map(str, mesh))} has {size}"
+        )
 
-        have = len(jax.devices("cpu"))
-        if have < n:
+
+def _simulate_cpu_devices(n: int, *, exactly: bool) -> None:
+    """Ask XLA for at least n host devices (the run uses the first n), or exactly n in a
+    job of several processes, whose devices together make the mesh. Only possible before
+    jax starts its backends; afterwards, check that there are enough."""
+    from rhino.runtime import xla_bridge as xb
+
+    if xb.backends_started():  # too late to choose (a job then fails to join, and says why)
+        have = xb.device_count("cpu")
+        if have < n and not exactly:
             raise ConfigError(
                 f"jax is already initialised with {have} CPU devices; run rhino in a fresh process"
             )
         return
+    flag = "--xla_force_host_platform_device_count"
     flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    asked = re.search(rf"{flag}=(\d+)", flags)
+    if exactly or asked is None or int(asked.group(1)) < n:
+        flags = re.sub(rf"{flag}=\S*", "", flags).strip()
+        os.environ["XLA_FLAGS"] = f"{flags} {flag}={n}".strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
@@ -142,6 +246,13 @@ def render(report) -> None:  # type: ignore[no-untyped-def]
     out = stdout
     mesh = "x".join(map(str, report.mesh))
     out.print(f"mesh {mesh} on {len(report.devices)} devices ({report.devices[0]}, ...)")
+    if report.process_count > 1:
+        parts = report.local_partitions
+        out.print(
+            f"process {report.process_index} of {report.process_count}: partitions "
+            f"{', '.join(map(str, parts))} ({report.devices[parts[0]]}, ...); verification "
+            f"and step times below are this process's"
+        )
     if report.verify is not None:
         mark = "[green]ok[/]" if report.verify["ok"] else "[red]FAILED[/]"
         out.print(f"verification: {mark}: {report.verify['summary']}")

@@ -2,18 +2,31 @@
 
     run_plan(module, plan, options) -> RunReport
 
-The annotated program runs on the plan's number of local devices. With `verify`, the
+The annotated program runs on the first mesh-size devices of the job. With `verify`, the
 original program runs on one device with the same inputs (drawn from a seed; each device
-creates only its own shards) and every output is compared. Fidelity compares the
-collectives XLA put in the partitioned module with the ones the plan predicted. Timing
-is the median and spread of `steps` runs after `warmup` runs.
+creates only its own shards) and every output shard is compared with the same piece of
+the single-device output. Fidelity compares the collectives XLA put in the partitioned
+module with the ones the plan predicted. Timing is the median and spread of `steps` runs
+after `warmup` runs.
+
+Several processes (hosts), joined by `xla_bridge.init_distributed`, run a plan the same
+way: each calls `run_plan` with the same module, plan and options (checked through the
+coordinator before anything is compiled), the mesh spans every process's devices, and
+each process feeds, verifies and times only its own partitions, against a single-device
+reference it runs locally on its own first device (inputs are a function of the seed, so
+every process computes the same reference). The partitioned module, hence the fidelity
+reading and XLA's memory sizes, is the same in every process.
 """
 
 from __future__ import annotations
 
+import hashlib
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from rhino.hlo.errors import ExecutionError
 from rhino.hlo.ir import Module
@@ -21,8 +34,8 @@ from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.apply import apply_plan, planned_module
 from rhino.runtime.fidelity import FidelityReport, PredictedCollective, compare, measure_collectives
-from rhino.runtime.inputs import entry_inputs
-from rhino.runtime.verify import VerifyReport, run_and_compare
+from rhino.runtime.inputs import ShardMaker, entry_inputs
+from rhino.runtime.verify import OutputCheck, Tolerance, VerifyReport, compare_output, tolerance_for
 from rhino.search.mesh import DeviceMesh
 from rhino.search.plan import Plan
 
@@ -65,6 +78,12 @@ class RunReport:
     """XLA's per-device sizes (argument, output, temp, peak) and the plan's estimate."""
     predicted_step_s: float
     notes: tuple[str, ...] = field(default=())
+    process_index: int = 0
+    """This process's index in a job of several (`--process-id`); 0 when alone."""
+    process_count: int = 1
+    """Processes in the job; `step`, `single_device_step` and `verify` are this process's."""
+    local_partitions: tuple[int, ...] = ()
+    """The partitions (indices into `devices`) this process fed, verified and timed."""
 
     @property
     def ok(self) -> bool:
@@ -81,30 +100,31 @@ def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
 
 
 def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
-    """Execute `plan` on local devices; verify and measure it (see module doc)."""
+    """Execute `plan` on the job's devices; verify and measure it (see module doc)."""
     mesh = DeviceMesh(tuple(plan.mesh))
-    devices = xb.local_devices(options.platform, mesh.size)
+    process = xb.process_info()
+    devices = _mesh_devices(options.platform, mesh, process)
     original = print_module(planned_module(module))
     annotated_module = apply_plan(module, plan)
     annotated = print_module(annotated_module)
+    digest = hashlib.sha256(f"{annotated}\n{options!r}".encode()).hexdigest()[:16]
+    xb.check_agreement("plan and run options (digest)", digest)
     notes = [f"%{i.name}: layout {i.outs[0]} has no XLA sharding; XLA chose its own" for i in plan.instructions
              if i.sharding is None and i.opcode not in ("tuple", "get-tuple-element")]  # fmt: skip
+    inputs = entry_inputs(annotated_module, options.seed)
+    sharded = xb.compile_spmd(annotated, devices, num_partitions=mesh.size)
+    reference = None
     verify_report: VerifyReport | None = None
     if options.verify:
-        verify_report = run_and_compare(original, annotated, devices, options.seed)
-        sharded = verify_report.sharded
-        reference = verify_report.reference
-    else:
-        sharded = xb.compile_spmd(annotated, devices, num_partitions=mesh.size)
-        reference = None
-    if sharded is None:
-        raise ExecutionError("the sharded program was not compiled")
+        reference = xb.compile_spmd(
+            original, xb.local_devices(options.platform, 1), num_partitions=1
+        )
+        verify_report = verify_shards(reference, sharded, inputs, options.seed)
     root = annotated_module.entry.root
     measured = measure_collectives(
         sharded.partitioned_hlo(), mesh, root=root.name if root else None
     )
     fidelity: FidelityReport = compare(predicted_collectives(plan), measured)
-    inputs = list(entry_inputs(annotated_module, options.seed))
     step = Timing.of(xb.time_execution(sharded, inputs, warmup=options.warmup, steps=options.steps))
     single = None
     if reference is not None and options.baseline:
@@ -120,29 +140,107 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
         "peak_bytes": stats.peak_bytes,
         "plan_peak_bytes": plan.peak_memory_bytes,
     }
-    verify_doc = None
-    if verify_report is not None:
-        verify_doc = {
-            "ok": verify_report.ok,
-            "summary": verify_report.summary(),
-            "outputs": [
-                {
-                    "index": k,
-                    "ok": o.ok,
-                    "max_abs_error": o.max_abs_error,
-                    "max_rel_error": o.max_rel_error,
-                }
-                for k, o in enumerate(verify_report.outputs)
-            ],
-        }
     return RunReport(
         mesh=mesh.shape,
         devices=tuple(str(d) for d in devices),
-        verify=verify_doc,
+        verify=None if verify_report is None else _verify_doc(verify_report),
         fidelity=fidelity.to_dict(),
         step=step,
         single_device_step=single,
         memory=memory,
         predicted_step_s=plan.objective_s,
         notes=tuple(notes),
+        process_index=process.index,
+        process_count=process.count,
+        local_partitions=sharded.addressable,
+    )
+
+
+def _verify_doc(report: VerifyReport) -> dict[str, Any]:
+    return {
+        "ok": report.ok,
+        "summary": report.summary(),
+        "outputs": [
+            {
+                "index": k,
+                "ok": o.ok,
+                "max_abs_error": o.max_abs_error,
+                "max_rel_error": o.max_rel_error,
+            }
+            for k, o in enumerate(report.outputs)
+        ],
+    }
+
+
+def _mesh_devices(
+    platform: str | None, mesh: DeviceMesh, process: xb.ProcessInfo
+) -> tuple[Any, ...]:
+    """The mesh's devices: the first mesh-size ones of this process, or, in a job of
+    several processes, all of the job's (each process must drive some partitions)."""
+    if process.count > 1:
+        total = xb.device_count(platform)
+        if total != mesh.size:
+            raise ExecutionError(
+                f"the plan's mesh {'x'.join(map(str, mesh.shape))} has {mesh.size} devices "
+                f"but the {process.count} processes of this job have {total} in all; a job "
+                f"of several processes runs on all of its devices"
+            )
+    return xb.global_devices(platform, mesh.size)
+
+
+def verify_shards(
+    reference: xb.Compiled, sharded: xb.Compiled, inputs: Sequence[ShardMaker], seed: int
+) -> VerifyReport:
+    """Run `reference` (one device, global inputs) and `sharded` (this process's
+    partitions, each creating its own input shards) on `inputs`, and compare every output
+    shard this process holds with the same piece of the reference output.
+
+    Replicated copies are all checked. The tolerance of an output is the one
+    `rhino.runtime.verify` gives its whole expected value, so one process alone and a job
+    of several reach the same verdict. Raises `ExecutionError` when the two programs'
+    parameters differ or do not match `inputs`.
+    """
+    want_params = [(p.shape, p.dtype) for p in reference.parameters]
+    got_params = [(p.shape, p.dtype) for p in sharded.parameters]
+    made = [(m.shape, m.dtype) for m in inputs]
+    if not want_params == got_params == made:
+        raise ExecutionError(
+            f"{sharded.name}: parameters differ: single-device program {want_params}, "
+            f"sharded program {got_params}, inputs made {made}"
+        )
+    want = xb.execute(reference, [m.whole() for m in inputs])
+    got = xb.execute_shards(sharded, list(inputs))
+    checks = tuple(
+        check_shards(k, w, shards, tolerance_for(w.dtype))
+        for k, (w, shards) in enumerate(zip(want, got, strict=True))
+    )
+    return VerifyReport(checks, sharded.num_partitions, seed, reference=reference, sharded=sharded)
+
+
+def check_shards(
+    index: int, want: np.ndarray, shards: Sequence[xb.Shard], tolerance: Tolerance
+) -> OutputCheck:
+    """`compare_output` of output `index` over the pieces this process holds: errors
+    are the worst over the shards, scale and allowance those of the whole output."""
+    whole = compare_output(index, want, want, tolerance)
+    pieces = [compare_output(index, want[s.index], s.data, tolerance) for s in shards]
+    err = max((p.max_abs_error for p in pieces), default=0.0)
+    if any(np.isnan(p.max_abs_error) for p in pieces):  # integers differing beyond 2**53
+        err = float("nan")
+    mismatched = sum(p.mismatched_specials for p in pieces)
+    if whole.scale > 0:
+        rel = err / whole.scale
+    else:
+        rel = 0.0 if err == 0 else float("inf")
+    return OutputCheck(
+        index=index,
+        shape=whole.shape,
+        dtype=whole.dtype,
+        max_abs_error=err,
+        max_rel_error=rel,
+        scale=whole.scale,
+        allowed=whole.allowed,
+        mismatched_specials=mismatched,
+        nonfinite_expected=whole.nonfinite_expected,
+        ok=mismatched == 0 and err <= whole.allowed,
     )

@@ -15,6 +15,9 @@ The compile path (verified end to end, see runtime/BRIDGE_NOTES.md):
 Inputs are placed one shard per device (each device receives only its own slice), the
 program runs with `execute_sharded`, and outputs come back as global numpy arrays (one
 process) or as the local shards with their position in the global array (several).
+Several processes (one per host, or several on one host over loopback) join one job
+with `init_distributed` before anything else touches jax; they then compile for
+`global_devices` and make the same calls in the same order.
 
 Every failure that bad input can cause is an `ExecutionError` (or its subclass
 `XlaRejected` when XLA's parser or verifier refuses the text), carrying XLA's message.
@@ -24,9 +27,13 @@ crashes the process (SIGSEGV) when `execute_sharded` receives a buffer of the wr
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -179,6 +186,153 @@ def _first_devices(platform: str | None, count: int, *, local: bool) -> tuple[An
             f"need {count} devices, have {len(found)} on {name} (set --devices / {hint})"
         )
     return tuple(found[:count])
+
+
+def device_count(platform: str | None) -> int:
+    """How many devices of `platform` the whole job has (every process's)."""
+    import jax
+
+    try:
+        return len(jax.devices(platform))
+    except RuntimeError as exc:
+        raise ExecutionError(f"no {platform} platform available to jax: {exc}") from None
+
+
+# --------------------------------------------------------------------------------------
+# Several processes (jax's distributed runtime)
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """This process's place in the job (index 0 of 1 without a distributed runtime)."""
+
+    index: int
+    """jax's process index: the `--process-id` it was started with."""
+    count: int
+    """Processes in the job."""
+
+
+def backends_started() -> bool:
+    """Whether jax has created its backends in this process (after which the device
+    count and the distributed runtime can no longer be set). Never imports jax."""
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge
+
+    return bool(xla_bridge.backends_are_initialized())
+
+
+def init_distributed(
+    coordinator: str, num_processes: int, process_id: int, *, timeout_s: int = 300
+) -> None:
+    """Join a job of `num_processes` processes whose process 0 serves at `coordinator`
+    ("host:port"); blocks until all have joined (at most `timeout_s`).
+
+    Must run before anything starts jax's backends (any device query or computation).
+    Cross-process CPU collectives go over gloo (TCP), so CPU devices of several
+    processes (or hosts) can form one mesh. Afterwards `global_devices` lists every
+    process's devices, a program compiled for them runs when every process calls the same
+    compiles and executions in the same order, and each process feeds and reads only its
+    own partitions. Raises `ExecutionError` when the backends already started, the
+    arguments are refused, or the coordinator cannot be reached in time.
+    """
+    import jax
+
+    if backends_started():
+        raise ExecutionError(
+            "jax's backends are already initialised in this process; the distributed "
+            "runtime must start first (run rhino in a fresh process)"
+        )
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(
+            coordinator,
+            num_processes=num_processes,
+            process_id=process_id,
+            initialization_timeout=timeout_s,
+        )
+    except (ValueError, TypeError, RuntimeError) as exc:  # JaxRuntimeError is one
+        raise ExecutionError(
+            f"process {process_id} of {num_processes} could not join the job at "
+            f"{coordinator}: {_strip_status(str(exc))}"
+        ) from None
+
+
+@contextmanager
+def native_stdout_to_stderr() -> Iterator[None]:
+    """Send what native code writes on file descriptor 1 to stderr meanwhile.
+
+    gloo prints "[Gloo] Rank 0 is connected to 1 peer ranks..." on stdout when a
+    cross-process collective first runs; stdout must carry only rhino's report (--json).
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def shutdown_distributed() -> None:
+    """Leave the job (waits for the other processes); nothing without one."""
+    import jax
+
+    jax.distributed.shutdown()
+
+
+def process_info() -> ProcessInfo:
+    """This process's index and the job's process count (starts no backend)."""
+    if "jax" not in sys.modules:
+        return ProcessInfo(0, 1)
+    from jax._src import distributed
+
+    state = distributed.global_state
+    if state.client is None:
+        return ProcessInfo(0, 1)
+    return ProcessInfo(int(state.process_id), int(state.num_processes))
+
+
+_agreements = itertools.count()
+"""Sequence number of `check_agreement` calls: keys stay unique, and they match across
+processes because every process makes the same calls in the same order."""
+
+
+def check_agreement(what: str, value: str, *, timeout_s: int = 300) -> None:
+    """Raise `ExecutionError` unless every process of the job passed the same `value`
+    (`what` names it in the message, e.g. a digest of the program and its options).
+
+    Guards collectives against processes that run different programs (they would hang
+    or crash inside XLA). Goes through the coordinator's key-value store; a no-op in a
+    job of one process. Every process must call it, in the same order.
+    """
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    info = process_info()
+    if client is None or info.count == 1:
+        return
+    key = f"rhino/agree/{next(_agreements)}"
+    try:
+        client.key_value_set(f"{key}/{info.index}", value)
+        theirs = {
+            p: client.blocking_key_value_get(f"{key}/{p}", timeout_s * 1000)
+            for p in range(info.count)
+        }
+    except RuntimeError as exc:
+        raise ExecutionError(
+            f"process {info.index}: the other processes did not report their {what} "
+            f"within {timeout_s} s: {_strip_status(str(exc))}"
+        ) from None
+    differ = {p: v for p, v in theirs.items() if v != value}
+    if differ:
+        p, v = min(differ.items())
+        raise ExecutionError(
+            f"process {info.index} and process {p} disagree on the {what} ({value} here, "
+            f"{v} there): every process of the job must be given the same"
+        )
 
 
 # --------------------------------------------------------------------------------------
