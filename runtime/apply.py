@@ -49,3 +49,26 @@ def apply_plan(
     if constraints:
         annotated, _ = add_constraints(annotated, plan)
     return annotated
+
+
+def unrealized_layouts(plan: Plan) -> list[str]:
+    """Where the annotated HLO cannot say what the plan says: result layouts with a
+    non-maximal stride (Rhino §4.1) or partial sums have no HloSharding, so XLA picks
+    its own layout there (the fidelity report then shows what it did instead)."""
+    notes = []
+    for inst in plan.instructions:
+        if inst.sharding is not None or inst.opcode in ("tuple", "get-tuple-element", "while"):
+            continue
+        layouts = " ".join(inst.outs)
+        reason = (
+            "a non-maximal stride"
+            if "[s=" in layouts
+            else "partial sums"
+            if "P" in layouts
+            else "no XLA sharding"
+        )
+        notes.append(
+            f"%{inst.name}: layout {layouts} ({reason}) is not written into the HLO; "
+            f"XLA chose its own layout there"
+        )
+    return notes

@@ -32,7 +32,7 @@ from rhino.hlo.errors import ExecutionError
 from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
-from rhino.runtime.apply import apply_plan, planned_module
+from rhino.runtime.apply import apply_plan, planned_module, unrealized_layouts
 from rhino.runtime.fidelity import FidelityReport, PredictedCollective, compare, measure_collectives
 from rhino.runtime.inputs import ShardMaker, entry_inputs
 from rhino.runtime.verify import OutputCheck, Tolerance, VerifyReport, compare_output, tolerance_for
@@ -109,8 +109,7 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
     annotated = print_module(annotated_module)
     digest = hashlib.sha256(f"{annotated}\n{options!r}".encode()).hexdigest()[:16]
     xb.check_agreement("plan and run options (digest)", digest)
-    notes = [f"%{i.name}: layout {i.outs[0]} has no XLA sharding; XLA chose its own" for i in plan.instructions
-             if i.sharding is None and i.opcode not in ("tuple", "get-tuple-element")]  # fmt: skip
+    notes = unrealized_layouts(plan)
     inputs = entry_inputs(annotated_module, options.seed)
     sharded = xb.compile_spmd(annotated, devices, num_partitions=mesh.size)
     reference = None

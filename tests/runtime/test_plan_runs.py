@@ -24,3 +24,17 @@ def test_plan_compiles_runs_and_matches(path: str, mesh: str) -> None:
     report = run_and_compare(print_module(planned_module(module)), print_module(apply_plan(module, plan)),
                              parse_mesh(mesh).size, seed=0)  # fmt: skip
     assert report.ok, report.summary()
+
+
+def test_a_strided_plan_runs_and_the_report_says_where_xla_chose_its_own_layout() -> None:
+    from rhino.runtime.runner import RunOptions, run_plan
+    from rhino.search.spec import parse_spec
+
+    module = parse_file(ROOT / "tests/data/strided_reshape.hlo")
+    pins = (("p", parse_spec("RS1")), ("out", parse_spec("RS1")))
+    plan = make_plan(module, PlanRequest(parse_mesh("1x4"), load_cluster("m8"), pins=pins))
+    assert plan.instruction("r").outs == ("RS0[s=1]",)
+    report = run_plan(module, plan, RunOptions(steps=1, warmup=0, baseline=False))
+    assert report.ok
+    notes = [n for n in report.notes if n.startswith("%r:")]
+    assert notes and "non-maximal stride" in notes[0], report.notes
