@@ -236,14 +236,20 @@ class _Builder:
         nu, nv = self.graph.nodes[u], self.graph.nodes[v]
         nu.last_use = max(nu.last_use, self.clock)
         shape = nu.leaf_shapes[leaf]
-        matrix = np.zeros((len(nu.strategies), len(nv.strategies)))
-        for l, sv in enumerate(nv.strategies):
+        # strategies share layouts: price each distinct (source, destination) pair once
+        sources: dict[ShardingSpec, int] = {}
+        src_of = [sources.setdefault(su.outs[leaf], len(sources)) for su in nu.strategies]
+        targets: dict[ShardingSpec, int] = {}
+        dst_of = []
+        for sv in nv.strategies:
             dst = wanted(sv)
-            if dst is None:
-                continue
-            for k, su in enumerate(nu.strategies):
-                matrix[k, l] = reshard_cost(shape.dims, shape.element_bytes, su.outs[leaf], dst,
+            dst_of.append(-1 if dst is None else targets.setdefault(dst, len(targets)))
+        prices = np.zeros((len(sources), len(targets) + 1))  # the last column: no reading
+        for a, src in enumerate(sources):
+            for b, dst in enumerate(targets):
+                prices[a, b] = reshard_cost(shape.dims, shape.element_bytes, src, dst,
                                             self.graph.mesh, self.graph.cluster) * weight  # fmt: skip
+        matrix = prices[np.ix_(src_of, dst_of)]
         key = (u, v)
         self.graph.edges[key] = (
             self.graph.edges[key] + matrix if key in self.graph.edges else matrix

@@ -34,6 +34,7 @@ starting point, and CP-SAT gets the time that remains.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import sys
@@ -44,7 +45,16 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from rhino.hlo.errors import InfeasibleError
-from rhino.search.problem import ShardingProblem, Solution, SolveOptions, SolveStatus, gib
+from rhino.search.problem import (
+    ProblemEdge,
+    ProblemNode,
+    ShardingProblem,
+    Solution,
+    SolveOptions,
+    SolveStatus,
+    gib,
+)
+from rhino.search.reduce import reduce_problem
 
 TIE_BREAK_S_PER_BYTE = 1e-17
 LP_UNIT = 1e6
@@ -53,8 +63,75 @@ LP_UNIT = 1e6
 
 def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> Solution:
     """Minimize the problem's cost within its budget; the best plan found by the time
-    limit when the search is not finished (status FEASIBLE)."""
+    limit when the search is not finished (status FEASIBLE).
+
+    Without a budget, the exact reductions of `rhino.search.reduce` (leaves folded into
+    their neighbour, chain links into an edge, dominated strategies dropped) shrink the
+    problem to a core first; the core's optimum, expanded, is an optimum of the whole.
+    """
     options = options or SolveOptions()
+    if problem.budget is not None:
+        return _solve(problem, options)
+    start = time.perf_counter()
+    # ties go to less memory here too (see _solve)
+    tied = ShardingProblem(
+        tuple(
+            dataclasses.replace(n, cost=n.cost + TIE_BREAK_S_PER_BYTE * n.memory)
+            for n in problem.nodes
+        ),
+        problem.edges,
+        None,
+        problem.constant_memory,
+    )
+    reduced = reduce_problem(tied)
+    core_ids = sorted(reduced.alive)
+    if not core_ids:
+        choice = reduced.expand({})
+        evaluation = problem.evaluate(choice)
+        return Solution(choice, evaluation.objective, evaluation.objective, SolveStatus.OPTIMAL,
+                        time.perf_counter() - start, evaluation.peak_memory, 0, 0,
+                        stats={"core_nodes": 0.0})  # fmt: skip
+    position = {v: i for i, v in enumerate(core_ids)}
+    core = ShardingProblem(
+        tuple(
+            ProblemNode(
+                problem.nodes[v].name,
+                tuple(problem.nodes[v].labels[k] for k in reduced.keep[v]),
+                reduced.cost[v] - TIE_BREAK_S_PER_BYTE * problem.nodes[v].memory[reduced.keep[v]],
+                problem.nodes[v].memory[reduced.keep[v]],
+                problem.nodes[v].live,
+            )  # fmt: skip
+            for v in core_ids
+        ),
+        tuple(ProblemEdge(position[a], position[b], m) for (a, b), m in reduced.edges.items()),
+        None,
+    )
+    left = dataclasses.replace(
+        options, time_limit_s=max(1.0, options.time_limit_s - (time.perf_counter() - start))
+    )
+    solved = _solve(core, left)
+    choice = reduced.expand({v: solved.choice[position[v]] for v in core_ids})
+    evaluation = problem.evaluate(choice)
+    gap_s = solved.objective - solved.bound  # the core's gap is the whole problem's
+    return Solution(
+        choice=choice,
+        objective=evaluation.objective,
+        bound=max(0.0, evaluation.objective - gap_s),
+        status=solved.status,
+        solve_time_s=time.perf_counter() - start,
+        peak_memory=evaluation.peak_memory,
+        variables=solved.variables,
+        constraints=solved.constraints,
+        stats={
+            **solved.stats,
+            "core_nodes": float(len(core_ids)),
+            "core_edges": float(len(core.edges)),
+        },
+    )
+
+
+def _solve(problem: ShardingProblem, options: SolveOptions) -> Solution:
+    """The LP relaxation, then CP-SAT (see module doc)."""
     start = time.perf_counter()
     if problem.budget is not None:
         _check_budget(problem)
@@ -139,8 +216,9 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
     # valid (the rounded LP optimum, improved node by node); with one, the smallest
     # layouts fit (_check_budget)
     fallback = None
-    if lp_hint is not None and problem.budget is None:
-        lp_hint = improve(problem, node_cost, lp_hint)
+    if problem.budget is None:  # the LP's rounding, or each node's cheapest when it had no time
+        start_choice = lp_hint if lp_hint is not None else [int(np.argmin(c)) for c in node_cost]
+        lp_hint = improve(problem, node_cost, start_choice)
         fallback = tuple(lp_hint)
     for v, n in enumerate(problem.nodes):
         if lp_hint is not None and problem.budget is None:

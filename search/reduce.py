@@ -1,0 +1,398 @@
+"""Exact reductions of a `ShardingProblem` before the ILP, and how to undo them.
+
+Every step keeps at least one optimal plan of the original problem (and, with a memory
+budget, every step keeps the set of feasible plans' best cost), so the optimum of the
+reduced core, expanded, is an optimum of the whole problem. The steps, applied until
+none applies (a node at a time, in index order, so the result is deterministic):
+
+- parallel edges (u, v) and (v, u) are summed into one matrix;
+- forbidden strategies go: +inf node cost, or +inf against every strategy of a neighbour;
+- dominated strategies go: k is dropped when some j is no worse in node cost, memory and
+  every incident edge row (ties keep the lower index);
+- separable edges, C[k, l] = a[k] + b[l] (all-zero ones included), fold into the two
+  nodes' costs;
+- a node left with one strategy becomes a constant;
+- a node with one neighbour u (a leaf) folds into u: c_u[k] += min_l (C[k, l] + c_v[l]),
+  remembering the best l for each k (Alpa's / XLA's "follower" merging, PBQP's RI);
+- a node with two neighbours u, w (a chain link) becomes an edge between them:
+  C'[k, m] = min_l (C_uv[k, l] + c_v[l] + C_vw[l, m]) (PBQP's RII);
+- a node with no neighbours takes its cheapest strategy.
+
+With a budget, memory makes the last three exact only when the cheapest l can always be
+one of the node's smallest-memory strategies (then the node's memory is a constant);
+otherwise the node stays in the core. Node memory is kept as a varying part (its
+minimum subtracted) plus a constant `base`, which is all the ILP needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rhino.hlo.errors import InfeasibleError
+from rhino.search.problem import ShardingProblem
+
+SEPARABLE_RTOL = 1e-12
+"""An edge is separable when C - (a + b) is within this of max |C| everywhere."""
+MAX_SERIES_WORK = 2_000_000
+"""Largest s_u * s_v * s_w table for eliminating a chain link."""
+
+
+@dataclass
+class Reduced:
+    """A reduced core of a problem plus the steps to expand a core choice back."""
+
+    problem: ShardingProblem
+    """The original problem."""
+    alive: set[int]
+    """Nodes still in the core (original indices)."""
+    cost: dict[int, np.ndarray]
+    """Core node -> cost of each remaining strategy (edge costs folded in)."""
+    keep: dict[int, np.ndarray]
+    """Core node -> original index of each remaining strategy."""
+    edges: dict[tuple[int, int], np.ndarray]
+    """(u, v) with u < v -> matrix over the remaining strategies of u (rows) and v."""
+    neighbours: dict[int, set[int]]
+    memory: dict[int, np.ndarray] = field(default_factory=dict)
+    """Core node -> varying memory per remaining strategy (minimum 0); only with a
+    budget, and only where it varies."""
+    base: list[float] = field(default_factory=list)
+    """Node -> bytes it holds whatever the (remaining) choice, over its live interval."""
+    offset: float = 0.0
+    """Seconds every plan pays that are no longer in the core's costs."""
+    trail: list[tuple] = field(default_factory=list)  # type: ignore[type-arg]
+    """Eliminations in order: ("fixed", v, k), ("leaf", v, u, table[k_u]),
+    ("series", v, u, w, table[k_u, k_w]), all in original strategy indices."""
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def matrix(self, a: int, b: int) -> np.ndarray:
+        """The edge matrix oriented a (rows) x b (columns)."""
+        return self.edges[(a, b)] if a < b else self.edges[(b, a)].T
+
+    def expand(self, core_choice: dict[int, int]) -> tuple[int, ...]:
+        """The full choice (original indices) from a core choice (remaining indices)."""
+        choice = [-1] * len(self.problem.nodes)
+        for v, k in core_choice.items():
+            choice[v] = int(self.keep[v][k])
+        for step in reversed(self.trail):
+            kind, v = step[0], step[1]
+            if kind == "fixed":
+                choice[v] = step[2]
+            elif kind == "leaf":
+                choice[v] = int(step[3][choice[step[2]]])
+            else:
+                choice[v] = int(step[4][choice[step[2]], choice[step[3]]])
+            if choice[v] < 0:
+                raise AssertionError(f"reduction trail broken at node {v}")  # pragma: no cover
+        if -1 in choice:
+            raise AssertionError("expanded choice misses a node")  # pragma: no cover
+        return tuple(choice)
+
+
+def initial(problem: ShardingProblem) -> Reduced:
+    """The problem as a core with no reduction but the summing of parallel edges."""
+    n = len(problem.nodes)
+    budget = problem.budget is not None
+    r = Reduced(
+        problem=problem,
+        alive=set(range(n)),
+        cost={v: node.cost.copy() for v, node in enumerate(problem.nodes)},
+        keep={v: np.arange(len(node.labels)) for v, node in enumerate(problem.nodes)},
+        edges={},
+        neighbours={v: set() for v in range(n)},
+        base=[0.0] * n,
+    )
+    for e in problem.edges:
+        key, m = ((e.u, e.v), e.cost) if e.u < e.v else ((e.v, e.u), e.cost.T)
+        r.edges[key] = r.edges[key] + m if key in r.edges else m.copy()
+        r.neighbours[e.u].add(e.v)
+        r.neighbours[e.v].add(e.u)
+    for v, node in enumerate(problem.nodes):
+        low = float(node.memory.min())
+        r.base[v] = low
+        if budget and (node.memory > low).any():
+            r.memory[v] = node.memory - low
+    return r
+
+
+def reduce_problem(problem: ShardingProblem) -> Reduced:
+    """Apply every exact reduction until none applies. InfeasibleError when a node has
+    no allowed strategy left."""
+    r = initial(problem)
+    r.counts = dict.fromkeys(
+        ("pruned", "separable", "fixed", "leaf", "series", "isolated", "memory_free"), 0
+    )
+    queue = deque(range(len(problem.nodes)))
+    queued = set(queue)
+
+    def push(v: int) -> None:
+        if v in r.alive and v not in queued:
+            queued.add(v)
+            queue.append(v)
+
+    while queue:
+        while queue:
+            v = queue.popleft()
+            queued.discard(v)
+            if v not in r.alive:
+                continue
+            while _prune(r, v, push) or _fold_separable(r, v, push):
+                pass
+            _eliminate(r, v, push)
+        for v in _memory_free(r):
+            push(v)
+    return r
+
+
+def _memory_free(r: Reduced) -> list[int]:
+    """Drop the memory of the nodes that are in no row that can bind (whatever they and
+    everyone else choose, every step they are live at stays within the budget), so that
+    the eliminations can take them; returns those nodes."""
+    if not r.memory:
+        return []
+    rows = memory_rows(r)
+    bound = set(rows.always)
+    for members, _ in rows.rows:
+        bound.update(members.tolist())
+    free = [v for v in r.memory if v not in bound]
+    for v in free:
+        del r.memory[v]  # its `base` stays counted; the rest can never matter
+    r.counts["memory_free"] += len(free)
+    return free
+
+
+# -- strategy pruning ------------------------------------------------------------------
+
+
+def _prune(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untyped-def]
+    """Drop forbidden and dominated strategies of v; True if any went."""
+    s = len(r.keep[v])
+    parts = [r.cost[v][:, None]]
+    if v in r.memory:
+        parts.append(r.memory[v][:, None])
+    parts += [r.matrix(v, w) for w in sorted(r.neighbours[v])]
+    features = np.concatenate(parts, axis=1)
+    allowed = np.isfinite(r.cost[v])
+    for w in r.neighbours[v]:
+        allowed &= np.isfinite(r.matrix(v, w)).any(axis=1)
+    if not allowed.any():
+        node = r.problem.nodes[v]
+        raise InfeasibleError(
+            f"node %{node.name}: every strategy is forbidden (infinite cost, alone or "
+            f"against every remaining strategy of a neighbour)"
+        )
+    keep = allowed.copy()
+    if s > 1:
+        for j in np.flatnonzero(allowed):
+            if not keep[j]:
+                continue
+            no_worse = (features[j] <= features).all(axis=1)
+            equal = (features[j] == features).all(axis=1)
+            dominated = no_worse & (~equal | (np.arange(s) > j))
+            dominated[j] = False
+            keep &= ~dominated
+    if keep.all():
+        return False
+    r.counts["pruned"] += int(s - keep.sum())
+    _restrict(r, v, np.flatnonzero(keep))
+    for w in r.neighbours[v]:
+        push(w)
+    return True
+
+
+def _restrict(r: Reduced, v: int, rows: np.ndarray) -> None:
+    r.cost[v] = r.cost[v][rows]
+    r.keep[v] = r.keep[v][rows]
+    for w in r.neighbours[v]:
+        key = (min(v, w), max(v, w))
+        r.edges[key] = r.edges[key][rows, :] if v < w else r.edges[key][:, rows]
+    if v in r.memory:
+        memory = r.memory[v][rows]
+        low = float(memory.min())
+        r.base[v] += low
+        if (memory > low).any():
+            r.memory[v] = memory - low
+        else:
+            del r.memory[v]
+
+
+# -- edges -----------------------------------------------------------------------------
+
+
+def _fold_separable(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untyped-def]
+    """Fold every edge of v whose matrix is a[k] + b[l] into the two nodes' costs."""
+    folded = False
+    for w in sorted(r.neighbours[v]):
+        m = r.matrix(v, w)
+        if not np.isfinite(m).all():
+            continue
+        a, b = m[:, 0], m[0, :] - m[0, 0]
+        scale = float(np.abs(m).max())
+        if np.abs(m - a[:, None] - b[None, :]).max() > SEPARABLE_RTOL * scale:
+            continue
+        r.cost[v] = r.cost[v] + a
+        r.cost[w] = r.cost[w] + b
+        _remove_edge(r, v, w)
+        r.counts["separable"] += 1
+        push(w)
+        folded = True
+    return folded
+
+
+def _remove_edge(r: Reduced, a: int, b: int) -> None:
+    del r.edges[(min(a, b), max(a, b))]
+    r.neighbours[a].discard(b)
+    r.neighbours[b].discard(a)
+
+
+def _add_to_edge(r: Reduced, a: int, b: int, m: np.ndarray) -> None:
+    """Add `m` (oriented a x b) to edge (a, b), creating it if needed."""
+    key, m = ((a, b), m) if a < b else ((b, a), m.T)
+    r.edges[key] = r.edges[key] + m if key in r.edges else m.copy()
+    r.neighbours[a].add(b)
+    r.neighbours[b].add(a)
+
+
+# -- node elimination ------------------------------------------------------------------
+
+
+def _smallest(r: Reduced, v: int) -> np.ndarray:
+    """Strategies of v whose memory is the node's minimum (all of them without a budget)."""
+    if v not in r.memory:
+        return np.arange(len(r.keep[v]))
+    return np.flatnonzero(r.memory[v] == 0)
+
+
+def _best(table: np.ndarray, small: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Min over axis 1 of `table` and its argmin, taken among `small` only; None when that
+    is dearer than the min over all (so memory would have to be traded for cost)."""
+    best_all = table.min(axis=1)
+    sub = table[:, small]
+    pick = sub.argmin(axis=1)
+    best = np.take_along_axis(sub, pick[:, None], axis=1)[:, 0]
+    if not np.array_equal(best, best_all):
+        return None
+    return best_all, small[pick]
+
+
+def _eliminate(r: Reduced, v: int, push) -> None:  # type: ignore[no-untyped-def]
+    neighbours = sorted(r.neighbours[v])
+    small = _smallest(r, v)
+    cost = r.cost[v]
+    if len(cost) == 1:
+        for w in neighbours:
+            r.cost[w] = r.cost[w] + r.matrix(w, v)[:, 0]
+            _remove_edge(r, v, w)
+            push(w)
+        _kill(r, v, ("fixed", v, int(r.keep[v][0])), cost[0], "fixed")
+    elif not neighbours:
+        found = _best(cost[None, :], small)
+        if found is not None:
+            best, pick = found
+            _kill(r, v, ("fixed", v, int(r.keep[v][pick[0]])), best[0], "isolated")
+    elif len(neighbours) == 1:
+        (u,) = neighbours
+        found = _best(r.matrix(u, v) + cost[None, :], small)
+        if found is None:
+            return
+        best, pick = found
+        table = np.full(len(r.problem.nodes[u].labels), -1)
+        table[r.keep[u]] = r.keep[v][pick]
+        r.cost[u] = r.cost[u] + best
+        _remove_edge(r, u, v)
+        _kill(r, v, ("leaf", v, u, table), 0.0, "leaf")
+        push(u)
+    elif len(neighbours) == 2:
+        u, w = neighbours
+        a, b = r.matrix(u, v), r.matrix(v, w)
+        if a.shape[0] * a.shape[1] * b.shape[1] > MAX_SERIES_WORK:
+            return
+        joint = a[:, :, None] + cost[None, :, None] + b[None, :, :]  # [k_u, l, k_w]
+        su, sw = a.shape[0], b.shape[1]
+        flat = joint.transpose(0, 2, 1).reshape(su * sw, -1)
+        found = _best(flat, small)
+        if found is None:
+            return
+        best, pick = found
+        table = np.full((len(r.problem.nodes[u].labels), len(r.problem.nodes[w].labels)), -1)
+        table[np.ix_(r.keep[u], r.keep[w])] = r.keep[v][pick].reshape(su, sw)
+        _remove_edge(r, u, v)
+        _remove_edge(r, v, w)
+        _add_to_edge(r, u, w, best.reshape(su, sw))
+        _kill(r, v, ("series", v, u, w, table), 0.0, "series")
+        push(u)
+        push(w)
+
+
+def _kill(r: Reduced, v: int, step: tuple, paid: float, kind: str) -> None:  # type: ignore[type-arg]
+    r.trail.append(step)
+    r.offset += float(paid)
+    r.alive.discard(v)
+    r.memory.pop(v, None)
+    del r.cost[v]
+    del r.keep[v]
+    del r.neighbours[v]
+    r.counts[kind] += 1
+
+
+# -- memory rows -----------------------------------------------------------------------
+
+
+@dataclass
+class MemoryRows:
+    """The memory constraints of a core: for each row, sum over `always` and the row's
+    members of terms[v][k_v] <= rhs (whole bytes, rounded up, above each node's base)."""
+
+    terms: dict[int, np.ndarray]
+    """Core node -> varying bytes per remaining strategy (int64, minimum 0)."""
+    always: list[int]
+    """Nodes with varying memory live at every step: in every row."""
+    rows: list[tuple[np.ndarray, int]]
+    """(timed member nodes, right-hand side) of each row that can bind."""
+
+
+def memory_rows(r: Reduced) -> MemoryRows:
+    """The rows needed for the budget: one at each step that starts some interval and is
+    followed by the end of one before the next start (a locally largest live set, the
+    only steps where the peak can be); one row over everything without liveness. Rows
+    that cannot bind even with every node at its largest are left out."""
+    problem = r.problem
+    nodes = problem.nodes
+    budget = float(problem.budget) if problem.budget is not None else math.inf
+    terms = {v: np.ceil(r.memory[v] - 1e-9).astype(np.int64) for v in sorted(r.memory)}
+    always = [v for v in terms if nodes[v].live is None]
+    timed = np.array([v for v in terms if nodes[v].live is not None], dtype=np.int64)
+    always_const = problem.constant_memory + sum(
+        r.base[v] for v, n in enumerate(nodes) if n.live is None
+    )
+    const = [(n.live, r.base[v]) for v, n in enumerate(nodes) if n.live is not None and r.base[v]]
+    t_first = np.array([nodes[v].live[0] for v in timed], dtype=np.int64)  # type: ignore[index]
+    t_last = np.array([nodes[v].live[1] for v in timed], dtype=np.int64)  # type: ignore[index]
+    c_first = np.array([live[0] for live, _ in const], dtype=np.int64)  # type: ignore[index]
+    c_last = np.array([live[1] for live, _ in const], dtype=np.int64)  # type: ignore[index]
+    c_size = np.array([size for _, size in const], dtype=np.float64)
+    starts = np.unique(np.concatenate([t_first, c_first]))
+    ends = np.sort(np.concatenate([t_last, c_last]))
+    points: list[int | None] = []
+    for i, t in enumerate(starts.tolist()):
+        j = int(np.searchsorted(ends, t))
+        if i + 1 == len(starts) or (j < len(ends) and ends[j] < starts[i + 1]):
+            points.append(t)
+    if not points:
+        points = [None]
+    head_max = sum(int(terms[v].max()) for v in always)
+    rows = []
+    for t in points:
+        if t is None:
+            members, held = timed, always_const
+        else:
+            members = timed[(t_first <= t) & (t_last >= t)]
+            held = always_const + float(c_size[(c_first <= t) & (c_last >= t)].sum())
+        rhs = math.floor(budget - held + 1e-6) if math.isfinite(budget) else 0
+        if not math.isfinite(budget) or head_max + sum(int(terms[v].max()) for v in members) <= rhs:
+            continue  # never binds
+        rows.append((members, rhs))
+    return MemoryRows(terms, always, rows)

@@ -1,0 +1,47 @@
+"""The exact reductions (rhino.search.reduce) keep an optimum: on trees they solve the
+problem alone, and any plan of the reduced core, expanded, costs what the core says."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem
+from rhino.search.reduce import reduce_problem
+from rhino.search.solver import solve_brute_force, solve_ilp
+from tests.search.test_solver import random_problem
+
+
+def random_tree(seed: int) -> ShardingProblem:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 8))
+    nodes = [ProblemNode(f"n{v}", tuple(f"s{i}" for i in range(k)), rng.random(k).round(3), np.ones(k))
+             for v, k in enumerate(rng.integers(1, 5, size=n))]  # fmt: skip
+    edges = []
+    for v in range(1, n):
+        u = int(rng.integers(0, v))
+        edges.append(
+            ProblemEdge(u, v, rng.random((len(nodes[u].labels), len(nodes[v].labels))).round(3))
+        )
+    return ShardingProblem(tuple(nodes), tuple(edges))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_reductions_alone_solve_a_tree(seed: int) -> None:
+    problem = random_tree(seed)
+    reduced = reduce_problem(problem)
+    assert not reduced.alive
+    choice = reduced.expand({})
+    assert problem.evaluate(choice).objective == pytest.approx(solve_brute_force(problem).objective)
+    assert solve_ilp(problem).stats["core_nodes"] == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_any_core_plan_expanded_costs_what_the_core_says(seed: int) -> None:
+    problem = random_problem(100 + seed)
+    reduced = reduce_problem(problem)
+    rng = np.random.default_rng(seed)
+    core = {v: int(rng.integers(0, len(reduced.keep[v]))) for v in reduced.alive}
+    cost = reduced.offset + sum(float(reduced.cost[v][k]) for v, k in core.items())
+    cost += sum(float(m[core[a], core[b]]) for (a, b), m in reduced.edges.items())
+    assert problem.evaluate(reduced.expand(core)).objective == pytest.approx(cost, abs=1e-9)
