@@ -34,12 +34,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import click
+from benchlib import json_default, revision
 from rich.console import Console
 from rich.table import Table
 
@@ -348,20 +349,11 @@ def main(files: tuple[Path, ...], meshes: tuple[str, ...], gpt_layers: tuple[int
     console.print(render(rows, f"O3 search ({clus.name}, budget {budget_text}, "
                                f"time limit {time_limit:g} s, {threads} workers)"))  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "search", "revision": _revision(), "solver": _solver_module(),
+    doc = {"benchmark": "search", "revision": revision("search", "hlo"), "solver": _solver_module(),
            "cluster": clus.name, "budget_bytes": budget, "time_limit_s": time_limit,
            "threads": threads, "rows": rows}  # fmt: skip
-    out.write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
+    out.write_text(json.dumps(doc, indent=2, default=json_default) + "\n")
     console.print(f"wrote {out}")
-
-
-def _revision() -> str:
-    """HEAD's short hash, with "+dirty" when the working tree differs from it."""
-    git = ["git", "-C", str(ROOT)]
-    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run([*git, "status", "--porcelain", "--", "search", "hlo"],
-                           capture_output=True, text=True)  # fmt: skip
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def _solver_module() -> str:
@@ -370,12 +362,6 @@ def _solver_module() -> str:
 
     fn = getattr(planner, "solve_ilp", None)
     return f"{fn.__module__}.{fn.__name__}" if fn is not None else "?"
-
-
-def _json_default(value: object) -> object:
-    if hasattr(value, "__dataclass_fields__"):
-        return asdict(value)  # type: ignore[call-overload]
-    return str(value)
 
 
 if __name__ == "__main__":
