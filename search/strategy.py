@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import cast
 
 from rhino.hlo.ir import Instruction
 from rhino.search.cluster import Cluster
@@ -235,17 +236,26 @@ def reshape_spec(
     """The layout of a reshape's result (dst) equivalent to `spec` on its operand (src)."""
     axes = []
     for a, entry in enumerate(spec.axes):
-        if isinstance(entry, Split):
-            if len(spec.dim_axes(entry.dim)) > 1:
-                return None  # several axes on one dim: not mapped (rare)
-            mapped = map_split_through_reshape(src, dst, entry.dim, entry.stride, mesh.shape[a])
-            if mapped is None:
-                return None
-            axes.append(Split(mapped[0], mapped[1]))
-        else:
+        if not isinstance(entry, Split):
             axes.append(entry)
+            continue
+        chain = spec.dim_axes(entry.dim)
+        if len(chain) == 1:
+            mapped = map_split_through_reshape(src, dst, entry.dim, entry.stride, mesh.shape[a])
+        elif all(cast(Split, spec.axes[b]).stride is None for b in chain):
+            # several axes on one dim with maximal strides cut it into contiguous blocks,
+            # one per device of the chain: map that split, and keep it only if it stays
+            # contiguous (a strided one would need a stride per axis)
+            shards = math.prod(mesh.shape[b] for b in chain)
+            mapped = map_split_through_reshape(src, dst, entry.dim, None, shards)
+            mapped = mapped if mapped is not None and mapped[1] is None else None
+        else:
+            return None  # several axes on one dim, with strides: not mapped
+        if mapped is None:
+            return None
+        axes.append(Split(mapped[0], mapped[1]))
     try:
-        out = ShardingSpec(tuple(axes))
+        out = ShardingSpec(tuple(axes), spec.order)
     except Exception:
         return None
     return out if out.is_valid(dst, mesh) else None
