@@ -434,14 +434,23 @@ def along_free_dims(fixed: Callable[[Instruction], set[int]]) -> Rule:
         for spec in candidate_specs(dims, ctx.mesh):
             if any(d in fixed(inst) for d in spec.split_dims()):
                 continue
+            # an operand of the same rank whose split dims match (a pooling window
+            # changes only its own dims) reads the same layout
             ins = [
-                _operand_spec(op, spec if op.shape.dims == dims else None, ctx)
+                _operand_spec(
+                    op, spec if _same_on(op.shape.dims, dims, spec.split_dims()) else None, ctx
+                )
                 for op in inst.operands
             ]
             out.append(_strategy(inst, ctx, [spec] * n_leaves, ins))
         return out
 
     return rule
+
+
+def _same_on(a: tuple[int, ...], b: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    """Same rank, and the same size on each of `dims`."""
+    return len(a) == len(b) and all(a[d] == b[d] for d in dims)
 
 
 def _window_dims(inst: Instruction) -> set[int]:
