@@ -281,7 +281,8 @@ def render(report) -> None:  # type: ignore[no-untyped-def]
         line += f"; single device {_time(report.single_device_step.median_s)}"
     out.print(line)
     m = report.memory
-    out.print(f"memory per device (XLA): peak {human_bytes(m['peak_bytes'])}, arguments {human_bytes(m['argument_bytes'])}, "
-              f"temporaries {human_bytes(m['temp_bytes'])}; plan estimate {human_bytes(m['plan_peak_bytes'])}")  # fmt: skip
+    out.print(f"memory per device (XLA): total {human_bytes(m['total_bytes'])} (arguments {human_bytes(m['argument_bytes'])}, "
+              f"outputs {human_bytes(m['output_bytes'])}, temporaries {human_bytes(m['temp_bytes'])}; reported peak "
+              f"{human_bytes(m['peak_bytes'])}); plan estimate {human_bytes(m['plan_peak_bytes'])}")  # fmt: skip
     for note in report.notes:
         out.print(f"[yellow]note:[/] {note}")

@@ -137,6 +137,12 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
         "output_bytes": stats.output_bytes,
         "temp_bytes": stats.temp_bytes,
         "peak_bytes": stats.peak_bytes,
+        # what XLA's buffer assignment allocates per device in all: on CPU `peak_bytes`
+        # is arguments plus outputs and leaves the temporaries out
+        "total_bytes": stats.argument_bytes
+        + stats.output_bytes
+        - stats.alias_bytes
+        + stats.temp_bytes,
         "plan_peak_bytes": plan.peak_memory_bytes,
     }
     return RunReport(

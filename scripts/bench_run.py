@@ -18,7 +18,7 @@ For each (model, mesh), in one process with 8 simulated CPU devices:
              shared and noisy; interleaving spreads the noise over the three)
 
 and it reports the predicted and measured collective bytes per device per step and their
-ratio, the step time medians and the speedups, XLA's peak / argument / temp bytes per
+ratio, the step time medians and the speedups, XLA's total / peak / argument / temp bytes per
 device against the plan's estimate, whether the outputs matched, the search time and the
 solver status. A model or mesh that fails (XLA rejects it, the outputs differ) keeps its
 row with the error and the others go on. examples/mlp_optimized.hlo is skipped: its
@@ -318,9 +318,9 @@ def _comm(p: dict[str, Any]) -> str:
     return f"{_kib(pred)} / {_kib(meas)} ({_ratio(p.get('bytes_ratio'))})"
 
 
-def _memory(p: dict[str, Any]) -> tuple[str, str, str, str]:
+def _memory(p: dict[str, Any]) -> tuple[str, str, str, str, str]:
     m = p.get("memory") or {}
-    keys = ("peak_bytes", "argument_bytes", "temp_bytes", "plan_peak_bytes")
+    keys = ("total_bytes", "peak_bytes", "argument_bytes", "temp_bytes", "plan_peak_bytes")
     return tuple(_mib(m.get(k)) for k in keys)  # type: ignore[return-value]
 
 
@@ -329,10 +329,10 @@ def render(rows: list[dict[str, Any]], title: str) -> list[Table]:
     time_cols = ("model", "mesh", "O3 ok", "DP ok", "O3 comm KiB pred / meas (ratio)",
                  "DP comm KiB pred / meas (ratio)", "O3 ms", "DP ms", "1-dev ms", "O3 vs DP",
                  "O3 vs DP pred", "O3 vs 1-dev", "DP vs 1-dev")  # fmt: skip
-    mem_cols = ("model", "mesh", "O3 peak", "O3 arg", "O3 temp", "O3 plan", "DP peak", "DP arg",
-                "DP temp", "DP plan", "O3 search s", "O3 status", "DP search s", "DP status")  # fmt: skip
+    mem_cols = ("model", "mesh", "O3 total", "O3 peak", "O3 arg", "O3 temp", "O3 plan", "DP total", "DP peak",
+                "DP arg", "DP temp", "DP plan", "O3 search s", "O3 status", "DP search s", "DP status")  # fmt: skip
     times = Table(title=f"{title}: communication per device per step, step time")
-    memory = Table(title="memory per device, MiB (XLA: peak, arguments, temporaries; the plan's estimate) and search")  # fmt: skip
+    memory = Table(title="memory per device, MiB (XLA: arguments + outputs + temporaries, reported peak, arguments, temporaries; the plan's estimate) and search")  # fmt: skip
     for table, cols in ((times, time_cols), (memory, mem_cols)):
         for col in cols:
             table.add_column(col, justify="left" if col in ("model", "mesh") else "right")
