@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from rhino.hlo.errors import ExecutionError
 from rhino.hlo.ir import Module
@@ -34,8 +31,8 @@ from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.apply import apply_plan, planned_module, unrealized_layouts
 from rhino.runtime.fidelity import FidelityReport, PredictedCollective, compare, measure_collectives
-from rhino.runtime.inputs import ShardMaker, entry_inputs
-from rhino.runtime.verify import OutputCheck, Tolerance, VerifyReport, compare_output, tolerance_for
+from rhino.runtime.inputs import entry_inputs
+from rhino.runtime.verify import VerifyReport, verify_shards
 from rhino.search.mesh import DeviceMesh
 from rhino.search.plan import Plan
 
@@ -191,61 +188,3 @@ def _mesh_devices(
                 f"of several processes runs on all of its devices"
             )
     return xb.global_devices(platform, mesh.size)
-
-
-def verify_shards(
-    reference: xb.Compiled, sharded: xb.Compiled, inputs: Sequence[ShardMaker], seed: int
-) -> VerifyReport:
-    """Run `reference` (one device, global inputs) and `sharded` (this process's
-    partitions, each creating its own input shards) on `inputs`, and compare every output
-    shard this process holds with the same piece of the reference output.
-
-    Replicated copies are all checked. The tolerance of an output is the one
-    `rhino.runtime.verify` gives its whole expected value, so one process alone and a job
-    of several reach the same verdict. Raises `ExecutionError` when the two programs'
-    parameters differ or do not match `inputs`.
-    """
-    want_params = [(p.shape, p.dtype) for p in reference.parameters]
-    got_params = [(p.shape, p.dtype) for p in sharded.parameters]
-    made = [(m.shape, m.dtype) for m in inputs]
-    if not want_params == got_params == made:
-        raise ExecutionError(
-            f"{sharded.name}: parameters differ: single-device program {want_params}, "
-            f"sharded program {got_params}, inputs made {made}"
-        )
-    want = xb.execute(reference, [m.whole() for m in inputs])
-    got = xb.execute_shards(sharded, list(inputs))
-    checks = tuple(
-        check_shards(k, w, shards, tolerance_for(w.dtype))
-        for k, (w, shards) in enumerate(zip(want, got, strict=True))
-    )
-    return VerifyReport(checks, sharded.num_partitions, seed, reference=reference, sharded=sharded)
-
-
-def check_shards(
-    index: int, want: np.ndarray, shards: Sequence[xb.Shard], tolerance: Tolerance
-) -> OutputCheck:
-    """`compare_output` of output `index` over the pieces this process holds: errors
-    are the worst over the shards, scale and allowance those of the whole output."""
-    whole = compare_output(index, want, want, tolerance)
-    pieces = [compare_output(index, want[s.index], s.data, tolerance) for s in shards]
-    err = max((p.max_abs_error for p in pieces), default=0.0)
-    if any(np.isnan(p.max_abs_error) for p in pieces):  # integers differing beyond 2**53
-        err = float("nan")
-    mismatched = sum(p.mismatched_specials for p in pieces)
-    if whole.scale > 0:
-        rel = err / whole.scale
-    else:
-        rel = 0.0 if err == 0 else float("inf")
-    return OutputCheck(
-        index=index,
-        shape=whole.shape,
-        dtype=whole.dtype,
-        max_abs_error=err,
-        max_rel_error=rel,
-        scale=whole.scale,
-        allowed=whole.allowed,
-        mismatched_specials=mismatched,
-        nonfinite_expected=whole.nonfinite_expected,
-        ok=mismatched == 0 and err <= whole.allowed,
-    )

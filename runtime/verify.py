@@ -39,7 +39,7 @@ import numpy as np
 from rhino.hlo.errors import ExecutionError, VerificationFailed
 from rhino.hlo.parser import parse_module
 from rhino.runtime import xla_bridge as xb
-from rhino.runtime.inputs import DEFAULT_OPTIONS, InputOptions, entry_inputs
+from rhino.runtime.inputs import DEFAULT_OPTIONS, InputOptions, ShardMaker, entry_inputs
 
 
 @dataclass(frozen=True)
@@ -223,31 +223,8 @@ def run_and_compare(
     devs = xb.local_devices(None, devices) if isinstance(devices, int) else tuple(devices)
     reference = xb.compile_spmd(original_text, devs[:1], num_partitions=1)
     sharded = xb.compile_spmd(annotated_text, devs, num_partitions=len(devs))
-    _check_same_parameters(reference, sharded)
     makers = entry_inputs(parse_module(original_text, "<original>"), seed, options=options)
-    if len(makers) != len(reference.parameters):
-        raise ExecutionError(
-            f"{reference.name}: rhino sees {len(makers)} entry parameters, XLA "
-            f"{len(reference.parameters)}"
-        )
-    want = xb.execute(reference, [m.whole() for m in makers])
-    got = xb.execute(sharded, list(makers))
-    checks = compare_outputs(want, got, tolerances=tolerances)
-    return VerifyReport(checks, len(devs), seed, reference=reference, sharded=sharded)
-
-
-def _check_same_parameters(reference: xb.Compiled, sharded: xb.Compiled) -> None:
-    a = [(p.shape, p.dtype) for p in reference.parameters]
-    b = [(p.shape, p.dtype) for p in sharded.parameters]
-    if a != b:
-        diff = next(
-            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
-        )
-        raise ExecutionError(
-            f"the annotated module's parameters differ from the original's at parameter "
-            f"{diff}: {b[diff] if diff < len(b) else 'none'} vs "
-            f"{a[diff] if diff < len(a) else 'none'}"
-        )
+    return verify_shards(reference, sharded, makers, seed, tolerances=tolerances)
 
 
 def _is_inexact(dtype: np.dtype[Any]) -> bool:
@@ -278,4 +255,67 @@ def _compare_exact(index: int, want: np.ndarray, got: np.ndarray) -> OutputCheck
         mismatched_specials=0,
         nonfinite_expected=0,
         ok=equal,
+    )
+
+
+def verify_shards(
+    reference: xb.Compiled,
+    sharded: xb.Compiled,
+    inputs: Sequence[ShardMaker],
+    seed: int,
+    *,
+    tolerances: Mapping[str, Tolerance] = DEFAULT_TOLERANCES,
+) -> VerifyReport:
+    """Run `reference` (one device, global inputs) and `sharded` (this process's
+    partitions, each creating its own input shards) on `inputs`, and compare every output
+    shard this process holds with the same piece of the reference output.
+
+    Replicated copies are all checked. The tolerance of an output is the one
+    `rhino.runtime.verify` gives its whole expected value, so one process alone and a job
+    of several reach the same verdict. Raises `ExecutionError` when the two programs'
+    parameters differ or do not match `inputs`.
+    """
+    want_params = [(p.shape, p.dtype) for p in reference.parameters]
+    got_params = [(p.shape, p.dtype) for p in sharded.parameters]
+    made = [(m.shape, m.dtype) for m in inputs]
+    if not want_params == got_params == made:
+        raise ExecutionError(
+            f"{sharded.name}: parameters differ: single-device program {want_params}, "
+            f"sharded program {got_params}, inputs made {made}"
+        )
+    want = xb.execute(reference, [m.whole() for m in inputs])
+    got = xb.execute_shards(sharded, list(inputs))
+    checks = tuple(
+        check_shards(k, w, shards, tolerance_for(w.dtype, tolerances))
+        for k, (w, shards) in enumerate(zip(want, got, strict=True))
+    )
+    return VerifyReport(checks, sharded.num_partitions, seed, reference=reference, sharded=sharded)
+
+
+def check_shards(
+    index: int, want: np.ndarray, shards: Sequence[xb.Shard], tolerance: Tolerance
+) -> OutputCheck:
+    """`compare_output` of output `index` over the pieces this process holds: errors
+    are the worst over the shards, scale and allowance those of the whole output."""
+    whole = compare_output(index, want, want, tolerance)
+    pieces = [compare_output(index, want[s.index], s.data, tolerance) for s in shards]
+    err = max((p.max_abs_error for p in pieces), default=0.0)
+    if any(np.isnan(p.max_abs_error) for p in pieces):  # integers differing beyond 2**53
+        err = float("nan")
+    mismatched = sum(p.mismatched_specials for p in pieces)
+    if whole.scale > 0:
+        rel = err / whole.scale
+    else:
+        rel = 0.0 if err == 0 else float("inf")
+    return OutputCheck(
+        index=index,
+        shape=whole.shape,
+        dtype=whole.dtype,
+        max_abs_error=err,
+        max_rel_error=rel,
+        scale=whole.scale,
+        allowed=whole.allowed,
+        mismatched_specials=mismatched,
+        nonfinite_expected=whole.nonfinite_expected,
+        ok=mismatched == 0 and err <= whole.allowed,
     )

@@ -19,8 +19,7 @@ from click.testing import CliRunner
 from rhino.cli.main import cli
 from rhino.hlo.errors import ExecutionError
 from rhino.runtime import xla_bridge as xb
-from rhino.runtime.runner import check_shards
-from rhino.runtime.verify import EXACT, Tolerance
+from rhino.runtime.verify import EXACT, Tolerance, check_shards
 from tests.hlo.corpus import ROOT
 
 GPT = ROOT / "examples" / "gpt_tiny.hlo"
