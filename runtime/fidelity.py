@@ -49,7 +49,7 @@ import dataclasses
 import itertools
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -661,6 +661,7 @@ def compare(
     free_p = set(range(len(predicted)))
     free_m = set(range(len(measured)))
     pairs: dict[int, CollectiveMatch] = {}
+    rows: dict[int, dict[str, float]] = {}  # combined collective -> its bytes' share per kind
 
     def agree(p: PredictedCollective, m: MeasuredCollective) -> bool:
         kind_ok = p.kind == m.kind or (p.kind == "reduce-scatter" and m.sliced)
@@ -692,6 +693,10 @@ def compare(
         pairs[group[0]] = CollectiveMatch(
             predicted[group[0]], m, "combined", within, tuple(predicted[i] for i in group[1:])
         )
+        by_kind: dict[str, float] = defaultdict(float)
+        for i in group:
+            by_kind[predicted[i].kind] += predicted[i].total_bytes
+        rows[j] = {kind: b / total if total else 1 / len(by_kind) for kind, b in by_kind.items()}
     rounds: list[tuple[str, Callable[[PredictedCollective, MeasuredCollective], bool]]] = [
         ("instruction", lambda p, m: p.instruction is not None and p.instruction == m.instruction),
         ("kind+axes", close),
@@ -712,7 +717,7 @@ def compare(
     return FidelityReport(
         predicted_bytes=float(sum(p.total_bytes for p in predicted)),
         measured_bytes=float(sum(m.total_bytes for m in measured)),
-        by_kind_axes=_totals(predicted, measured),
+        by_kind_axes=_totals(predicted, measured, rows),
         matches=tuple(pairs[i] for i in sorted(pairs)),
         unpredicted=tuple(measured[j] for j in sorted(free_m)),
         missing=tuple(predicted[i] for i in sorted(free_p)),
@@ -728,8 +733,12 @@ def _combined_names(instruction: str | None) -> set[str]:
 
 
 def _totals(
-    predicted: Sequence[PredictedCollective], measured: Sequence[MeasuredCollective]
+    predicted: Sequence[PredictedCollective],
+    measured: Sequence[MeasuredCollective],
+    rows: Mapping[int, Mapping[str, float]],
 ) -> tuple[KindAxesTotal, ...]:
+    """Totals per (kind, axes). A combined collective (`rows`: measured index -> share of
+    its bytes per kind) is split over the kinds of the predicted ones it merges."""
     Key = tuple[str, tuple[int, ...] | None]
     p_bytes: dict[Key, float] = defaultdict(float)
     m_bytes: dict[Key, float] = defaultdict(float)
@@ -739,10 +748,11 @@ def _totals(
         key: Key = (p.kind, tuple(sorted(p.axes)))
         p_bytes[key] += p.total_bytes
         p_count[key] += 1
-    for m in measured:
-        key = (m.row_kind, tuple(sorted(m.axes)) if m.axes is not None else None)
-        m_bytes[key] += m.total_bytes
-        m_count[key] += 1
+    for j, m in enumerate(measured):
+        axes = tuple(sorted(m.axes)) if m.axes is not None else None
+        for kind, share in (rows.get(j) or {m.row_kind: 1.0}).items():
+            m_bytes[(kind, axes)] += m.total_bytes * share
+            m_count[(kind, axes)] += 1
 
     def order(key: Key) -> tuple[str, int, tuple[int, ...]]:
         kind, axes = key

@@ -369,3 +369,27 @@ def test_attribution_without_metadata_user_then_output() -> None:
     assert (first.instruction, first.attribution) == ("n", "user")
     assert (second.instruction, second.attribution) == ("t", "output")
     assert "at %n (from its user; XLA's %ar)" in first.describe()
+
+
+def test_a_combined_collective_pairs_with_every_prediction_it_merges() -> None:
+    """XLA's combiner merges the collectives of several instructions into one named
+    "(a:b:c)"; merged reduce-scatters are one all-reduce, sliced apart by its users."""
+    from rhino.runtime.fidelity import MeasuredCollective, PredictedCollective, compare
+
+    predicted = [
+        PredictedCollective("reduce-scatter", (1,), 1000.0, "a"),
+        PredictedCollective("reduce-scatter", (1,), 1000.0, "b"),
+        PredictedCollective("all-reduce", (1,), 2000.0, "c"),
+    ]
+    merged = MeasuredCollective(
+        "all-reduce", 4000, 1, (1,), ((0, 1),), "(a:b:c)", "metadata", "all-reduce.7", "main"
+    )
+    report = compare(predicted, [merged])
+    assert not report.missing and not report.unpredicted
+    assert [m.rule for m in report.matches] == ["combined"]
+    assert report.matches[0].ratio == 1.0 and report.ok
+    rows = {(t.kind, t.axes): (t.predicted_bytes, t.measured_bytes) for t in report.by_kind_axes}
+    assert rows == {
+        ("all-reduce", (1,)): (2000.0, 2000.0),
+        ("reduce-scatter", (1,)): (2000.0, 2000.0),
+    }
