@@ -443,6 +443,9 @@ def main(models: tuple[str, ...], meshes: tuple[str, ...], steps: int | None, wa
     """Plan every model on every mesh with O3 and as plain data parallelism, run both
     through XLA next to the single-device program, and report communication, step time
     and memory."""
+    measured_at = revision(
+        "search", "hlo", "runtime"
+    )  # the code this run imports, before anything changes it
     simulate_cpu_devices(DEVICES)
     from rhino.search.cluster import load_cluster, parse_quantity
     from rhino.search.mesh import parse_mesh
@@ -490,7 +493,7 @@ def main(models: tuple[str, ...], meshes: tuple[str, ...], steps: int | None, wa
     for line in failed:
         console.print(f"[red]failed:[/] {line}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "run", "revision": revision("search", "hlo", "runtime"), "platform": "cpu", "devices": DEVICES,
+    doc = {"benchmark": "run", "revision": measured_at, "platform": "cpu", "devices": DEVICES,
            "cluster": clus.name, "budget_bytes": budget, "time_limit_s": settings.time_limit,
            "threads": threads, "steps": settings.steps, "warmup": settings.warmup, "seed": seed,
            "wall_s": time.perf_counter() - started, "skipped": skipped, "failures": failed,

@@ -322,6 +322,7 @@ def main(files: tuple[Path, ...], meshes: tuple[str, ...], gpt_layers: tuple[int
          gpt_config: str, no_examples: bool, cluster: str, memory: str | None, no_memory_limit: bool,
          time_limit: float, threads: int, profile_dir: Path | None, fail_fast: bool, out: Path) -> None:  # fmt: skip
     """Plan every model on every mesh with O3 and report size and time per stage."""
+    measured_at = revision("search", "hlo")  # the code this run imports, before anything changes it
     from rhino.search.cluster import load_cluster, parse_quantity
 
     clus = load_cluster(cluster)
@@ -349,7 +350,7 @@ def main(files: tuple[Path, ...], meshes: tuple[str, ...], gpt_layers: tuple[int
     console.print(render(rows, f"O3 search ({clus.name}, budget {budget_text}, "
                                f"time limit {time_limit:g} s, {threads} workers)"))  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "search", "revision": revision("search", "hlo"), "solver": _solver_module(),
+    doc = {"benchmark": "search", "revision": measured_at, "solver": _solver_module(),
            "cluster": clus.name, "budget_bytes": budget, "time_limit_s": time_limit,
            "threads": threads, "rows": rows}  # fmt: skip
     out.write_text(json.dumps(doc, indent=2, default=json_default) + "\n")
