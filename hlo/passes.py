@@ -24,11 +24,27 @@ def inline_calls(module: Module) -> Module:
     instructions keep their names where those are free, else get a `.N` suffix.
     Post: no `call` remains; the module computes the same values.
     """
+    return _inline(module, (Opcode.CALL,))
+
+
+def flatten(module: Module) -> Module:
+    """Inline every `call` and every `fusion`: the one flat graph the planner plans and
+    `rhino run` compiles.
+
+    A post-optimization dump hides its work in fusions, which the planner would see as
+    opaque (planned replicated) and XLA's CPU backend refuses to compile without their
+    backend configs; their bodies are ordinary instructions.
+    Post: no `call` or `fusion` remains; the module computes the same values.
+    """
+    return _inline(module, (Opcode.CALL, Opcode.FUSION))
+
+
+def _inline(module: Module, opcodes: tuple[Opcode, ...]) -> Module:
     out = clone_module(module)
     used = {inst.name for inst in out.instructions()}
     for comp in out.computations:
         while True:
-            calls = [i for i in comp.instructions if i.opcode is Opcode.CALL and len(i.called) == 1]
+            calls = [i for i in comp.instructions if i.opcode in opcodes and len(i.called) == 1]
             if not calls:
                 break
             for call in calls:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
-from rhino.hlo.passes import inline_calls
+from rhino.hlo.passes import flatten
 from rhino.hlo.printer import print_module
 from rhino.hlo.sharding import HloSharding, parse_sharding
 from rhino.runtime.annotate import annotate
@@ -13,8 +13,8 @@ from rhino.search.plan import Plan, module_hash
 
 
 def planned_module(module: Module) -> Module:
-    """The module as the planner sees it (calls inlined); plan names refer to this one."""
-    return inline_calls(module)
+    """The module as the planner sees it (calls and fusions inlined); plan names refer to this one."""
+    return flatten(module)
 
 
 def plan_shardings(plan: Plan) -> dict[str, HloSharding]:
@@ -36,7 +36,7 @@ def apply_plan(
     strip_metadata: bool = True,
     constraints: bool = True,
 ) -> Module:
-    """`module` (calls inlined) with every planned sharding set, and, with
+    """`module` (calls and fusions inlined) with every planned sharding set, and, with
     `constraints`, the plan's conversion paths and loop layouts pinned (see
     runtime/constraints.py)."""
     flat = planned_module(module)

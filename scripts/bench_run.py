@@ -21,8 +21,7 @@ and it reports the predicted and measured collective bytes per device per step a
 ratio, the step time medians and the speedups, XLA's total / peak / argument / temp bytes per
 device against the plan's estimate, whether the outputs matched, the search time and the
 solver status. A model or mesh that fails (XLA rejects it, the outputs differ) keeps its
-row with the error and the others go on. examples/mlp_optimized.hlo is skipped: its
-fusions come from XLA's GPU pipeline and XLA's CPU backend refuses to compile them.
+row with the error and the others go on.
 
 Timings on simulated CPU devices measure rhino's plumbing (all devices share the host's
 cores), not the speedup a GPU cluster would see; the predicted columns are for the
@@ -51,7 +50,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DEVICES = 8
 """Simulated CPU devices of the process (every mesh must fit)."""
 DEFAULT_MESHES = ("1x8", "2x4", "8x1")
-SKIP = {"mlp_optimized": "XLA-optimized module: XLA's CPU backend refuses to compile its fusions"}
 
 
 @dataclass(frozen=True)
@@ -380,10 +378,9 @@ def failures(rows: list[dict[str, Any]]) -> list[str]:
 # -- command ------------------------------------------------------------------------------
 
 
-def model_paths(models: tuple[str, ...]) -> tuple[list[Path], list[dict[str, str]]]:
-    """The files to run, and the skipped ones with the reason. A model is a stem of
-    examples/*.hlo or a path; none given means every example."""
-    skipped: list[dict[str, str]] = []
+def model_paths(models: tuple[str, ...]) -> list[Path]:
+    """The files to run. A model is a stem of examples/*.hlo or a path; none given means
+    every example."""
     if not models:
         paths = sorted((ROOT / "examples").glob("*.hlo"))
     else:
@@ -397,13 +394,7 @@ def model_paths(models: tuple[str, ...]) -> tuple[list[Path], list[dict[str, str
                     f"no model {m!r} (no file {_rel(p)})", param_hint="--models"
                 )
             paths.append(p)
-    kept = []
-    for p in paths:
-        if p.stem in SKIP:
-            skipped.append({"file": _rel(p), "reason": SKIP[p.stem]})
-        else:
-            kept.append(p)
-    return kept, skipped
+    return paths
 
 
 def _split(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -466,10 +457,8 @@ def main(models: tuple[str, ...], meshes: tuple[str, ...], steps: int | None, wa
     )
     settings = Settings(clus, budget, defaults.time_limit if time_limit is None else time_limit, threads,
                         steps or defaults.steps, defaults.warmup if warmup is None else warmup, seed)  # fmt: skip
-    paths, skipped = model_paths(models)
+    paths = model_paths(models)
     console = Console(width=200)
-    for s in skipped:
-        console.print(f"[yellow]skipped[/] {s['file']}: {s['reason']}")
     rows = []
     started = time.perf_counter()
     for path in paths:
@@ -496,7 +485,7 @@ def main(models: tuple[str, ...], meshes: tuple[str, ...], steps: int | None, wa
     doc = {"benchmark": "run", "revision": measured_at, "platform": "cpu", "devices": DEVICES,
            "cluster": clus.name, "budget_bytes": budget, "time_limit_s": settings.time_limit,
            "threads": threads, "steps": settings.steps, "warmup": settings.warmup, "seed": seed,
-           "wall_s": time.perf_counter() - started, "skipped": skipped, "failures": failed,
+           "wall_s": time.perf_counter() - started, "failures": failed,
            "rows": rows}  # fmt: skip
     out.write_text(json.dumps(doc, indent=2, default=json_default) + "\n")
     console.print(f"wrote {_rel(out)}")

@@ -2,7 +2,7 @@
 
     build_graph(module, mesh, cluster) -> ShardingGraph
 
-Pre: `module` verifies. Calls are inlined first (JAX lowers nested jits to `call`s).
+Pre: `module` verifies. Calls and fusions are inlined first (`hlo.passes.flatten`).
 Nodes are the instructions of the entry computation and of while bodies (weighted by the
 loop's trip count), plus one node per array leaf of every while loop's carried tuple:
 the body's parameter, the body's result and the loop's result all hold a carried value
@@ -26,7 +26,7 @@ from rhino.hlo.analysis import while_trip_count
 from rhino.hlo.errors import InfeasibleError
 from rhino.hlo.ir import Computation, Instruction, Module
 from rhino.hlo.opcode import Opcode
-from rhino.hlo.passes import inline_calls
+from rhino.hlo.passes import flatten
 from rhino.hlo.shape import Shape
 from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh
@@ -74,7 +74,7 @@ class ShardingGraph:
     """The search space of one module on one mesh (before it becomes an ILP)."""
 
     module: Module
-    """The module planned (calls inlined)."""
+    """The module planned (calls and fusions inlined)."""
     mesh: DeviceMesh
     cluster: Cluster
     nodes: list[GraphNode] = field(default_factory=list)
@@ -111,7 +111,7 @@ def build_graph(
     layout its parameter arrives in, as the next step will read it: an edge from each
     output leaf to its parameter costs the reshard between the two.
     """
-    flat = inline_calls(module)
+    flat = flatten(module)
     strided = strided_candidates(list(flat.instructions()), mesh) if strides else {}
     ctx = Context(mesh, cluster, max_strategies, dict(pins or {}), strided)
     graph = ShardingGraph(flat, mesh, cluster)

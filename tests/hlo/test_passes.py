@@ -36,3 +36,16 @@ def test_inline_calls_leaves_no_call_and_verifies(path) -> None:  # type: ignore
     assert after.instruction_count >= before.instruction_count - sum(
         1 + len(c.parameters) for c in before.computations if not c.is_entry
     )
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_flatten_leaves_no_call_or_fusion_and_verifies(path) -> None:  # type: ignore[no-untyped-def]
+    from rhino.hlo.passes import flatten
+
+    before = parse_file(path)
+    after = flatten(before)
+    verify(after)
+    assert not any(i.opcode in (Opcode.CALL, Opcode.FUSION) for i in after.instructions())
+    assert [p.shape for p in after.entry.parameters] == [p.shape for p in before.entry.parameters]
+    if path.name == "mlp_optimized.hlo":
+        assert any(i.opcode is Opcode.FUSION for i in before.instructions())

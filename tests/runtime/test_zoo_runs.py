@@ -1,4 +1,5 @@
-"""Every zoo model in its small configuration, on meshes 1x8, 2x4 and 8x1 of simulated CPU
+"""Every zoo model in its small configuration (and the post-optimization MLP dump), on
+meshes 1x8, 2x4 and 8x1 of simulated CPU
 devices: the O3 plan compiles, runs, computes what the single-device program computes,
 and XLA moves the bytes the plan predicted (within 10%).
 
@@ -18,7 +19,7 @@ from rhino.search.planner import PlanRequest, make_plan
 from rhino.search.problem import SolveOptions
 from tests.hlo.corpus import ROOT
 
-MODELS = ("mlp", "gpt_tiny", "gpt_scan_tiny", "moe_tiny", "wresnet_tiny", "unet_tiny",
+MODELS = ("mlp", "mlp_optimized", "gpt_tiny", "gpt_scan_tiny", "moe_tiny", "wresnet_tiny", "unet_tiny",
           "dnabert_tiny", "vgg19_tiny")  # fmt: skip
 MESHES = ("1x8", "2x4", "8x1")
 
