@@ -1,7 +1,7 @@
 """Every zoo model in its small configuration (and the post-optimization MLP dump), on
-meshes 1x8, 2x4 and 8x1 of simulated CPU
-devices: the O3 plan compiles, runs, computes what the single-device program computes,
-and XLA moves the bytes the plan predicted (within 10%).
+meshes 1x8, 2x4 and 8x1 of simulated CPU devices: the O3 plan compiles, runs, computes
+what the single-device program computes, and XLA moves the bytes the plan predicted
+(within 10%).
 
 Plans are made for the `cpu` cluster (the devices these tests run on), whose cheap
 links make the tiny models shard; on M8 most of them come out replicated.
