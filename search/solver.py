@@ -220,6 +220,10 @@ def _solve(problem: ShardingProblem, options: SolveOptions) -> Solution:
         start_choice = lp_hint if lp_hint is not None else [int(np.argmin(c)) for c in node_cost]
         lp_hint = improve(problem, node_cost, start_choice)
         fallback = tuple(lp_hint)
+    else:  # the smallest layouts everywhere fit (_check_budget): a plan, if a poor one
+        smallest = tuple(int(np.argmin(n.memory)) for n in problem.nodes)
+        if problem.peak_memory(smallest)[0] <= problem.budget:
+            fallback = smallest
     for v, n in enumerate(problem.nodes):
         if lp_hint is not None and problem.budget is None:
             start_k = lp_hint[v]

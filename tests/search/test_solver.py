@@ -74,3 +74,41 @@ def test_bad_matrix_shape_is_rejected() -> None:
     a = ProblemNode("a", ("x", "y"), np.zeros(2), np.zeros(2))
     with pytest.raises(ValueError, match=r"edge \(a, a\): cost matrix is 3x2, expected 2x2"):
         ShardingProblem((a,), (ProblemEdge(0, 0, np.zeros((3, 2))),))
+
+
+@pytest.mark.parametrize("budget", [False, True])
+def test_a_search_out_of_time_still_returns_a_plan(
+    budget: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When neither the LP nor CP-SAT gets anywhere in time, the plan is the fallback:
+    each node's cheapest, improved node by node (no budget), or the smallest layouts
+    (a budget, which they fit); FEASIBLE with its true cost, never an error."""
+    from ortools.sat.python import cp_model
+
+    import rhino.search.solver as solver
+
+    monkeypatch.setattr(solver, "_solve_lp", lambda *_args: (None, 0.0, None, (0, 0)))
+    monkeypatch.setattr(cp_model.CpSolver, "solve", lambda *_args, **_kw: cp_model.UNKNOWN)
+    problem = random_problem(11, budget=True) if budget else _dense(5, 3)
+    found = solve_ilp(problem, SolveOptions(time_limit_s=1))
+    assert found.status.value == "feasible"
+    assert problem.evaluate(found.choice).objective == found.objective
+    if budget:
+        assert found.peak_memory <= problem.budget  # type: ignore[operator]
+    else:
+        assert found.objective >= solve_brute_force(problem).objective
+
+
+def _dense(n: int, k: int) -> ShardingProblem:
+    """Every pair of n nodes joined: nothing for the exact reductions to remove."""
+    from rhino.search.reduce import reduce_problem
+
+    rng = np.random.default_rng(5)
+    nodes = tuple(
+        ProblemNode(f"n{v}", tuple(f"s{i}" for i in range(k)), rng.random(k), np.ones(k))
+        for v in range(n)
+    )
+    edges = tuple(ProblemEdge(u, v, rng.random((k, k))) for u in range(n) for v in range(u + 1, n))
+    problem = ShardingProblem(nodes, edges)
+    assert reduce_problem(problem).alive
+    return problem
