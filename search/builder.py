@@ -59,6 +59,10 @@ class GraphNode:
     """Position of the last reader (for liveness)."""
     carried: bool = False
     """Is this a while loop's carried value?"""
+    kind: int = -1
+    """Index of its strategy list in `ShardingGraph.kinds`: instructions alike in
+    everything the rules read (repeated layers) share one list, and edge matrices and
+    cost vectors are computed once per kind."""
 
     def memory(self, k: int, mesh: DeviceMesh) -> float:
         """Bytes per device of the results under strategy k."""
@@ -88,6 +92,11 @@ class ShardingGraph:
     """Node name -> position in `nodes`."""
     operand_sources: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     """(node, operand index) -> (node, result leaf) that operand is read from."""
+    backward: set[tuple[int, int]] = field(default_factory=set)
+    """Edges that point backwards in program order: a loop body's result into the
+    carried value it updates, a step's updated state into its parameter."""
+    kinds: list[list[Strategy]] = field(default_factory=list)
+    """Distinct strategy lists (see `GraphNode.kind`)."""
 
     def node(self, name: str) -> GraphNode:
         return self.nodes[self.index[name]]
@@ -125,6 +134,28 @@ def build_graph(
             f"pinned instructions not found in {module.name}: {', '.join(sorted(unknown_pins))}"
         )
     return graph
+
+
+UNREAD_ATTRIBUTES = frozenset(
+    {"metadata", "to_apply", "calls", "body", "condition", "select", "scatter",
+     "branch_computations", "frontend_attributes", "sharding", "statistics"}
+)  # fmt: skip
+"""Attributes no rule reads (names of called computations, provenance): instructions
+that differ only in these get the same strategies."""
+
+
+def _signature(inst: Instruction, ctx: Context) -> tuple[object, ...]:
+    """Everything `rules.strategies` reads of `inst` (see UNREAD_ATTRIBUTES)."""
+    attrs = tuple(sorted((k, v) for k, v in inst.attrs.items() if k not in UNREAD_ATTRIBUTES))
+    return (
+        inst.opcode_text,
+        inst.shape,
+        tuple(op.shape for op in inst.operands),
+        attrs,
+        ctx.strided.get(inst.name),
+        tuple(ctx.strided.get(op.name) for op in inst.operands),
+        ctx.pinned.get(inst.name),
+    )
 
 
 _ALIAS = re.compile(r"\{\s*(\d*)\s*\}\s*:\s*\(\s*(\d+)\s*,\s*\{\s*\}")
@@ -175,6 +206,18 @@ class _Builder:
         # instruction -> the sources of its array leaves, in leaf order
         self.leaves: dict[int, list[Source | None]] = {}
         self.warned: set[str] = set()
+        self.kind_of: dict[tuple[object, ...], int] = {}
+        # (kind of u, leaf, kind of v, slot) -> unweighted edge matrix; slot is the
+        # operand index v reads, or -1 for v's own result layout (carried values, state)
+        self.matrices: dict[tuple[int, int, int, int], np.ndarray] = {}
+
+    def kind(self, key: tuple[object, ...], make) -> int:  # type: ignore[no-untyped-def]
+        """The index of the strategy list for `key`, made by `make()` the first time."""
+        k = self.kind_of.get(key)
+        if k is None:
+            k = self.kind_of[key] = len(self.graph.kinds)
+            self.graph.kinds.append(make())
+        return k
 
     def add_node(self, node: GraphNode) -> int:
         node.order = node.last_use = self.clock
@@ -207,7 +250,8 @@ class _Builder:
         return self.leaves[id(gte.operands[0])][start : start + count]
 
     def instruction(self, inst: Instruction, weight: float) -> None:
-        found = rule_strategies(inst, self.ctx)
+        kind = self.kind(_signature(inst, self.ctx), lambda: rule_strategies(inst, self.ctx))
+        found = self.graph.kinds[kind]
         if not found:
             pinned = self.ctx.pinned.get(inst.name)
             raise InfeasibleError(f"%{inst.name}: pinned layout {pinned} is not one rhino can give it "
@@ -216,7 +260,7 @@ class _Builder:
             self.warned.add(inst.opcode_text)
             self.graph.warnings.append(f"opcode {inst.opcode_text} is not modelled: %{inst.name} and others like it are planned replicated")  # fmt: skip
         leaves = inst.shape.leaves()
-        v = self.add_node(GraphNode(inst.name, inst, found, weight, tuple(leaves)))
+        v = self.add_node(GraphNode(inst.name, inst, found, weight, tuple(leaves), kind=kind))
         self.leaves[id(inst)] = [(v, i) for i in range(len(leaves))]
         for j, op in enumerate(inst.operands):
             sources = self.leaves.get(id(op), [])
@@ -224,10 +268,11 @@ class _Builder:
                 continue  # a tuple-typed operand: read as is (rules replicate those)
             if sources[0] is not None:
                 self.graph.operand_sources[(v, j)] = sources[0]
-            self.edge(sources[0], v, lambda s, j=j: s.ins[j] if j < len(s.ins) else None, weight)
+            self.edge(sources[0], v, j, weight)
 
-    def edge(self, src: Source | None, v: int, wanted, weight: float) -> None:  # type: ignore[no-untyped-def]
-        """Add the cost of bringing leaf `src` into the layout each strategy of v wants."""
+    def edge(self, src: Source | None, v: int, slot: int, weight: float, backward: bool = False) -> None:  # fmt: skip
+        """Add the cost of bringing leaf `src` into the layout each strategy of v wants:
+        the layout it reads operand `slot` in, or (slot -1) its own result layout."""
         if src is None:
             return
         u, leaf = src
@@ -235,6 +280,21 @@ class _Builder:
             return  # a loop body passing a carried value through unchanged: no conversion
         nu, nv = self.graph.nodes[u], self.graph.nodes[v]
         nu.last_use = max(nu.last_use, self.clock)
+        key = (nu.kind, leaf, nv.kind, slot)
+        matrix = self.matrices.get(key)
+        if matrix is None:
+            matrix = self.matrices[key] = self._matrix(nu, leaf, nv, slot)
+        matrix = matrix * weight
+        edge = (u, v)
+        self.graph.edges[edge] = (
+            self.graph.edges[edge] + matrix if edge in self.graph.edges else matrix
+        )
+        if backward:
+            self.graph.backward.add(edge)
+
+    def _matrix(self, nu: GraphNode, leaf: int, nv: GraphNode, slot: int) -> np.ndarray:
+        """Seconds to bring u's result leaf from each of u's layouts into the one each
+        strategy of v wants (0 where v does not read it)."""
         shape = nu.leaf_shapes[leaf]
         # strategies share layouts: price each distinct (source, destination) pair once
         sources: dict[ShardingSpec, int] = {}
@@ -242,18 +302,14 @@ class _Builder:
         targets: dict[ShardingSpec, int] = {}
         dst_of = []
         for sv in nv.strategies:
-            dst = wanted(sv)
+            dst = sv.outs[0] if slot < 0 else sv.ins[slot] if slot < len(sv.ins) else None
             dst_of.append(-1 if dst is None else targets.setdefault(dst, len(targets)))
         prices = np.zeros((len(sources), len(targets) + 1))  # the last column: no reading
         for a, src in enumerate(sources):
             for b, dst in enumerate(targets):
                 prices[a, b] = reshard_cost(shape.dims, shape.element_bytes, src, dst,
-                                            self.graph.mesh, self.graph.cluster) * weight  # fmt: skip
-        matrix = prices[np.ix_(src_of, dst_of)]
-        key = (u, v)
-        self.graph.edges[key] = (
-            self.graph.edges[key] + matrix if key in self.graph.edges else matrix
-        )
+                                            self.graph.mesh, self.graph.cluster)  # fmt: skip
+        return prices[np.ix_(src_of, dst_of)]
 
     def state_edges(self, pairs: list[tuple[int, int]]) -> None:
         """Output leaf -> parameter edges: the next step reads the update in the parameter's layout."""
@@ -265,7 +321,7 @@ class _Builder:
             if param is None or param.name not in self.graph.index or leaf >= len(outputs):
                 continue
             v = self.graph.index[param.name]
-            self.edge(outputs[leaf], v, lambda s: s.outs[0], 1.0)
+            self.edge(outputs[leaf], v, -1, 1.0, backward=True)
             self.graph.state.append((param.name, leaf))
 
     def while_loop(self, inst: Instruction, weight: float) -> None:
@@ -284,18 +340,20 @@ class _Builder:
                 if shape.dtype not in ("token", "opaque")
                 else ()
             )
-            options = [Strategy(str(s), (s,), (), 0.0) for s in specs] or [
-                Strategy("-", (candidate_specs((), self.ctx.mesh)[0],), (), 0.0)]  # fmt: skip
+            kind = self.kind(("carried", shape, specs), lambda specs=specs: [
+                Strategy(str(s), (s,), (), 0.0) for s in specs] or [
+                Strategy("-", (candidate_specs((), self.ctx.mesh)[0],), (), 0.0)])  # fmt: skip
             name = f"{inst.name}#{i}"
-            c = self.add_node(GraphNode(name, inst, options, weight, (shape,), carried=True))
+            c = self.add_node(GraphNode(name, inst, self.graph.kinds[kind], weight, (shape,),
+                                        carried=True, kind=kind))  # fmt: skip
             self.graph.nodes[c].last_use = self.clock
-            self.edge(init[i] if i < len(init) else None, c, lambda s: s.outs[0], weight)
+            self.edge(init[i] if i < len(init) else None, c, -1, weight)
             carried_nodes.append((c, 0))
         self.computation(body, weight * trips, list(carried_nodes))
         assert body.root is not None
         results = self.leaves[id(body.root)]
         for src, (node, _) in zip(results, carried_nodes, strict=False):
-            self.edge(src, node, lambda s: s.outs[0], weight * trips)
+            self.edge(src, node, -1, weight * trips, backward=True)
         for node, _ in carried_nodes:
             self.graph.nodes[node].last_use = self.clock
         self.leaves[id(inst)] = list(carried_nodes)

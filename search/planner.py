@@ -137,7 +137,7 @@ def restrict(
         for v, n in enumerate(problem.nodes)
     )
     edges = tuple(
-        ProblemEdge(e.u, e.v, e.cost[np.ix_(back[e.u], back[e.v])]) for e in problem.edges
+        ProblemEdge(e.u, e.v, e.cost[np.ix_(back[e.u], back[e.v])], e.backward) for e in problem.edges
     )
     return ShardingProblem(nodes, edges, problem.budget, problem.constant_memory), back
 
@@ -147,13 +147,21 @@ def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:
     root = graph.module.entry.root
     outputs = {id(root)} | ({id(op) for op in root.operands} if root is not None else set())
     nodes = []
+    per_kind: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # kind -> (cost, memory)
     for n in graph.nodes:
-        cost = np.array([s.cost for s in n.strategies]) * n.weight
-        memory = np.array([n.memory(k, graph.mesh) for k in range(len(n.strategies))])
+        if n.kind not in per_kind or n.kind < 0:
+            per_kind[n.kind] = (
+                np.array([s.cost for s in n.strategies]),
+                np.array([n.memory(k, graph.mesh) for k in range(len(n.strategies))]),
+            )
+        cost, memory = per_kind[n.kind]
+        cost = cost * n.weight
         held = n.inst.opcode.value == "parameter" and n.inst.parent is graph.module.entry
         live = (0 if held else n.order, end if held or id(n.inst) in outputs else n.last_use)
         nodes.append(ProblemNode(n.name, tuple(s.label for s in n.strategies), cost, memory, live))
-    edges = tuple(ProblemEdge(u, v, m) for (u, v), m in graph.edges.items())
+    edges = tuple(
+        ProblemEdge(u, v, m, backward=(u, v) in graph.backward) for (u, v), m in graph.edges.items()
+    )
     problem = ShardingProblem(tuple(nodes), edges, budget)
     if budget is not None:
         largest = [int(np.argmax(n.memory)) for n in nodes]

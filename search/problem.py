@@ -54,6 +54,10 @@ class ProblemEdge:
     v: int
     cost: np.ndarray
     """[len(u strategies), len(v strategies)] seconds."""
+    backward: bool = False
+    """Does the edge point backwards in program order (u after v): a loop body's
+    result into the carried value it updates, a step's updated state into its
+    parameter? Coarsening keeps the forward edges' graph acyclic by leaving these out."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -234,6 +234,13 @@ def reshape_spec(
     spec: ShardingSpec, src: Sequence[int], dst: Sequence[int], mesh: DeviceMesh
 ) -> ShardingSpec | None:
     """The layout of a reshape's result (dst) equivalent to `spec` on its operand (src)."""
+    return _reshape_spec(spec, tuple(src), tuple(dst), mesh)
+
+
+@lru_cache(maxsize=1 << 14)
+def _reshape_spec(
+    spec: ShardingSpec, src: tuple[int, ...], dst: tuple[int, ...], mesh: DeviceMesh
+) -> ShardingSpec | None:
     axes = []
     for a, entry in enumerate(spec.axes):
         if not isinstance(entry, Split):
