@@ -18,7 +18,7 @@ def cli() -> None:
     \b
     Examples:
       rhino parse examples/gpt_tiny.hlo
-      rhino plan model.hlo --mesh 2x8 --opt O3
+      rhino plan model.hlo --mesh 2x8 --opt O2
       rhino run model.hlo --plan plan.json
       rhino sweep configs/sweeps/examples.yaml
     """

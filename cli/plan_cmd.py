@@ -33,10 +33,18 @@ from rhino.search.planner import LEVELS, PlanRequest, make_plan
 from rhino.search.problem import SolveOptions
 from rhino.search.spec import ShardingSpec, parse_spec
 
+MERGE_LEVELS = {
+    0: "whole graph",
+    1: "cones merged, nothing left",
+    2: "one ILP over the merged graph",
+    3: "segments between critical nodes",
+}
+
 EPILOG = """
 \b
 Examples:
   rhino plan examples/gpt_tiny.hlo --mesh 1x8
+  rhino plan model.hlo --mesh 2x8 --opt O3 --time-limit 300   # whole-graph ILP
   rhino plan model.hlo --mesh 2x4 --cluster h100x8 --memory 16GiB --out plan.json
   rhino plan model.hlo --mesh 1x4 --pin params_0_.1=RS1 --emit-hlo annotated.hlo
   rhino plan model.hlo --mesh 1x8 --pins pins.yaml   # pins.yaml: {params_0_.1: RS1}
@@ -57,9 +65,13 @@ Examples:
 @click.option(
     "--opt",
     "level",
-    default="O3",
+    default="O2",
     show_default=True,
-    help=f"Search level: {', '.join(LEVELS)} (O3: whole-graph ILP).",
+    type=click.Choice(LEVELS),
+    help="Search level. O2: cones merged exactly, then one ILP over them or, for large "
+    "graphs, segments between critical nodes solved by ILP and refined (seconds on 40k "
+    "instructions; a budget is met by sharding the largest parameters, Rhino §4.4). "
+    "O3: one ILP over the whole graph (optimal when it finishes; slow on large graphs).",
 )
 @click.option(
     "--cluster",
@@ -289,8 +301,14 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
     budget = f" (budget {human_bytes(plan.budget_bytes)})" if plan.budget_bytes else ""
     t.add_row("memory per device", human_bytes(plan.peak_memory_bytes) + budget)
     solver = plan.solver
-    t.add_row("search", f"{plan.search_time_s:.1f} s, solver {solver['status']}, gap {solver['gap']:.2%}, "
+    gap = "no bound" if solver.get("merge_level") == 3 else f"gap {solver['gap']:.2%}"
+    t.add_row("search", f"{plan.search_time_s:.1f} s, solver {solver['status']}, {gap}, "
                         f"{plan.problem.get('nodes', 0)} nodes, {plan.problem.get('edges', 0)} edges")  # fmt: skip
+    if "merge_level" in solver:
+        sizes = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in solver["sizes"].items())
+        t.add_row("  merging", f"level {solver['merge_level']} ({MERGE_LEVELS.get(solver['merge_level'], '?')}): {sizes}")
+        phases = ", ".join(f"{k} {v:.2f} s" for k, v in solver["phases_s"].items())
+        t.add_row("  phases", phases)
     out.print(t)
     table = Table(title="sharding (result = operands; one token per mesh axis: R replicated, S<d> split dim d)",
                   title_justify="left")  # fmt: skip

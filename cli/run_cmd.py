@@ -24,7 +24,7 @@ from rhino.hlo.errors import ConfigError, VerificationFailed
 EPILOG = """
 \b
 Examples:
-  rhino run examples/mlp.hlo --mesh 2x4                 # plan (O3), then run on 8 devices
+  rhino run examples/mlp.hlo --mesh 2x4                 # plan (O2), then run on 8 devices
   rhino run model.hlo --plan plan.json --steps 20
   rhino run model.hlo --plan plan.json --platform cpu --devices 8 --json
 \b
@@ -93,7 +93,7 @@ def job_of(
 )
 @click.option("--mesh", "mesh_text", help="Plan first, on this mesh (when no --plan).")
 @click.option(
-    "--opt", "level", default="O3", show_default=True, help="Search level when planning first."
+    "--opt", "level", default="O2", show_default=True, help="Search level when planning first."
 )
 @click.option(
     "--cluster", default="m8", show_default=True, help="Cluster model when planning first."

@@ -45,7 +45,7 @@ EPILOG = """
 Sweep file (paths relative to it; see configs/sweeps/):
   models: ["../../examples/*.hlo"]
   meshes: ["1x8", "2x4"]
-  levels: [O3]
+  levels: [O2, O3]
   clusters: [m8]
   memory: [null, 16GiB]     # null: the cluster's device memory; "unlimited": none
   time_limit: 60

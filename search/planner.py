@@ -1,7 +1,8 @@
 """`make_plan(module, mesh, ...)`: the SPMD search, from HLO to a `Plan`.
 
 module --build_graph--> ShardingGraph --to_problem--> ShardingProblem
-       --solve_ilp (O3: the whole graph)--> Solution --to_plan--> Plan
+       --solve_merged (O2: cones, segments) | solve_ilp (O3: the whole graph)--> Solution
+       --to_plan--> Plan
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
 from rhino.search.builder import ShardingGraph, build_graph
 from rhino.search.cluster import Cluster
+from rhino.search.merge import solve_merged
 from rhino.search.mesh import DeviceMesh
 from rhino.search.plan import InstructionPlan, Plan, PlannedCollective, PlannedReshard, module_hash
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, Solution, SolveOptions
@@ -26,7 +28,11 @@ from rhino.search.reshard import reshard
 from rhino.search.solver import solve_ilp
 from rhino.search.spec import ShardingSpec, SpecError
 
-LEVELS = ("O3",)
+LEVELS = ("O2", "O3")
+HEAVY_OPCODES = ("dot", "convolution")
+HEAVY_SHARE = 0.005
+"""Besides dots and convolutions, an instruction doing this share of the step's compute
+(on one device) is compute-heavy (`ProblemNode.heavy`)."""
 MEMORY_MODES = ("exact", "largest")
 
 
@@ -36,7 +42,7 @@ class PlanRequest:
 
     mesh: DeviceMesh
     cluster: Cluster
-    level: str = "O3"
+    level: str = "O2"
     budget_bytes: float | None = None
     pins: tuple[tuple[str, ShardingSpec], ...] = ()
     solve: SolveOptions = SolveOptions()
@@ -58,31 +64,61 @@ def make_plan(
         raise ConfigError(
             f"optimization level {request.level!r} is not available; choose one of {', '.join(LEVELS)}"
         )
-    say = progress or (lambda _msg: None)
-    start = time.perf_counter()
-    say("building strategies")
-    graph = build_graph(module, request.mesh, request.cluster, pins=dict(request.pins),
-                        max_strategies=request.max_strategies, state=request.state, strides=request.strides)  # fmt: skip
     if request.memory_mode not in MEMORY_MODES:
         raise ConfigError(
             f"memory mode {request.memory_mode!r}: choose one of {', '.join(MEMORY_MODES)}"
         )
+    say = progress or (lambda _msg: None)
+    start = time.perf_counter()
+    options = request.solve.started()  # one deadline for every phase
+    phases: dict[str, float] = {}
+    say("building strategies")
+    clock = time.perf_counter()
+    graph = build_graph(module, request.mesh, request.cluster, pins=dict(request.pins),
+                        max_strategies=request.max_strategies, state=request.state, strides=request.strides)  # fmt: skip
     problem = to_problem(graph, request.budget_bytes)
-    say(f"solving: {problem.size[0]} nodes, {problem.size[1]} edges")
-    if request.memory_mode == "largest" and request.budget_bytes is not None:
-        solution = solve_largest_sharded(graph, problem, request.solve)
+    phases["build"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    say(f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges")
+    solve = solve_merged if request.level == "O2" else solve_ilp
+    if problem.budget is not None and (request.memory_mode == "largest" or request.level == "O2"):
+        # O2 meets a budget as Rhino's O2 does (§4.4); O3 can also hold it exactly
+        solution = solve_largest_sharded(graph, problem, options, solve)
     else:
-        solution = solve_ilp(problem, request.solve)
+        solution = solve(problem, options)
+    phases["solve"] = time.perf_counter() - clock
     say("writing the plan")
-    return to_plan(graph, problem, solution, request, time.perf_counter() - start)
+    clock = time.perf_counter()
+    plan = to_plan(graph, problem, solution, request, time.perf_counter() - start)
+    phases["plan"] = time.perf_counter() - clock
+    return dataclasses.replace(plan, solver={**plan.solver, **search_report(solution, phases)})
 
 
-def solve_largest_sharded(
-    graph: ShardingGraph, problem: ShardingProblem, options: SolveOptions
-) -> Solution:
+def search_report(solution: Solution, phases: dict[str, float]) -> dict[str, object]:
+    """What the search did, for `Plan.solver`: the level of merging it reached (O2: 1
+    cones only, 2 one ILP over the merged graph, 3 segments; O3: 0, the whole graph),
+    the sizes of the coarsened graphs, and seconds per phase."""
+    stats = solution.stats
+    sizes = {
+        k: int(v)
+        for k, v in stats.items()
+        if k in ("nodes", "backbone", "critical", "cones", "core_nodes", "core_edges", "segments", "passes",
+                 "windows_solved", "windows_reused")  # fmt: skip
+    }
+    detail = {k[: -len("_s")]: v for k, v in stats.items() if k.endswith("_s")}
+    return {
+        "merge_level": int(stats.get("level", 0)),
+        "sizes": sizes,
+        "phases_s": {**phases, **{f"solve.{k}": v for k, v in detail.items() if k != "total"}},
+    }
+
+
+def solve_largest_sharded(graph: ShardingGraph, problem: ShardingProblem, options: SolveOptions,
+                          solve: Callable[[ShardingProblem, SolveOptions], Solution] = solve_ilp) -> Solution:  # fmt: skip
     """Rhino §4.4: sort the parameters by size, force the k largest to be sharded (their
-    replicated strategies removed), solve without a memory constraint, and keep the
-    smallest k whose plan fits the budget (binary search; feasibility grows with k)."""
+    replicated strategies removed), solve without a memory constraint (with `solve`),
+    and keep the smallest k whose plan fits the budget (binary search; feasibility
+    grows with k)."""
     entry = graph.module.entry
     params = sorted(
         (
@@ -102,7 +138,7 @@ def solve_largest_sharded(
         if any(not ks for ks in allowed.values()):
             return None
         sub, back = restrict(free, allowed)
-        found = solve_ilp(sub, options)
+        found = solve(sub, options)
         choice = tuple(back[v][k2] for v, k2 in enumerate(found.choice))
         if problem.peak_memory(choice)[0] > (problem.budget or 0.0):
             return None
@@ -132,7 +168,7 @@ def restrict(
     back = [allowed.get(v, list(range(len(n.labels)))) for v, n in enumerate(problem.nodes)]
     nodes = tuple(
         ProblemNode(
-            n.name, tuple(n.labels[k] for k in back[v]), n.cost[back[v]], n.memory[back[v]], n.live
+            n.name, tuple(n.labels[k] for k in back[v]), n.cost[back[v]], n.memory[back[v]], n.live, n.heavy
         )
         for v, n in enumerate(problem.nodes)
     )
@@ -148,7 +184,9 @@ def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:
     outputs = {id(root)} | ({id(op) for op in root.operands} if root is not None else set())
     nodes = []
     per_kind: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # kind -> (cost, memory)
-    for n in graph.nodes:
+    work = np.array([max(s.compute for s in n.strategies) * n.weight for n in graph.nodes])
+    heavy_work = HEAVY_SHARE * float(work.sum())
+    for v, n in enumerate(graph.nodes):
         if n.kind not in per_kind or n.kind < 0:
             per_kind[n.kind] = (
                 np.array([s.cost for s in n.strategies]),
@@ -158,7 +196,8 @@ def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:
         cost = cost * n.weight
         held = n.inst.opcode.value == "parameter" and n.inst.parent is graph.module.entry
         live = (0 if held else n.order, end if held or id(n.inst) in outputs else n.last_use)
-        nodes.append(ProblemNode(n.name, tuple(s.label for s in n.strategies), cost, memory, live))
+        heavy = n.inst.opcode.value in HEAVY_OPCODES or (work[v] > 0 and work[v] >= heavy_work)
+        nodes.append(ProblemNode(n.name, tuple(s.label for s in n.strategies), cost, memory, live, bool(heavy)))
     edges = tuple(
         ProblemEdge(u, v, m, backward=(u, v) in graph.backward) for (u, v), m in graph.edges.items()
     )

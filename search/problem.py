@@ -9,7 +9,9 @@ and raises InfeasibleError for an answer over budget, so no solver is trusted bl
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +37,9 @@ class ProblemNode:
     """Bytes per device per strategy (the node's results)."""
     live: tuple[int, int] = (0, 0)
     """First and last program step at which the results are held."""
+    heavy: bool = False
+    """Is it compute-heavy (a dot, a convolution, a large share of the FLOPs)? O2 cuts
+    the program into segments at the heavy nodes of its critical path."""
 
     def __post_init__(self) -> None:
         n = len(self.labels)
@@ -140,9 +145,25 @@ class SolveStatus(enum.Enum):
 @dataclass(frozen=True)
 class SolveOptions:
     time_limit_s: float = 60.0
+    """Wall time for the whole search, every phase (LP, CP-SAT, segments) included."""
     threads: int = 2
     seed: int = 0
     relative_gap: float = 0.0
+    deadline: float | None = None
+    """`time.perf_counter()` by which the search ends; `started()` sets it from
+    `time_limit_s`, and every phase after that shares it."""
+
+    def started(self) -> SolveOptions:
+        """These options with the deadline set (kept if already set)."""
+        if self.deadline is not None:
+            return self
+        return dataclasses.replace(self, deadline=time.perf_counter() + self.time_limit_s)
+
+    def left(self) -> float:
+        """Seconds until the deadline (the whole time limit when not started)."""
+        if self.deadline is None:
+            return self.time_limit_s
+        return max(0.0, self.deadline - time.perf_counter())
 
 
 @dataclass(frozen=True)

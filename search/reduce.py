@@ -186,14 +186,13 @@ def _prune(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untyped-def]
         )
     keep = allowed.copy()
     if s > 1:
-        for j in np.flatnonzero(allowed):
-            if not keep[j]:
-                continue
-            no_worse = (features[j] <= features).all(axis=1)
-            equal = (features[j] == features).all(axis=1)
-            dominated = no_worse & (~equal | (np.arange(s) > j))
-            dominated[j] = False
-            keep &= ~dominated
+        # no_worse[j, i]: j is no worse than i everywhere; j dominates i when it is also
+        # better somewhere, or equal with a lower index (so one of equals stays)
+        no_worse = (features[:, None, :] <= features[None, :, :]).all(axis=2)
+        index = np.arange(s)
+        dominates = no_worse & (~no_worse.T | (index[:, None] < index[None, :]))
+        dominates[index, index] = False
+        keep &= ~dominates[allowed].any(axis=0)
     if keep.all():
         return False
     r.counts["pruned"] += int(s - keep.sum())

@@ -54,9 +54,11 @@ from rhino.search.problem import (
     SolveStatus,
     gib,
 )
-from rhino.search.reduce import reduce_problem
+from rhino.search.reduce import Reduced, reduce_problem
 
 TIE_BREAK_S_PER_BYTE = 1e-17
+MIN_CPSAT_S = 0.2
+"""CP-SAT and the LP get at least this long, even past the deadline, so there is a plan."""
 LP_UNIT = 1e6
 """The LP counts microseconds: HiGHS' tolerances (~1e-7) would swallow costs in seconds."""
 
@@ -69,21 +71,11 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
     their neighbour, chain links into an edge, dominated strategies dropped) shrink the
     problem to a core first; the core's optimum, expanded, is an optimum of the whole.
     """
-    options = options or SolveOptions()
+    options = (options or SolveOptions()).started()
     if problem.budget is not None:
         return _solve(problem, options)
     start = time.perf_counter()
-    # ties go to less memory here too (see _solve)
-    tied = ShardingProblem(
-        tuple(
-            dataclasses.replace(n, cost=n.cost + TIE_BREAK_S_PER_BYTE * n.memory)
-            for n in problem.nodes
-        ),
-        problem.edges,
-        None,
-        problem.constant_memory,
-    )
-    reduced = reduce_problem(tied)
+    reduced = reduce_problem(tie_broken(problem))
     core_ids = sorted(reduced.alive)
     if not core_ids:
         choice = reduced.expand({})
@@ -92,24 +84,8 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
                         time.perf_counter() - start, evaluation.peak_memory, 0, 0,
                         stats={"core_nodes": 0.0})  # fmt: skip
     position = {v: i for i, v in enumerate(core_ids)}
-    core = ShardingProblem(
-        tuple(
-            ProblemNode(
-                problem.nodes[v].name,
-                tuple(problem.nodes[v].labels[k] for k in reduced.keep[v]),
-                reduced.cost[v] - TIE_BREAK_S_PER_BYTE * problem.nodes[v].memory[reduced.keep[v]],
-                problem.nodes[v].memory[reduced.keep[v]],
-                problem.nodes[v].live,
-            )  # fmt: skip
-            for v in core_ids
-        ),
-        tuple(ProblemEdge(position[a], position[b], m) for (a, b), m in reduced.edges.items()),
-        None,
-    )
-    left = dataclasses.replace(
-        options, time_limit_s=max(1.0, options.time_limit_s - (time.perf_counter() - start))
-    )
-    solved = _solve(core, left)
+    core = core_problem(problem, reduced)
+    solved = _solve(core, options)
     choice = reduced.expand({v: solved.choice[position[v]] for v in core_ids})
     evaluation = problem.evaluate(choice)
     gap_s = solved.objective - solved.bound  # the core's gap is the whole problem's
@@ -130,9 +106,44 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
     )
 
 
+def core_problem(problem: ShardingProblem, reduced: Reduced) -> ShardingProblem:
+    """The core `reduced` (of `tie_broken(problem)`) left, as a problem of its own: its
+    nodes in index order, costs without the tie break (the solvers add it back)."""
+    core_ids = sorted(reduced.alive)
+    position = {v: i for i, v in enumerate(core_ids)}
+    return ShardingProblem(
+        tuple(
+            ProblemNode(
+                problem.nodes[v].name,
+                tuple(problem.nodes[v].labels[k] for k in reduced.keep[v]),
+                reduced.cost[v] - TIE_BREAK_S_PER_BYTE * problem.nodes[v].memory[reduced.keep[v]],
+                problem.nodes[v].memory[reduced.keep[v]],
+                problem.nodes[v].live,
+            )  # fmt: skip
+            for v in core_ids
+        ),
+        tuple(ProblemEdge(position[a], position[b], m) for (a, b), m in reduced.edges.items()),
+        None,
+    )
+
+
+def tie_broken(problem: ShardingProblem) -> ShardingProblem:
+    """The problem without its budget, where ties go to less memory (see _solve)."""
+    return ShardingProblem(
+        tuple(
+            dataclasses.replace(n, cost=n.cost + TIE_BREAK_S_PER_BYTE * n.memory)
+            for n in problem.nodes
+        ),
+        problem.edges,
+        None,
+        problem.constant_memory,
+    )
+
+
 def _solve(problem: ShardingProblem, options: SolveOptions) -> Solution:
     """The LP relaxation, then CP-SAT (see module doc)."""
     start = time.perf_counter()
+    options = options.started()
     if problem.budget is not None:
         _check_budget(problem)
     # ties go to the plan holding less memory: 1 GiB weighs ~10 ns, a secondary objective
@@ -235,9 +246,7 @@ def _solve(problem: ShardingProblem, options: SolveOptions) -> Solution:
             model.add_hint(var, k == start_k)
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(
-        1.0, options.time_limit_s - (time.perf_counter() - start)
-    )
+    solver.parameters.max_time_in_seconds = max(MIN_CPSAT_S, options.left())
     solver.parameters.num_workers = max(1, options.threads)
     solver.parameters.random_seed = options.seed
     solver.parameters.interleave_search = True  # deterministic with several workers
@@ -278,68 +287,79 @@ def _solve(problem: ShardingProblem, options: SolveOptions) -> Solution:
 
 def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges: list,  # type: ignore[type-arg]
               options: SolveOptions) -> tuple[tuple[int, ...] | None, float, list[int] | None, tuple[int, int]]:  # fmt: skip
-    """The LP relaxation of the model (same variables in [0, 1]) on HiGHS.
+    """The LP relaxation of the model (same variables in [0, 1]) on HiGHS (through
+    scipy, the constraint matrix built as sparse arrays).
 
     The row/column linearization is tight: on these problems the LP optimum is usually
     integral, and then it is an optimal plan, proven by the LP itself. Returns (the plan
     if integral, the LP value as a lower bound, the rounded LP choice as a hint, and the
     LP's (variables, constraints)).
     """
-    from ortools.linear_solver import pywraplp
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_array
 
-    with _quiet_stdout():  # HiGHS prints a banner on stdout, which must stay clean for --json
-        lp = pywraplp.Solver.CreateSolver("HIGHS")
-    if lp is None:
-        return None, 0.0, None, (0, 0)
-    lp.SuppressOutput()
-    lp.SetTimeLimit(int(max(1.0, options.time_limit_s / 2) * 1000))
-    objective = lp.Objective()
-    s = []
-    for v, n in enumerate(problem.nodes):
-        row = [lp.NumVar(0.0, 1.0, "") for _ in n.labels]
-        one = lp.Constraint(1.0, 1.0)
-        for k, var in enumerate(row):
-            one.SetCoefficient(var, 1.0)
-            objective.SetCoefficient(var, float(node_cost[v][k]) * LP_UNIT)
-        s.append(row)
+    sizes = np.array([len(n.labels) for n in problem.nodes], dtype=np.int64)
+    first = np.concatenate(([0], np.cumsum(sizes)))  # node v's s variables: first[v]..
+    n_vars = int(first[-1])
+    objective = [np.concatenate(node_cost) * LP_UNIT]
+    rows: list[np.ndarray] = [np.repeat(np.arange(len(sizes)), sizes)]  # (one)
+    cols: list[np.ndarray] = [np.arange(n_vars)]
+    vals: list[np.ndarray] = [np.ones(n_vars)]
+    n_rows = len(sizes)
     for e in pair_edges:
-        rows, _ = _groups(e.cost)
-        cols, _ = _groups(e.cost.T)
-        pair = {(g, h): lp.NumVar(0.0, 1.0, "") for g in range(len(rows)) for h in range(len(cols))}
-        for g, members in enumerate(rows):
-            ct = lp.Constraint(0.0, 0.0)
-            for h in range(len(cols)):
-                ct.SetCoefficient(pair[g, h], 1.0)
-            for k in members:
-                ct.SetCoefficient(s[e.u][k], -1.0)
-        for h, members in enumerate(cols):
-            ct = lp.Constraint(0.0, 0.0)
-            for g in range(len(rows)):
-                ct.SetCoefficient(pair[g, h], 1.0)
-            for k in members:
-                ct.SetCoefficient(s[e.v][k], -1.0)
-        for (g, h), var in pair.items():
-            c = float(e.cost[rows[g][0], cols[h][0]])
-            if c:
-                objective.SetCoefficient(var, c * LP_UNIT)
+        groups_u, of_u = _groups(e.cost)
+        groups_v, of_v = _groups(e.cost.T)
+        gu, gv = len(groups_u), len(groups_v)
+        pair = n_vars + np.arange(gu * gv).reshape(gu, gv)  # pair[g, h]
+        n_vars += gu * gv
+        rep_u = np.array([g[0] for g in groups_u])
+        rep_v = np.array([h[0] for h in groups_v])
+        objective.append(e.cost[np.ix_(rep_u, rep_v)].ravel() * LP_UNIT)
+        # (rows): sum_h pair[g, h] - sum_{k in g} s_u[k] = 0
+        rows += [n_rows + np.repeat(np.arange(gu), gv), n_rows + np.asarray(of_u)]
+        cols += [pair.ravel(), first[e.u] + np.arange(len(of_u))]
+        vals += [np.ones(gu * gv), -np.ones(len(of_u))]
+        n_rows += gu
+        # (cols): sum_g pair[g, h] - sum_{l in h} s_v[l] = 0
+        rows += [n_rows + np.tile(np.arange(gv), gu), n_rows + np.asarray(of_v)]
+        cols += [pair.ravel(), first[e.v] + np.arange(len(of_v))]
+        vals += [np.ones(gu * gv), -np.ones(len(of_v))]
+        n_rows += gv
+    eq = coo_array(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_rows, n_vars)
+    ).tocsr()
+    rhs = np.zeros(n_rows)
+    rhs[: len(sizes)] = 1.0
+    a_ub = b_ub = None
     if problem.budget is not None:
         budget = problem.budget - problem.constant_memory
-        for t in _live_steps(problem):
-            ct = lp.Constraint(-lp.infinity(), budget)
+        steps = _live_steps(problem)
+        ub_rows, ub_cols, ub_vals = [], [], []
+        for r, t in enumerate(steps):
             for v, n in enumerate(problem.nodes):
                 if n.live[0] <= t <= n.live[1]:
-                    for k, m in enumerate(n.memory):
-                        ct.SetCoefficient(s[v][k], float(m))
-    objective.SetMinimization()
-    with _quiet_stdout():
-        status = lp.Solve()
-    size = (lp.NumVariables(), lp.NumConstraints())
-    if status != pywraplp.Solver.OPTIMAL:
+                    ub_rows.append(np.full(sizes[v], r))
+                    ub_cols.append(first[v] + np.arange(sizes[v]))
+                    ub_vals.append(n.memory.astype(float))
+        if ub_rows:
+            a_ub = coo_array(
+                (np.concatenate(ub_vals), (np.concatenate(ub_rows), np.concatenate(ub_cols))),
+                shape=(len(steps), n_vars),
+            ).tocsr()
+            b_ub = np.full(len(steps), budget)
+    size = (n_vars, n_rows + (0 if a_ub is None else a_ub.shape[0]))
+    with _quiet_stdout():  # HiGHS may print on stdout, which must stay clean for --json
+        result = linprog(
+            np.concatenate(objective), A_ub=a_ub, b_ub=b_ub, A_eq=eq, b_eq=rhs, bounds=(0.0, 1.0),
+            method="highs", options={"time_limit": max(MIN_CPSAT_S, options.left() / 2), "presolve": True},
+        )  # fmt: skip
+    if result.status != 0 or result.x is None:
         return None, 0.0, None, size
-    values = [[var.solution_value() for var in row] for row in s]
+    x = result.x
+    values = [x[first[v] : first[v + 1]] for v in range(len(sizes))]
     hint = [int(np.argmax(row)) for row in values]
-    integral = all(abs(x - round(x)) <= 1e-6 for row in values for x in row)
-    return (tuple(hint) if integral else None), objective.Value() / LP_UNIT, hint, size
+    integral = bool(np.all(np.abs(x[: first[len(sizes)]] - np.round(x[: first[len(sizes)]])) <= 1e-6))
+    return (tuple(hint) if integral else None), float(result.fun) / LP_UNIT, hint, size
 
 
 def improve(problem: ShardingProblem, node_cost: list[np.ndarray], choice: list[int],

@@ -4,7 +4,7 @@ A sweep file (configs/sweeps/*.yaml):
 
     models: ["../../examples/*.hlo"]   # HLO files or globs, relative to this YAML file
     meshes: ["1x8", "2x4"]             # device meshes, outermost axis first
-    levels: [O3]                       # optional, default [O3]
+    levels: [O2, O3]                   # optional, default [O2]
     clusters: [m8]                     # optional, default [m8]; a name or a YAML path
                                        #   (a path is relative to this YAML file)
     memory: [null, 16GiB]              # optional, default [null]: per-device budgets;
@@ -202,7 +202,7 @@ class _SweepReader:
         threads = self.threads(top.get("threads"), "threads", SolveOptions().threads)
         defaults = {
             "mesh": self.meshes(top["meshes"], "meshes") if "meshes" in top else None,
-            "level": self.levels(top["levels"], "levels") if "levels" in top else ["O3"],
+            "level": self.levels(top["levels"], "levels") if "levels" in top else ["O2"],
             "cluster": self.clusters_of(top.get("clusters"), "clusters"),
             "memory": self.memory(top.get("memory"), "memory"),
         }

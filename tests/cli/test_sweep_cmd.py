@@ -73,7 +73,7 @@ def test_json_with_a_failing_row_exits_1_and_writes_csv(sweep: Path) -> None:
 def test_failing_row_in_the_table_says_why(sweep: Path) -> None:
     r = run("sweep", "failing.yaml", "--jobs", "1")
     assert r.exit_code == 1
-    assert "error in row 3 (missing.hlo 2 O3 m8 memory=device):" in r.output
+    assert "error in row 3 (missing.hlo 2 O2 m8 memory=device):" in r.output
     assert "  missing.hlo: cannot read: No such file or directory" in r.output
     assert "3 entries: 2 ok, 1 failed" in r.output
 

@@ -61,7 +61,7 @@ def test_product_is_model_outermost_and_globs_are_sorted(models: Path) -> None:
     s = load_sweep(f)
     assert s.source == str(f)
     assert [key(e) for e in s.entries] == [
-        (f"models/{m}", mesh, "O3", "m8", mem)
+        (f"models/{m}", mesh, "O2", "m8", mem)
         for m in ("mlp.hlo", "mlp_step.hlo")
         for mesh in ("1x2", "4")
         for mem in ("device", "16GiB")
@@ -106,12 +106,12 @@ entries:
 """
     s = load_sweep_text(text, "s.yaml", models)
     assert [key(e) + (e.budget_bytes, e.time_limit_s) for e in s.entries] == [
-        ("models/mlp.hlo", "1x2", "O3", "m8", "unlimited", None, 7.0),
-        ("models/mlp_step.hlo", "1x2", "O3", "m8", "unlimited", None, 7.0),
-        ("models/mlp.hlo", "1x4", "O3", "m8", "1GiB", GiB, 3.0),
-        ("models/mlp.hlo", "2x2", "O3", "m8", "1GiB", GiB, 3.0),
-        ("models/mlp_step.hlo", "1x4", "O3", "m8", "1GiB", GiB, 3.0),
-        ("models/mlp_step.hlo", "2x2", "O3", "m8", "1GiB", GiB, 3.0),
+        ("models/mlp.hlo", "1x2", "O2", "m8", "unlimited", None, 7.0),
+        ("models/mlp_step.hlo", "1x2", "O2", "m8", "unlimited", None, 7.0),
+        ("models/mlp.hlo", "1x4", "O2", "m8", "1GiB", GiB, 3.0),
+        ("models/mlp.hlo", "2x2", "O2", "m8", "1GiB", GiB, 3.0),
+        ("models/mlp_step.hlo", "1x4", "O2", "m8", "1GiB", GiB, 3.0),
+        ("models/mlp_step.hlo", "2x2", "O2", "m8", "1GiB", GiB, 3.0),
         ("models/not_yet.hlo", "8", "O3", "h100x8", "unlimited", None, 7.0),
     ]
     assert [e.threads for e in s.entries] == [2, 2, 1, 1, 1, 1, 2]

@@ -1,0 +1,483 @@
+"""O2: Rhino §4.3's three-level subgraph merging, on top of the exact reductions.
+
+Level 1, cones (§4.3.2). A cone root is a node without exactly one forward user (read
+by several, or by none); every other node joins its single user's cone, so a cone is an
+in-tree hanging off its root. Rhino merges each cone into its root with a table, built
+by dynamic programming, of the members' best strategies for every root strategy. The
+exact reductions of `rhino.search.reduce` are that dynamic programming where it loses
+nothing: a leaf folds into its neighbour with c_u[k] += min_l C[k, l] + c_v[l] for every
+k, a chain link into an edge. A member that also talks to nodes outside its cone (a
+value read again in the backward pass) is not merged blindly: it stays in the core.
+(Merging every cone by its own tree alone was measured 13-31% worse than O3 on the
+scanned GPT and DNABERT examples: the members' outside edges decide their layouts.)
+
+Level 2, the ILP between the merged nodes: when the core is small, one ILP over all of
+it (`solve_ilp`), and O2 is O3.
+
+Level 3, segments (§4.3.3). The critical path of the forward program (unit cost per
+node, backward edges left out) gives each node an earliest and a latest time; the
+backbone is the nodes whose two times are equal and the critical nodes are its heavy
+ones (`ProblemNode.heavy`: dots, convolutions, large compute). A core node belongs to
+the segment between the critical nodes around its time: its earliest time, or its
+latest for a node with no inputs (a parameter belongs where it is first read, its
+optimizer state where it is updated). Segments are then merged or split to
+`SEGMENT_NODES` core nodes.
+
+The segments are solved one by one along the backbone, each by the ILP: edges into
+earlier segments are charged at the strategy those took, edges into later ones at their
+best case (min over the far strategy). Then passes of refinement: every segment, and
+every window straddling two segment halves, is solved again with all its neighbours'
+strategies fixed. Each such solve is exact for its window, so a pass never makes the
+plan worse; passes stop when one gains nothing or the deadline comes. Repeated layers
+give identical windows: a window's optimum is remembered by a fingerprint of its costs,
+so each distinct window is solved once. Last, the whole core gets the node-by-node local
+search of `rhino.search.solver.improve`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rhino.search.problem import (
+    ProblemEdge,
+    ProblemNode,
+    ShardingProblem,
+    Solution,
+    SolveOptions,
+    SolveStatus,
+)
+from rhino.search.reduce import Reduced, reduce_problem
+from rhino.search.solver import TIE_BREAK_S_PER_BYTE, core_problem, improve, solve_ilp, tie_broken
+
+WHOLE_CORE_PAIRS = 600_000
+WHOLE_CORE_NODES = 1_500
+"""A core with at most this many nodes and strategy pairs on its edges is solved by one
+ILP (level 2: seconds); a larger one by segments (level 3)."""
+SEGMENT_NODES = 48
+"""Core nodes per segment, roughly: segments between critical nodes are merged up to
+this size, and larger ones split."""
+MAX_PASSES = 6
+"""Refinement passes over the segments at most."""
+STARTS = ("forward", "backward", "replicated")
+"""First plans the refinement starts from, the best result kept: the segments solved in
+program order, or in reverse (each seeing only the segments solved before it), or every
+node in its largest (replicated) layout."""
+START_SLACK = 2.0
+"""A start is refined only if its first plan costs at most this times the best refined
+plan so far."""
+ABANDON = 0.05
+"""A start whose plan is still this much worse than the best one's after a refinement
+pass is given up."""
+PARTNERS = 2
+"""Refinement windows join a segment with this many segments it is most coupled to."""
+SEGMENT_TIME_S = 5.0
+"""Time limit of one segment's ILP (it usually needs milliseconds)."""
+
+
+@dataclass(frozen=True)
+class Critical:
+    """The critical path of a problem's forward program (§4.3.1)."""
+
+    earliest: np.ndarray
+    latest: np.ndarray
+    backbone: np.ndarray
+    """Nodes with earliest == latest, in program order."""
+    critical: np.ndarray
+    """Heavy backbone nodes, in program order."""
+    inputs: np.ndarray
+    """Node -> how many forward edges read into it."""
+
+
+def critical_nodes(problem: ShardingProblem) -> Critical:
+    """Earliest and latest times with unit cost per node over the forward edges (program
+    order is a topological order of them), the backbone and its critical nodes."""
+    n = len(problem.nodes)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    succs: list[list[int]] = [[] for _ in range(n)]
+    for e in problem.edges:
+        if e.backward or e.u == e.v:
+            continue
+        if e.u > e.v:
+            raise ValueError(
+                f"forward edge ({problem.nodes[e.u].name}, {problem.nodes[e.v].name}) does not "
+                "follow program order; mark it backward"
+            )
+        preds[e.v].append(e.u)
+        succs[e.u].append(e.v)
+    earliest = np.zeros(n, dtype=np.int64)
+    for v in range(n):
+        if preds[v]:
+            earliest[v] = max(earliest[u] for u in preds[v]) + 1
+    tail = np.zeros(n, dtype=np.int64)
+    for v in range(n - 1, -1, -1):
+        if succs[v]:
+            tail[v] = max(tail[w] for w in succs[v]) + 1
+    span = int(earliest.max(initial=0))
+    latest = span - tail
+    backbone = np.flatnonzero(earliest == latest)
+    heavy = np.array([problem.nodes[v].heavy for v in backbone], dtype=bool)
+    inputs = np.array([len(p) for p in preds], dtype=np.int64)
+    return Critical(earliest, latest, backbone, backbone[heavy], inputs)
+
+
+def count_cones(problem: ShardingProblem) -> int:
+    """Cones of level 1: nodes without exactly one forward user are their roots."""
+    users = np.zeros(len(problem.nodes), dtype=np.int64)
+    seen: set[tuple[int, int]] = set()
+    for e in problem.edges:
+        if not e.backward and (e.u, e.v) not in seen:
+            seen.add((e.u, e.v))
+            users[e.u] += 1
+    return int((users != 1).sum())
+
+
+@dataclass
+class Report:
+    """What O2 did: the level it reached, sizes, time per phase (for `Solution.stats`)."""
+
+    level: int = 2
+    sizes: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "level": float(self.level),
+            **self.sizes,
+            **{f"{k}_s": v for k, v in self.phases.items()},
+        }
+
+
+def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) -> Solution:
+    """O2 (see module doc): a plan for a problem without a memory budget."""
+    if problem.budget is not None:
+        raise ValueError(
+            "O2 plans without a memory constraint (the planner meets a budget by §4.4)"
+        )
+    options = (options or SolveOptions()).started()
+    start = time.perf_counter()
+    report = Report()
+    clock = time.perf_counter()
+    crit = critical_nodes(problem)
+    report.sizes.update(
+        nodes=float(len(problem.nodes)),
+        backbone=float(len(crit.backbone)),
+        critical=float(len(crit.critical)),
+        cones=float(count_cones(problem)),
+    )
+    report.phases["critical"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    reduced = reduce_problem(tie_broken(problem))
+    report.phases["merge"] = time.perf_counter() - clock
+    core_ids = sorted(reduced.alive)
+    report.sizes["core_nodes"] = float(len(core_ids))
+    report.sizes["merged"] = float(reduced.counts["leaf"] + reduced.counts["series"])
+    pairs = sum(m.size for m in reduced.edges.values())
+    report.sizes["core_pairs"] = float(pairs)
+    clock = time.perf_counter()
+    if pairs <= WHOLE_CORE_PAIRS and len(core_ids) <= WHOLE_CORE_NODES:
+        solution = solve_ilp(problem, options)  # the same reductions again: cheap, exact
+        report.level = 2 if core_ids else 1
+        report.sizes["segments"] = 1.0 if core_ids else 0.0
+        report.phases["ilp"] = time.perf_counter() - clock
+        report.phases["total"] = time.perf_counter() - start
+        return _with_stats(solution, report)
+    report.level = 3
+    segments = _segments(reduced, core_ids, crit)
+    report.sizes["segments"] = float(len(segments))
+    search = _SegmentSearch(problem, reduced, options)
+    best: tuple[float, dict[int, int]] | None = None
+    report.phases["segments"] = report.phases["refine"] = 0.0
+    passes = 0
+    starts = []
+    clock = time.perf_counter()
+    for name in STARTS:
+        search.start(name, segments)
+        starts.append((search.core_cost(), name, dict(search.choice)))
+        report.sizes[f"start_{name}"] = starts[-1][0]
+    report.phases["segments"] += time.perf_counter() - clock
+    clock = time.perf_counter()
+    coupled = search.coupled(segments)
+    for cost, name, first in sorted(starts, key=lambda t: t[0]):  # the most promising first
+        if best is not None and (options.left() <= 0 or cost > best[0] * START_SLACK):
+            continue
+        search.restart(first)
+        passes += search.refine(segments, coupled, None if best is None else best[0])
+        found = (search.core_cost(), dict(search.choice))
+        report.sizes[f"refined_{name}"] = found[0]
+        if best is None or found[0] < best[0]:
+            best = found
+    report.phases["refine"] = time.perf_counter() - clock
+    assert best is not None
+    search.choice = best[1]
+    report.sizes["passes"] = float(passes)
+    clock = time.perf_counter()
+    choice = reduced.expand(search.polish())
+    report.phases["polish"] = time.perf_counter() - clock
+    report.sizes["windows_solved"] = float(search.solved)
+    report.sizes["windows_reused"] = float(search.reused)
+    evaluation = problem.evaluate(choice)
+    report.phases["total"] = time.perf_counter() - start
+    return _with_stats(
+        Solution(
+            choice=choice,
+            objective=evaluation.objective,
+            bound=0.0,  # segments prove nothing about the whole
+            status=SolveStatus.FEASIBLE,
+            solve_time_s=time.perf_counter() - start,
+            peak_memory=evaluation.peak_memory,
+        ),
+        report,
+    )
+
+
+def _with_stats(solution: Solution, report: Report) -> Solution:
+    from dataclasses import replace
+
+    return replace(
+        solution,
+        solve_time_s=report.phases["total"],
+        stats={**solution.stats, **report.stats()},
+    )
+
+
+def _segments(reduced: Reduced, core_ids: list[int], crit: Critical) -> list[list[int]]:
+    """Core nodes grouped between consecutive critical nodes (see module doc)."""
+    cuts = sorted(int(crit.earliest[v]) for v in crit.critical)
+
+    def time_of(v: int) -> int:
+        return int(crit.earliest[v] if crit.inputs[v] else crit.latest[v])
+
+    ordered = sorted(core_ids, key=lambda v: (time_of(v), v))
+    groups: list[list[int]] = []
+    last = -1
+    for v in ordered:
+        g = bisect.bisect_right(cuts, time_of(v))
+        if g != last:
+            groups.append([])
+            last = g
+        groups[-1].append(v)
+    segments: list[list[int]] = []
+    for group in groups:  # merge small groups, split large ones
+        if segments and len(segments[-1]) + len(group) <= SEGMENT_NODES:
+            segments[-1].extend(group)
+            continue
+        for i in range(0, len(group), SEGMENT_NODES):
+            segments.append(group[i : i + SEGMENT_NODES])
+    return segments
+
+
+class _SegmentSearch:
+    """Segments of the core solved in order, then refined (see module doc)."""
+
+    def __init__(self, problem: ShardingProblem, reduced: Reduced, options: SolveOptions):
+        self.problem = problem
+        self.r = reduced
+        self.options = options
+        self.choice: dict[int, int] = {}
+        self.memo: dict[tuple[bytes, tuple[int, ...]], tuple[int, ...]] = {}
+        """(window digest, strategies of the nodes outside it) -> the window's optimum."""
+        self.solved = 0
+        self.reused = 0
+        self.tick = 0
+        self.changed: dict[int, int] = {}
+        """Node -> tick of its last change."""
+        self.seen: dict[tuple[int, ...], int] = {}
+        """Window -> tick it was last solved at."""
+        self.windows: dict[tuple[int, ...], _Window] = {}
+        self.digests: dict[int, bytes] = {}
+        """id of an edge matrix (the reduced core's, alive all along) -> its digest."""
+
+    def start(self, how: str, segments: list[list[int]]) -> None:
+        """A first plan of the core (see STARTS)."""
+        self.restart({})
+        if how == "replicated":
+            for v in self.r.alive:
+                memory = self.problem.nodes[v].memory[self.r.keep[v]]
+                self.choice[v] = int(np.argmax(memory))
+            return
+        for segment in segments if how == "forward" else segments[::-1]:
+            self._solve(segment)
+
+    def coupled(self, segments: list[list[int]]) -> list[list[int]]:
+        """Each segment with the PARTNERS segments its edges weigh most on (a layer's
+        forward with its backward and its optimizer update: far apart in time, but one
+        decision)."""
+        where = {v: i for i, seg in enumerate(segments) for v in seg}
+        weight: list[dict[int, float]] = [{} for _ in segments]
+        for (a, b), m in self.r.edges.items():
+            sa, sb = where[a], where[b]
+            if sa != sb:
+                stake = float(m.max() - m.min())
+                weight[sa][sb] = weight[sa].get(sb, 0.0) + stake
+                weight[sb][sa] = weight[sb].get(sa, 0.0) + stake
+        windows = []
+        for i, seg in enumerate(segments):
+            partners = sorted(weight[i], key=lambda j: (-weight[i][j], j))[:PARTNERS]
+            windows.append(seg + [v for j in sorted(partners) for v in segments[j]])
+        return windows
+
+    def restart(self, choice: dict[int, int]) -> None:
+        self.choice = dict(choice)
+        self.seen = {}
+
+    def refine(
+        self, segments: list[list[int]], coupled: list[list[int]], rival: float | None
+    ) -> int:
+        """Passes until one gains nothing, or the plan stays ABANDON worse than a
+        `rival` cost after a pass (or the deadline); how many ran."""
+        halves = [(s[: len(s) // 2], s[len(s) // 2 :]) for s in segments]
+        straddling = [halves[i][1] + halves[i + 1][0] for i in range(len(halves) - 1)]
+        passes = 0
+        before = self.core_cost()
+        while passes < MAX_PASSES and self.options.left() > 0:
+            if rival is not None and passes and before > rival * (1 + ABANDON):
+                break
+            passes += 1
+            for window in coupled + straddling if passes % 2 else coupled + segments:
+                if self.options.left() <= 0:
+                    break
+                self._solve(window)
+            after = self.core_cost()
+            if after >= before - 1e-12 * abs(before):
+                break
+            before = after
+        return passes
+
+    def polish(self) -> dict[int, int]:
+        """The node-by-node local search over the whole core; the core choice."""
+        ids = sorted(self.r.alive)
+        position = {v: i for i, v in enumerate(ids)}
+        core = core_problem(self.problem, self.r)
+        node_cost = [n.cost + TIE_BREAK_S_PER_BYTE * n.memory for n in core.nodes]
+        start = [self.choice[v] for v in ids]
+        best = improve(core, node_cost, start)
+        return {v: best[position[v]] for v in ids}
+
+    def core_cost(self) -> float:
+        total = sum(float(self.r.cost[v][k]) for v, k in self.choice.items())
+        for (a, b), m in self.r.edges.items():
+            if a in self.choice and b in self.choice:
+                total += float(m[self.choice[a], self.choice[b]])
+        return total
+
+    def _solve(self, nodes: list[int]) -> None:
+        """The window's optimum given the strategies outside it: placed neighbours at
+        their strategy, unplaced ones left out (not yet decided)."""
+        window = self._window(nodes)
+        # nothing it sees changed since it was last solved: the same answer again
+        last = self.seen.get(window.nodes, -1)
+        if last >= 0 and all(self.changed.get(v, -1) < last for v in window.reach):
+            self.reused += 1
+            return
+        self.tick += 1
+        self.seen[window.nodes] = self.tick
+        outside = tuple(self.choice.get(w, -1) for _, w, _ in window.outside)
+        key = (window.digest, outside)
+        found = self.memo.get(key)
+        if found is None:
+            cost = [self.r.cost[v].copy() for v in window.nodes]
+            for (i, _, m), k in zip(window.outside, outside, strict=True):
+                if k >= 0:
+                    cost[i] += m[:, k]
+            sub = ShardingProblem(
+                tuple(
+                    ProblemNode(
+                        self.problem.nodes[v].name,
+                        tuple(map(str, range(len(c)))),
+                        c,
+                        np.zeros(len(c)),
+                    )
+                    for v, c in zip(window.nodes, cost, strict=True)
+                ),
+                tuple(ProblemEdge(i, j, m) for i, j, m in window.inside),
+            )
+            options = SolveOptions(
+                time_limit_s=max(0.2, min(SEGMENT_TIME_S, self.options.left())),
+                threads=self.options.threads,
+                seed=self.options.seed,
+            )
+            solution = solve_ilp(sub, options)
+            found = solution.choice
+            if solution.status is SolveStatus.OPTIMAL:
+                self.memo[key] = found
+            self.solved += 1
+        else:
+            self.reused += 1
+        old = tuple(self.choice.get(v, -1) for v in window.nodes)
+        if old == found:
+            return
+        if -1 not in old and self._window_cost(window, old) <= self._window_cost(window, found):
+            return  # keep the old choice unless the new one is better
+        for v, k in zip(window.nodes, found, strict=True):
+            if self.choice.get(v) != k:
+                self.choice[v] = int(k)
+                self.changed[v] = self.tick
+
+    def _window_cost(self, window: _Window, choice: tuple[int, ...]) -> float:
+        """Cost of the terms `choice` of the window's nodes decides (placed neighbours
+        outside it at their strategy)."""
+        total = sum(float(self.r.cost[v][k]) for v, k in zip(window.nodes, choice, strict=True))
+        total += sum(float(m[choice[i], choice[j]]) for i, j, m in window.inside)
+        for i, w, m in window.outside:
+            k = self.choice.get(w, -1)
+            if k >= 0:
+                total += float(m[choice[i], k])
+        return total
+
+    def _window(self, nodes: list[int]) -> _Window:
+        key = tuple(nodes)
+        window = self.windows.get(key)
+        if window is not None:
+            return window
+        position = {v: i for i, v in enumerate(key)}
+        inside, outside = [], []
+        for i, v in enumerate(key):
+            for w in sorted(self.r.neighbours[v]):
+                if w not in position:
+                    outside.append((i, w, self.r.matrix(v, w)))
+                elif v < w:
+                    inside.append((i, position[w], self.r.edges[(v, w)]))
+        # equal for windows that are the same problem up to node names (repeated layers)
+        h = hashlib.blake2b(digest_size=16)
+        for v in key:
+            h.update(np.array([len(self.r.cost[v])]).tobytes())
+            h.update(np.round(self.r.cost[v], 15).tobytes())
+        for i, j, m in inside:
+            h.update(np.array([i, j]).tobytes())
+            h.update(self._digest(m))
+        for i, _, m in outside:
+            h.update(np.array([i]).tobytes())
+            h.update(self._digest(m))
+        reach = tuple(sorted(set(key).union(w for _, w, _ in outside)))
+        window = _Window(key, tuple(inside), tuple(outside), h.digest(), reach)
+        self.windows[key] = window
+        return window
+
+    def _digest(self, m: np.ndarray) -> bytes:
+        d = self.digests.get(id(m))
+        if d is None:
+            d = hashlib.blake2b(
+                np.round(m, 15).tobytes() + bytes(str(m.shape), "ascii"), digest_size=16
+            ).digest()
+            self.digests[id(m)] = d
+        return d
+
+
+@dataclass(frozen=True)
+class _Window:
+    """A set of core nodes solved together, with what it sees of the rest."""
+
+    nodes: tuple[int, ...]
+    inside: tuple[tuple[int, int, np.ndarray], ...]
+    """Edges between its nodes: (position, position, matrix)."""
+    outside: tuple[tuple[int, int, np.ndarray], ...]
+    """Edges to nodes outside it: (position, outside node, matrix rows x its strategies)."""
+    digest: bytes
+    """The same for windows alike in everything but node names (repeated layers)."""
+    reach: tuple[int, ...]
+    """Its nodes and their neighbours."""
