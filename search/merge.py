@@ -136,6 +136,18 @@ def count_cones(problem: ShardingProblem) -> int:
     return int((users != 1).sum())
 
 
+def structure(problem: ShardingProblem) -> tuple[Critical, dict[str, float]]:
+    """The critical path, and the sizes every level reports: nodes, backbone, critical
+    nodes, cones."""
+    crit = critical_nodes(problem)
+    return crit, {
+        "nodes": float(len(problem.nodes)),
+        "backbone": float(len(crit.backbone)),
+        "critical": float(len(crit.critical)),
+        "cones": float(count_cones(problem)),
+    }
+
+
 @dataclass
 class Report:
     """What O2 did: the level it reached, sizes, time per phase (for `Solution.stats`)."""
@@ -162,13 +174,8 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
     start = time.perf_counter()
     report = Report()
     clock = time.perf_counter()
-    crit = critical_nodes(problem)
-    report.sizes.update(
-        nodes=float(len(problem.nodes)),
-        backbone=float(len(crit.backbone)),
-        critical=float(len(crit.critical)),
-        cones=float(count_cones(problem)),
-    )
+    crit, sizes = structure(problem)
+    report.sizes.update(sizes)
     report.phases["critical"] = time.perf_counter() - clock
     clock = time.perf_counter()
     reduced = reduce_problem(tie_broken(problem))

@@ -20,7 +20,7 @@ from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
 from rhino.search.builder import ShardingGraph, build_graph
 from rhino.search.cluster import Cluster
-from rhino.search.merge import solve_merged
+from rhino.search.merge import solve_merged, structure
 from rhino.search.mesh import DeviceMesh
 from rhino.search.plan import InstructionPlan, Plan, PlannedCollective, PlannedReshard, module_hash
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, Solution, SolveOptions
@@ -87,6 +87,8 @@ def make_plan(
     else:
         solution = solve(problem, options)
     phases["solve"] = time.perf_counter() - clock
+    if request.level == "O3":  # the same sizes as O2 reports, for comparison
+        solution = dataclasses.replace(solution, stats={**structure(problem)[1], **solution.stats})
     say("writing the plan")
     clock = time.perf_counter()
     plan = to_plan(graph, problem, solution, request, time.perf_counter() - start)
@@ -102,8 +104,19 @@ def search_report(solution: Solution, phases: dict[str, float]) -> dict[str, obj
     sizes = {
         k: int(v)
         for k, v in stats.items()
-        if k in ("nodes", "backbone", "critical", "cones", "core_nodes", "core_edges", "segments", "passes",
-                 "windows_solved", "windows_reused")  # fmt: skip
+        if k
+        in (
+            "nodes",
+            "backbone",
+            "critical",
+            "cones",
+            "core_nodes",
+            "core_edges",
+            "segments",
+            "passes",
+            "windows_solved",
+            "windows_reused",
+        )  # fmt: skip
     }
     detail = {k[: -len("_s")]: v for k, v in stats.items() if k.endswith("_s")}
     return {
@@ -168,12 +181,18 @@ def restrict(
     back = [allowed.get(v, list(range(len(n.labels)))) for v, n in enumerate(problem.nodes)]
     nodes = tuple(
         ProblemNode(
-            n.name, tuple(n.labels[k] for k in back[v]), n.cost[back[v]], n.memory[back[v]], n.live, n.heavy
+            n.name,
+            tuple(n.labels[k] for k in back[v]),
+            n.cost[back[v]],
+            n.memory[back[v]],
+            n.live,
+            n.heavy,
         )
         for v, n in enumerate(problem.nodes)
     )
     edges = tuple(
-        ProblemEdge(e.u, e.v, e.cost[np.ix_(back[e.u], back[e.v])], e.backward) for e in problem.edges
+        ProblemEdge(e.u, e.v, e.cost[np.ix_(back[e.u], back[e.v])], e.backward)
+        for e in problem.edges
     )
     return ShardingProblem(nodes, edges, problem.budget, problem.constant_memory), back
 
@@ -197,7 +216,11 @@ def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:
         held = n.inst.opcode.value == "parameter" and n.inst.parent is graph.module.entry
         live = (0 if held else n.order, end if held or id(n.inst) in outputs else n.last_use)
         heavy = n.inst.opcode.value in HEAVY_OPCODES or (work[v] > 0 and work[v] >= heavy_work)
-        nodes.append(ProblemNode(n.name, tuple(s.label for s in n.strategies), cost, memory, live, bool(heavy)))
+        nodes.append(
+            ProblemNode(
+                n.name, tuple(s.label for s in n.strategies), cost, memory, live, bool(heavy)
+            )
+        )
     edges = tuple(
         ProblemEdge(u, v, m, backward=(u, v) in graph.backward) for (u, v), m in graph.edges.items()
     )

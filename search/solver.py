@@ -358,7 +358,9 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
     x = result.x
     values = [x[first[v] : first[v + 1]] for v in range(len(sizes))]
     hint = [int(np.argmax(row)) for row in values]
-    integral = bool(np.all(np.abs(x[: first[len(sizes)]] - np.round(x[: first[len(sizes)]])) <= 1e-6))
+    integral = bool(
+        np.all(np.abs(x[: first[len(sizes)]] - np.round(x[: first[len(sizes)]])) <= 1e-6)
+    )
     return (tuple(hint) if integral else None), float(result.fun) / LP_UNIT, hint, size
 
 

@@ -48,6 +48,10 @@ def test_json_out_and_emitted_hlo(tmp_path: Path) -> None:
         "solver",
         "instructions",
     } <= set(doc)
+    assert doc["level"] == "O2"  # the default
+    assert doc["solver"]["merge_level"] in (1, 2)
+    assert {"nodes", "backbone", "critical", "cones", "core_nodes"} <= set(doc["solver"]["sizes"])
+    assert {"build", "solve", "plan", "solve.critical", "solve.merge"} <= set(doc["solver"]["phases_s"])
     assert Plan.read(out).module == "jit_step"
     text = hlo.read_text()
     xla_parse(text)  # XLA's parser accepts the annotated module
@@ -55,6 +59,13 @@ def test_json_out_and_emitted_hlo(tmp_path: Path) -> None:
     for inst in annotated.entry:
         if inst.opcode_text not in ("tuple", "get-tuple-element"):
             assert "sharding" in inst.attrs, inst.name
+
+
+def test_human_output_names_the_merging_level_and_phases() -> None:
+    for level, words in (("O2", "level 2 (one ILP over the merged graph)"), ("O3", "level 0 (whole graph)")):
+        r = invoke("plan", str(MLP), "--mesh", "1x4", "--opt", level)
+        assert r.exit_code == 0, r.output
+        assert words in r.output and "critical" in r.output and "phases" in r.output
 
 
 def test_bad_inputs_exit_2(tmp_path: Path) -> None:

@@ -1,0 +1,170 @@
+"""O2 (rhino.search.merge) against O3 and brute force; critical nodes, cones, segments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rhino.hlo.parser import parse_file
+from rhino.search import merge
+from rhino.search.cluster import load_cluster
+from rhino.search.mesh import parse_mesh
+from rhino.search.planner import PlanRequest, make_plan
+from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
+from rhino.search.solver import solve_brute_force, solve_ilp
+from tests.hlo.corpus import ROOT
+from tests.search.test_solver import random_problem
+
+EXAMPLES = ROOT / "examples"
+
+
+def node(name: str, k: int, rng: np.random.Generator, heavy: bool = False) -> ProblemNode:
+    return ProblemNode(name, tuple(f"s{i}" for i in range(k)), rng.random(k).round(4), np.ones(k),
+                       (0, 0), heavy)  # fmt: skip
+
+
+def series_parallel(seed: int, blocks: int = 24) -> ShardingProblem:
+    """A training-step-like problem, series-parallel in its forward part: a chain of
+    blocks (a heavy node, then two parallel branches joining again), a backward chain
+    mirroring it that reads each forward block again, and per-block state nodes read
+    forward and backward and written back (backward edges). The cross edges keep the
+    exact reductions from solving it alone."""
+    rng = np.random.default_rng(seed)
+    k = 4
+    nodes: list[ProblemNode] = []
+    edges: list[ProblemEdge] = []
+
+    def add(name: str, heavy: bool = False) -> int:
+        nodes.append(node(name, k, rng, heavy))
+        return len(nodes) - 1
+
+    def link(u: int, v: int, backward: bool = False) -> None:
+        cost = rng.random((k, k)).round(4) * float(rng.uniform(0.5, 3.0))
+        np.fill_diagonal(cost, 0.0)  # staying in one layout is free, as in resharding
+        edges.append(ProblemEdge(u, v, cost, backward))
+
+    params = [add(f"param{b}") for b in range(blocks)]
+    forward, lefts = [], []
+    last = add("input")
+    for b in range(blocks):
+        dot = add(f"dot{b}", heavy=True)
+        link(last, dot)
+        link(params[b], dot)
+        left, right = add(f"left{b}"), add(f"right{b}")
+        link(dot, left)
+        link(dot, right)
+        last = add(f"join{b}")
+        link(left, last)
+        link(right, last)
+        forward.append(dot)
+        lefts.append(left)
+    for b in reversed(range(blocks)):
+        grad = add(f"grad{b}", heavy=True)
+        link(last, grad)
+        link(forward[b], grad)  # the saved activations
+        link(lefts[b], grad)
+        link(params[b], grad)  # the weight, read again
+        last = grad
+        update = add(f"update{b}")
+        link(grad, update)
+        link(params[b], update)
+        link(update, params[b], backward=True)  # the updated state returns
+    return ShardingProblem(tuple(nodes), tuple(edges))
+
+
+def test_critical_nodes_are_the_heavy_nodes_with_no_slack() -> None:
+    rng = np.random.default_rng(0)
+    # 0 -> 1 -> 3, 0 -> 2 -> 3 (a diamond), and 0 -> 4 (a side branch with slack)
+    nodes = (node("a", 2, rng), node("b", 2, rng, heavy=True), node("c", 2, rng),
+             node("d", 2, rng, heavy=True), node("e", 2, rng, heavy=True))  # fmt: skip
+    z = np.zeros((2, 2))
+    edges = tuple(ProblemEdge(u, v, z) for u, v in ((0, 1), (0, 2), (1, 3), (2, 3), (0, 4)))
+    crit = merge.critical_nodes(ShardingProblem(nodes, edges))
+    assert crit.earliest.tolist() == [0, 1, 1, 2, 1]
+    assert crit.latest.tolist() == [0, 1, 1, 2, 2]
+    assert crit.backbone.tolist() == [0, 1, 2, 3]
+    assert crit.critical.tolist() == [1, 3]  # e is heavy but off the critical path
+    assert merge.count_cones(ShardingProblem(nodes, edges)) == 3  # a (3 users), d, e (none)
+
+
+def test_a_forward_edge_against_program_order_is_refused() -> None:
+    rng = np.random.default_rng(0)
+    nodes = (node("a", 2, rng), node("b", 2, rng))
+    with pytest.raises(ValueError, match="mark it backward"):
+        merge.critical_nodes(ShardingProblem(nodes, (ProblemEdge(1, 0, np.zeros((2, 2))),)))
+    # marked backward, it is left out of the forward program
+    backward = ShardingProblem(nodes, (ProblemEdge(1, 0, np.zeros((2, 2)), backward=True),))
+    assert merge.critical_nodes(backward).earliest.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_o2_equals_brute_force_on_small_random_problems(seed: int) -> None:
+    problem = random_problem(seed)
+    o2 = merge.solve_merged(problem)
+    assert o2.objective == pytest.approx(solve_brute_force(problem).objective, rel=1e-9, abs=1e-12)
+    assert o2.stats["level"] in (1.0, 2.0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_segments_come_close_to_o3_on_series_parallel_problems(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problem = series_parallel(seed)
+    o3 = solve_ilp(problem, SolveOptions(time_limit_s=60))
+    monkeypatch.setattr(merge, "WHOLE_CORE_PAIRS", 0)  # force level 3
+    monkeypatch.setattr(merge, "SEGMENT_NODES", 12)
+    o2 = merge.solve_merged(problem, SolveOptions(time_limit_s=60))
+    assert o2.stats["level"] == 3.0
+    assert o2.stats["segments"] > 4
+    assert o2.stats["critical"] == 2 * 24  # every dot and grad lies on the one long path
+    ratio = o2.objective / o3.objective
+    print(f"series-parallel seed {seed}: O2/O3 = {ratio:.4f}")
+    assert ratio >= 1 - 1e-9  # O3 is optimal here
+    assert ratio <= 1.05
+    assert problem.evaluate(o2.choice).objective == o2.objective
+    again = merge.solve_merged(problem, SolveOptions(time_limit_s=60))
+    assert again.choice == o2.choice  # deterministic
+
+
+def plan(name: str, mesh: str, level: str, **kw):  # type: ignore[no-untyped-def]
+    request = PlanRequest(parse_mesh(mesh), load_cluster("m8"), level, **kw)
+    return make_plan(parse_file(EXAMPLES / name), request)
+
+
+@pytest.mark.parametrize(
+    "name", ["gpt_tiny.hlo", "gpt_scan_tiny.hlo", "moe_tiny.hlo", "vgg19_tiny.hlo", "mlp.hlo"]
+)
+def test_o2_equals_o3_on_the_examples(name: str) -> None:
+    o3 = plan(name, "1x8", "O3")
+    o2 = plan(name, "1x8", "O2")
+    assert o3.solver["status"] == "optimal"
+    assert o2.solver["objective_s"] == pytest.approx(o3.solver["objective_s"], rel=1e-9)
+    assert o2.solver["merge_level"] in (1, 2)
+    assert o3.solver["merge_level"] == 0
+    for p in (o2, o3):
+        assert set(p.solver["phases_s"]) >= {"build", "solve", "plan"}
+        # one objective: what the plan reports never exceeds what the ILP optimized
+        # (readers wanting the same conversion of a value share it in the plan)
+        assert p.objective_s <= p.solver["objective_s"] * (1 + 1e-9)
+
+
+def test_o2_meets_a_budget_by_sharding_the_largest_parameters() -> None:
+    free = plan("gpt_tiny.hlo", "1x8", "O2", budget_bytes=None)
+    budget = free.peak_memory_bytes * 0.6
+    tight = plan("gpt_tiny.hlo", "1x8", "O2", budget_bytes=budget)
+    assert tight.peak_memory_bytes <= budget
+    assert tight.objective_s >= free.objective_s * (1 - 1e-9)
+
+
+def test_one_deadline_is_shared_by_every_phase() -> None:
+    options = SolveOptions(time_limit_s=5.0).started()
+    assert options.deadline is not None
+    assert options.started() is options  # a started search keeps its deadline
+    assert 0.0 < options.left() <= 5.0
+    past = SolveOptions(time_limit_s=0.0).started()
+    assert past.left() == 0.0
+    # out of time, both levels still return a valid plan
+    problem = series_parallel(1, blocks=4)
+    for solve in (solve_ilp, merge.solve_merged):
+        found = solve(problem, past)
+        assert problem.evaluate(found.choice).objective == found.objective
