@@ -67,7 +67,7 @@ STARTS = ("forward", "backward", "replicated")
 """First plans the refinement starts from, the best result kept: the segments solved in
 program order, or in reverse (each seeing only the segments solved before it), or every
 node in its largest (replicated) layout."""
-START_SLACK = 2.0
+START_SLACK = 1.3
 """A start is refined only if its first plan costs at most this times the best refined
 plan so far."""
 ABANDON = 0.05
