@@ -40,6 +40,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -54,7 +55,7 @@ from rhino.search.problem import (
     SolveStatus,
     gib,
 )
-from rhino.search.reduce import Reduced, reduce_problem
+from rhino.search.reduce import Reduced, memory_rows, reduce_problem
 
 TIE_BREAK_S_PER_BYTE = 1e-17
 MIN_CPSAT_S = 0.2
@@ -67,14 +68,16 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
     """Minimize the problem's cost within its budget; the best plan found by the time
     limit when the search is not finished (status FEASIBLE).
 
-    Without a budget, the exact reductions of `rhino.search.reduce` (leaves folded into
-    their neighbour, chain links into an edge, dominated strategies dropped) shrink the
-    problem to a core first; the core's optimum, expanded, is an optimum of the whole.
+    The exact reductions of `rhino.search.reduce` (leaves folded into their neighbour,
+    chain links into an edge, dominated strategies dropped; with a budget, only where
+    memory allows) shrink the problem to a core first; the core's optimum, expanded, is
+    an optimum of the whole. With a budget, the core keeps only the memory rows that
+    can bind (`rhino.search.reduce.memory_rows`).
     """
     options = (options or SolveOptions()).started()
-    if problem.budget is not None:
-        return _solve(problem, options)
     start = time.perf_counter()
+    if problem.budget is not None:
+        _check_budget(problem)  # the clear message, before anything else
     reduced = reduce_problem(tie_broken(problem))
     core_ids = sorted(reduced.alive)
     if not core_ids:
@@ -85,7 +88,15 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
                         stats={"core_nodes": 0.0})  # fmt: skip
     position = {v: i for i, v in enumerate(core_ids)}
     core = core_problem(problem, reduced)
-    solved = _solve(core, options)
+    rows = None
+    if problem.budget is not None:
+        found = memory_rows(reduced)
+        rows = _Rows(
+            {position[v]: t for v, t in found.terms.items()},
+            [(np.array(sorted(position[v] for v in [*found.always, *members.tolist()]), dtype=np.int64), rhs)
+             for members, rhs in found.rows],
+        )  # fmt: skip
+    solved = _solve(core, options, rows)
     choice = reduced.expand({v: solved.choice[position[v]] for v in core_ids})
     evaluation = problem.evaluate(choice)
     gap_s = solved.objective - solved.bound  # the core's gap is the whole problem's
@@ -102,6 +113,7 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
             **solved.stats,
             "core_nodes": float(len(core_ids)),
             "core_edges": float(len(core.edges)),
+            "memory_rows": float(len(rows.rows) if rows is not None else 0),
         },
     )
 
@@ -128,24 +140,39 @@ def core_problem(problem: ShardingProblem, reduced: Reduced) -> ShardingProblem:
 
 
 def tie_broken(problem: ShardingProblem) -> ShardingProblem:
-    """The problem without its budget, where ties go to less memory (see _solve)."""
+    """The problem where ties go to less memory (see _solve)."""
     return ShardingProblem(
         tuple(
             dataclasses.replace(n, cost=n.cost + TIE_BREAK_S_PER_BYTE * n.memory)
             for n in problem.nodes
         ),
         problem.edges,
-        None,
+        problem.budget,
         problem.constant_memory,
     )
 
 
-def _solve(problem: ShardingProblem, options: SolveOptions) -> Solution:
-    """The LP relaxation, then CP-SAT (see module doc)."""
+@dataclass(frozen=True)
+class _Rows:
+    """Memory rows over a core's nodes: for each row, sum over its members v of
+    terms[v][k_v] <= rhs (bytes above what the members hold whatever they choose)."""
+
+    terms: dict[int, np.ndarray]
+    rows: list[tuple[np.ndarray, int]]
+
+    def fits(self, choice: tuple[int, ...] | list[int]) -> bool:
+        return all(
+            sum(int(self.terms[v][choice[v]]) for v in members if v in self.terms) <= rhs
+            for members, rhs in self.rows
+        )
+
+
+def _solve(
+    problem: ShardingProblem, options: SolveOptions, memory: _Rows | None = None
+) -> Solution:
+    """The LP relaxation, then CP-SAT (see module doc), within `memory`'s rows."""
     start = time.perf_counter()
     options = options.started()
-    if problem.budget is not None:
-        _check_budget(problem)
     # ties go to the plan holding less memory: 1 GiB weighs ~10 ns, a secondary objective
     # (it must exceed the LP solver's tolerance to act); `evaluate` and the reported
     # objective do not include it
@@ -160,7 +187,9 @@ def _solve(problem: ShardingProblem, options: SolveOptions) -> Solution:
             node_cost[e.u] += e.cost[:, 0]
         else:
             pair_edges.append(e)
-    lp_choice, lp_value, lp_hint, lp_size = _solve_lp(problem, node_cost, pair_edges, options)
+    lp_choice, lp_value, lp_hint, lp_size = _solve_lp(
+        problem, node_cost, pair_edges, options, memory
+    )
     if lp_choice is not None:  # the relaxation's optimum is integral: a proven optimum
         evaluation = problem.evaluate(lp_choice)
         return Solution(
@@ -220,25 +249,25 @@ def _solve(problem: ShardingProblem, options: SolveOptions) -> Solution:
             if c:
                 objective.append(int(round(c * scale)) * var)
     # (memory)
-    if problem.budget is not None:
-        _add_memory(model, problem, s)
+    if memory is not None:
+        _add_memory(model, memory, s)
     model.minimize(sum(objective))
     # a plan to start from, so the solver always has one: without a budget any choice is
     # valid (the rounded LP optimum, improved node by node); with one, the smallest
     # layouts fit (_check_budget)
     fallback = None
-    if problem.budget is None:  # the LP's rounding, or each node's cheapest when it had no time
+    if memory is None:  # the LP's rounding, or each node's cheapest when it had no time
         start_choice = lp_hint if lp_hint is not None else [int(np.argmin(c)) for c in node_cost]
         lp_hint = improve(problem, node_cost, start_choice)
         fallback = tuple(lp_hint)
     else:  # the smallest layouts everywhere fit (_check_budget): a plan, if a poor one
         smallest = tuple(int(np.argmin(n.memory)) for n in problem.nodes)
-        if problem.peak_memory(smallest)[0] <= problem.budget:
+        if memory.fits(smallest):
             fallback = smallest
     for v, n in enumerate(problem.nodes):
-        if lp_hint is not None and problem.budget is None:
+        if lp_hint is not None and memory is None:
             start_k = lp_hint[v]
-        elif problem.budget is not None:
+        elif memory is not None:
             start_k = int(np.argmin(n.memory))
         else:
             start_k = int(np.argmin(node_cost[v]))
@@ -286,7 +315,7 @@ def _solve(problem: ShardingProblem, options: SolveOptions) -> Solution:
 
 
 def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges: list,  # type: ignore[type-arg]
-              options: SolveOptions) -> tuple[tuple[int, ...] | None, float, list[int] | None, tuple[int, int]]:  # fmt: skip
+              options: SolveOptions, memory: _Rows | None = None) -> tuple[tuple[int, ...] | None, float, list[int] | None, tuple[int, int]]:  # fmt: skip
     """The LP relaxation of the model (same variables in [0, 1]) on HiGHS (through
     scipy, the constraint matrix built as sparse arrays).
 
@@ -331,22 +360,20 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
     rhs = np.zeros(n_rows)
     rhs[: len(sizes)] = 1.0
     a_ub = b_ub = None
-    if problem.budget is not None:
-        budget = problem.budget - problem.constant_memory
-        steps = _live_steps(problem)
+    if memory is not None and memory.rows:
         ub_rows, ub_cols, ub_vals = [], [], []
-        for r, t in enumerate(steps):
-            for v, n in enumerate(problem.nodes):
-                if n.live[0] <= t <= n.live[1]:
+        for r, (members, _) in enumerate(memory.rows):
+            for v in members.tolist():
+                if v in memory.terms:
                     ub_rows.append(np.full(sizes[v], r))
                     ub_cols.append(first[v] + np.arange(sizes[v]))
-                    ub_vals.append(n.memory.astype(float))
+                    ub_vals.append(memory.terms[v].astype(float))
         if ub_rows:
             a_ub = coo_array(
                 (np.concatenate(ub_vals), (np.concatenate(ub_rows), np.concatenate(ub_cols))),
-                shape=(len(steps), n_vars),
+                shape=(len(memory.rows), n_vars),
             ).tocsr()
-            b_ub = np.full(len(steps), budget)
+            b_ub = np.array([float(rhs) for _, rhs in memory.rows])
     size = (n_vars, n_rows + (0 if a_ub is None else a_ub.shape[0]))
     with _quiet_stdout():  # HiGHS may print on stdout, which must stay clean for --json
         result = linprog(
@@ -421,28 +448,19 @@ def _groups(matrix: np.ndarray) -> tuple[list[list[int]], list[int]]:
     return groups, row_of
 
 
-def _live_steps(problem: ShardingProblem) -> list[int]:
-    return sorted({n.live[0] for n in problem.nodes})
-
-
-def _add_memory(
-    model: cp_model.CpModel, problem: ShardingProblem, s: list[list[cp_model.IntVar]]
-) -> None:
-    budget = problem.budget - problem.constant_memory  # type: ignore[operator]
-    unit = max(1.0, budget / 2**40)  # keep coefficients in int64 comfortably
-    for t in _live_steps(problem):
-        terms = []
-        fixed = 0.0
-        for v, n in enumerate(problem.nodes):
-            if not n.live[0] <= t <= n.live[1]:
-                continue
-            low = float(n.memory.min())
-            fixed += low
-            terms += [
-                int(np.ceil((m - low) / unit)) * s[v][k] for k, m in enumerate(n.memory) if m > low
-            ]
+def _add_memory(model: cp_model.CpModel, memory: _Rows, s: list[list[cp_model.IntVar]]) -> None:
+    largest = max((abs(rhs) for _, rhs in memory.rows), default=1)
+    unit = max(1, -(-largest // 2**40))  # keep coefficients in int64 comfortably
+    for members, rhs in memory.rows:
+        terms = [
+            -(-int(m) // unit) * s[v][k]
+            for v in members.tolist()
+            if v in memory.terms
+            for k, m in enumerate(memory.terms[v])
+            if m > 0
+        ]
         if terms:
-            model.add(sum(terms) <= int(np.floor((budget - fixed) / unit)))
+            model.add(sum(terms) <= rhs // unit)
 
 
 def min_peak_memory(problem: ShardingProblem) -> tuple[float, int, str]:

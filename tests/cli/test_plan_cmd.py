@@ -51,7 +51,9 @@ def test_json_out_and_emitted_hlo(tmp_path: Path) -> None:
     assert doc["level"] == "O2"  # the default
     assert doc["solver"]["merge_level"] in (1, 2)
     assert {"nodes", "backbone", "critical", "cones", "core_nodes"} <= set(doc["solver"]["sizes"])
-    assert {"build", "solve", "plan", "solve.critical", "solve.merge"} <= set(doc["solver"]["phases_s"])
+    assert {"build", "solve", "plan", "solve.critical", "solve.merge"} <= set(
+        doc["solver"]["phases_s"]
+    )
     assert Plan.read(out).module == "jit_step"
     text = hlo.read_text()
     xla_parse(text)  # XLA's parser accepts the annotated module
@@ -62,7 +64,10 @@ def test_json_out_and_emitted_hlo(tmp_path: Path) -> None:
 
 
 def test_human_output_names_the_merging_level_and_phases() -> None:
-    for level, words in (("O2", "level 2 (one ILP over the merged graph)"), ("O3", "level 0 (whole graph)")):
+    for level, words in (
+        ("O2", "level 2 (one ILP over the merged graph)"),
+        ("O3", "level 0 (whole graph)"),
+    ):
         r = invoke("plan", str(MLP), "--mesh", "1x4", "--opt", level)
         assert r.exit_code == 0, r.output
         assert words in r.output and "critical" in r.output and "phases" in r.output

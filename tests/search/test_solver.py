@@ -89,7 +89,7 @@ def test_a_search_out_of_time_still_returns_a_plan(
 
     monkeypatch.setattr(solver, "_solve_lp", lambda *_args: (None, 0.0, None, (0, 0)))
     monkeypatch.setattr(cp_model.CpSolver, "solve", lambda *_args, **_kw: cp_model.UNKNOWN)
-    problem = random_problem(11, budget=True) if budget else _dense(5, 3)
+    problem = _dense(5, 3, budget)
     found = solve_ilp(problem, SolveOptions(time_limit_s=1))
     assert found.status.value == "feasible"
     assert problem.evaluate(found.choice).objective == found.objective
@@ -99,16 +99,61 @@ def test_a_search_out_of_time_still_returns_a_plan(
         assert found.objective >= solve_brute_force(problem).objective
 
 
-def _dense(n: int, k: int) -> ShardingProblem:
-    """Every pair of n nodes joined: nothing for the exact reductions to remove."""
+def _dense(n: int, k: int, budget: bool = False) -> ShardingProblem:
+    """Every pair of n nodes joined: nothing for the exact reductions to remove. With a
+    budget, the nodes' memory varies, all are live at once, and the budget is a little
+    above the smallest peak (a row that binds)."""
     from rhino.search.reduce import reduce_problem
 
     rng = np.random.default_rng(5)
     nodes = tuple(
-        ProblemNode(f"n{v}", tuple(f"s{i}" for i in range(k)), rng.random(k), np.ones(k))
+        ProblemNode(
+            f"n{v}",
+            tuple(f"s{i}" for i in range(k)),
+            rng.random(k),
+            rng.integers(1, 100, size=k).astype(float) if budget else np.ones(k),
+        )  # fmt: skip
         for v in range(n)
     )
     edges = tuple(ProblemEdge(u, v, rng.random((k, k))) for u in range(n) for v in range(u + 1, n))
     problem = ShardingProblem(nodes, edges)
+    if budget:
+        problem = ShardingProblem(nodes, edges, budget=min_peak_memory(problem)[0] * 1.2)
     assert reduce_problem(problem).alive
     return problem
+
+
+def test_with_a_budget_the_reductions_apply_and_only_rows_that_can_bind_are_kept() -> None:
+    """A chain of 30 nodes, each live at its own step; node 7's largest layout alone
+    breaks the budget. Everything else folds away exactly; one row stays."""
+    rng = np.random.default_rng(3)
+    k = 3
+    nodes = []
+    for v in range(30):
+        memory = np.array([10.0, 20.0, 30.0]) * (10 if v == 7 else 1)
+        nodes.append(
+            ProblemNode(f"n{v}", tuple(f"s{i}" for i in range(k)), rng.random(k), memory, (v, v))
+        )
+    edges = tuple(ProblemEdge(v, v + 1, rng.random((k, k))) for v in range(29))
+    problem = ShardingProblem(tuple(nodes), edges, budget=250.0)
+    found = solve_ilp(problem)
+    assert found.stats["core_nodes"] <= 1
+    assert found.stats.get("memory_rows", 0.0) <= 1
+    assert found.peak_memory <= 250.0
+    assert found.objective == pytest.approx(solve_brute_force_chain(problem), rel=1e-9)
+
+
+def solve_brute_force_chain(problem: ShardingProblem) -> float:
+    """Dynamic programming over a chain, with each node's allowed strategies filtered by
+    the budget (every node is live alone)."""
+    best = None
+    for v, n in enumerate(problem.nodes):
+        ok = n.memory <= problem.budget  # type: ignore[operator]
+        cost = np.where(ok, n.cost, np.inf)
+        if best is None:
+            best = cost
+        else:
+            edge = problem.edges[v - 1].cost
+            best = (best[:, None] + edge).min(axis=0) + cost
+    assert best is not None
+    return float(best.min())
