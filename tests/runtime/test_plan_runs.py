@@ -38,3 +38,19 @@ def test_a_strided_plan_runs_and_the_report_says_where_xla_chose_its_own_layout(
     assert report.ok
     notes = [n for n in report.notes if n.startswith("%r:")]
     assert notes and "non-maximal stride" in notes[0], report.notes
+
+
+def test_an_o2_plan_from_segments_compiles_runs_and_matches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """O2's level 3 (segments solved apart, then refined) still yields a plan XLA runs
+    and that computes what the single-device program computes."""
+    from rhino.search import merge
+
+    monkeypatch.setattr(merge, "WHOLE_CORE_PAIRS", 0)  # segments even on a small model
+    module = parse_file(ROOT / "examples/gpt_tiny.hlo")
+    plan = make_plan(module, PlanRequest(parse_mesh("2x4"), load_cluster("m8"), "O2"))
+    assert plan.solver["merge_level"] == 3 and plan.solver["sizes"]["segments"] > 1
+    report = run_and_compare(print_module(planned_module(module)), print_module(apply_plan(module, plan)),
+                             8, seed=0)  # fmt: skip
+    assert report.ok, report.summary()
