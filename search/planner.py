@@ -96,28 +96,16 @@ def make_plan(
     return dataclasses.replace(plan, solver={**plan.solver, **search_report(solution, phases)})
 
 
+REPORTED_SIZES = ("nodes", "backbone", "critical", "cones", "core_nodes", "core_edges", "memory_rows",
+                  "segments", "passes", "windows_solved", "windows_reused")  # fmt: skip
+
+
 def search_report(solution: Solution, phases: dict[str, float]) -> dict[str, object]:
     """What the search did, for `Plan.solver`: the level of merging it reached (O2: 1
     cones only, 2 one ILP over the merged graph, 3 segments; O3: 0, the whole graph),
     the sizes of the coarsened graphs, and seconds per phase."""
     stats = solution.stats
-    sizes = {
-        k: int(v)
-        for k, v in stats.items()
-        if k
-        in (
-            "nodes",
-            "backbone",
-            "critical",
-            "cones",
-            "core_nodes",
-            "core_edges",
-            "segments",
-            "passes",
-            "windows_solved",
-            "windows_reused",
-        )  # fmt: skip
-    }
+    sizes = {k: int(stats[k]) for k in REPORTED_SIZES if k in stats}
     detail = {k[: -len("_s")]: v for k, v in stats.items() if k.endswith("_s")}
     return {
         "merge_level": int(stats.get("level", 0)),

@@ -113,7 +113,7 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
             **solved.stats,
             "core_nodes": float(len(core_ids)),
             "core_edges": float(len(core.edges)),
-            "memory_rows": float(len(rows.rows) if rows is not None else 0),
+            **({"memory_rows": float(len(rows.rows))} if rows is not None else {}),
         },
     )
 
