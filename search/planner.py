@@ -23,7 +23,14 @@ from rhino.search.cluster import Cluster
 from rhino.search.merge import solve_merged, structure
 from rhino.search.mesh import DeviceMesh
 from rhino.search.plan import InstructionPlan, Plan, PlannedCollective, PlannedReshard, module_hash
-from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, Solution, SolveOptions
+from rhino.search.problem import (
+    ProblemEdge,
+    ProblemNode,
+    ShardingProblem,
+    Solution,
+    SolveOptions,
+    SolveStatus,
+)
 from rhino.search.reshard import reshard
 from rhino.search.solver import solve_ilp
 from rhino.search.spec import ShardingSpec, SpecError
@@ -84,6 +91,8 @@ def make_plan(
     if problem.budget is not None and (request.memory_mode == "largest" or request.level == "O2"):
         # O2 meets a budget as Rhino's O2 does (§4.4); O3 can also hold it exactly
         solution = solve_largest_sharded(graph, problem, options, solve)
+    elif request.level == "O3" and problem.budget is None:
+        solution = solve_whole(problem, options)
     else:
         solution = solve(problem, options)
     phases["solve"] = time.perf_counter() - clock
@@ -112,6 +121,19 @@ def search_report(solution: Solution, phases: dict[str, float]) -> dict[str, obj
         "sizes": sizes,
         "phases_s": {**phases, **{f"solve.{k}": v for k, v in detail.items() if k != "total"}},
     }
+
+
+def solve_whole(problem: ShardingProblem, options: SolveOptions) -> Solution:
+    """O3 without a budget: the whole-graph ILP, started from O2's plan (given at most
+    half the time), so it is never worse than O2. Where O2 itself solved the whole core
+    by one ILP (its level 2) that is O3's answer already."""
+    warm_options = dataclasses.replace(options, deadline=time.perf_counter() + options.left() / 2)
+    warm = solve_merged(problem, warm_options)
+    if warm.stats.get("level", 0.0) < 3 and warm.status is SolveStatus.OPTIMAL:
+        return dataclasses.replace(warm, stats={**warm.stats, "level": 0.0})
+    found = solve_ilp(problem, options, start=warm.choice)
+    return dataclasses.replace(found, stats={**found.stats, "warm_start_s": warm.solve_time_s,
+                                             "warm_start_objective_s": warm.objective})  # fmt: skip
 
 
 def solve_largest_sharded(graph: ShardingGraph, problem: ShardingProblem, options: SolveOptions,

@@ -64,9 +64,12 @@ LP_UNIT = 1e6
 """The LP counts microseconds: HiGHS' tolerances (~1e-7) would swallow costs in seconds."""
 
 
-def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> Solution:
+def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None,
+              start: tuple[int, ...] | None = None) -> Solution:  # fmt: skip
     """Minimize the problem's cost within its budget; the best plan found by the time
-    limit when the search is not finished (status FEASIBLE).
+    limit when the search is not finished (status FEASIBLE). `start`, a plan of the
+    problem (no budget), is where the search starts when it beats the LP's rounding:
+    the answer is never worse than it.
 
     The exact reductions of `rhino.search.reduce` (leaves folded into their neighbour,
     chain links into an edge, dominated strategies dropped; with a budget, only where
@@ -75,7 +78,7 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
     can bind (`rhino.search.reduce.memory_rows`).
     """
     options = (options or SolveOptions()).started()
-    start = time.perf_counter()
+    begin = time.perf_counter()
     if problem.budget is not None:
         _check_budget(problem)  # the clear message, before anything else
     reduced = reduce_problem(tie_broken(problem))
@@ -84,7 +87,7 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
         choice = reduced.expand({})
         evaluation = problem.evaluate(choice)
         return Solution(choice, evaluation.objective, evaluation.objective, SolveStatus.OPTIMAL,
-                        time.perf_counter() - start, evaluation.peak_memory, 0, 0,
+                        time.perf_counter() - begin, evaluation.peak_memory, 0, 0,
                         stats={"core_nodes": 0.0})  # fmt: skip
     position = {v: i for i, v in enumerate(core_ids)}
     core = core_problem(problem, reduced)
@@ -96,7 +99,13 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
             [(np.array(sorted(position[v] for v in [*found.always, *members.tolist()]), dtype=np.int64), rhs)
              for members, rhs in found.rows],
         )  # fmt: skip
-    solved = _solve(core, options, rows)
+    core_start = None
+    if start is not None and rows is None:
+        where = [{int(k): i for i, k in enumerate(reduced.keep[v])} for v in core_ids]
+        picks = [where[i].get(start[v]) for i, v in enumerate(core_ids)]
+        if None not in picks:  # (a strategy the reductions dropped is no start)
+            core_start = tuple(int(k) for k in picks)  # type: ignore[arg-type]
+    solved = _solve(core, options, rows, core_start)
     choice = reduced.expand({v: solved.choice[position[v]] for v in core_ids})
     evaluation = problem.evaluate(choice)
     gap_s = solved.objective - solved.bound  # the core's gap is the whole problem's
@@ -105,7 +114,7 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None) -> 
         objective=evaluation.objective,
         bound=max(0.0, evaluation.objective - gap_s),
         status=solved.status,
-        solve_time_s=time.perf_counter() - start,
+        solve_time_s=time.perf_counter() - begin,
         peak_memory=evaluation.peak_memory,
         variables=solved.variables,
         constraints=solved.constraints,
@@ -167,10 +176,10 @@ class _Rows:
         )
 
 
-def _solve(
-    problem: ShardingProblem, options: SolveOptions, memory: _Rows | None = None
-) -> Solution:
-    """The LP relaxation, then CP-SAT (see module doc), within `memory`'s rows."""
+def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None = None,
+           start_choice: tuple[int, ...] | None = None) -> Solution:  # fmt: skip
+    """The LP relaxation, then CP-SAT (see module doc), within `memory`'s rows, from
+    `start_choice` when it beats the LP's rounding."""
     start = time.perf_counter()
     options = options.started()
     # ties go to the plan holding less memory: 1 GiB weighs ~10 ns, a secondary objective
@@ -257,8 +266,12 @@ def _solve(
     # layouts fit (_check_budget)
     fallback = None
     if memory is None:  # the LP's rounding, or each node's cheapest when it had no time
-        start_choice = lp_hint if lp_hint is not None else [int(np.argmin(c)) for c in node_cost]
-        lp_hint = improve(problem, node_cost, start_choice)
+        rounded = lp_hint if lp_hint is not None else [int(np.argmin(c)) for c in node_cost]
+        lp_hint = improve(problem, node_cost, rounded)
+        if start_choice is not None:
+            given = improve(problem, node_cost, list(start_choice))
+            if problem.evaluate(given).objective < problem.evaluate(lp_hint).objective:
+                lp_hint = given
         fallback = tuple(lp_hint)
     else:  # the smallest layouts everywhere fit (_check_budget): a plan, if a poor one
         smallest = tuple(int(np.argmin(n.memory)) for n in problem.nodes)

@@ -168,3 +168,16 @@ def test_one_deadline_is_shared_by_every_phase() -> None:
     for solve in (solve_ilp, merge.solve_merged):
         found = solve(problem, past)
         assert problem.evaluate(found.choice).objective == found.objective
+
+
+def test_o3_starts_from_o2_and_is_never_worse(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rhino.search.planner import solve_whole
+
+    monkeypatch.setattr(merge, "WHOLE_CORE_PAIRS", 0)  # O2 by segments
+    monkeypatch.setattr(merge, "SEGMENT_NODES", 12)
+    problem = series_parallel(2)
+    o2 = merge.solve_merged(problem, SolveOptions(time_limit_s=60))
+    o3 = solve_whole(problem, SolveOptions(time_limit_s=60))
+    assert o3.objective <= o2.objective * (1 + 1e-12)
+    assert o3.stats["warm_start_objective_s"] == pytest.approx(o2.objective)
+    assert o3.status.value == "optimal"
