@@ -305,8 +305,16 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
     t.add_row("search", f"{plan.search_time_s:.1f} s, solver {solver['status']}, {gap}, "
                         f"{plan.problem.get('nodes', 0)} nodes, {plan.problem.get('edges', 0)} edges")  # fmt: skip
     if "merge_level" in solver:
-        sizes = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in solver["sizes"].items())
-        t.add_row("  merging", f"level {solver['merge_level']} ({MERGE_LEVELS.get(solver['merge_level'], '?')}): {sizes}")
+        counts = solver["sizes"]
+        sizes = ", ".join(
+            f"{v} {k.replace('_', ' ')}"
+            + (f" ({v / counts['nodes']:.1%})" if k == "critical" and counts.get("nodes") else "")
+            for k, v in counts.items()
+        )
+        t.add_row(
+            "  merging",
+            f"level {solver['merge_level']} ({MERGE_LEVELS.get(solver['merge_level'], '?')}): {sizes}",
+        )
         phases = ", ".join(f"{k} {v:.2f} s" for k, v in solver["phases_s"].items())
         t.add_row("  phases", phases)
     out.print(t)

@@ -133,7 +133,7 @@ def solve_whole(problem: ShardingProblem, options: SolveOptions) -> Solution:
         return dataclasses.replace(warm, stats={**warm.stats, "level": 0.0})
     found = solve_ilp(problem, options, start=warm.choice)
     return dataclasses.replace(found, stats={**found.stats, "warm_start_s": warm.solve_time_s,
-                                             "warm_start_objective_s": warm.objective})  # fmt: skip
+                                             "warm_start_cost": warm.objective})  # fmt: skip
 
 
 def solve_largest_sharded(graph: ShardingGraph, problem: ShardingProblem, options: SolveOptions,

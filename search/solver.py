@@ -60,6 +60,8 @@ from rhino.search.reduce import Reduced, memory_rows, reduce_problem
 TIE_BREAK_S_PER_BYTE = 1e-17
 MIN_CPSAT_S = 0.2
 """CP-SAT and the LP get at least this long, even past the deadline, so there is a plan."""
+LP_METHOD = "highs"
+"""scipy linprog method (HiGHS: "highs" lets it choose, "highs-ipm", "highs-ds")."""
 LP_UNIT = 1e6
 """The LP counts microseconds: HiGHS' tolerances (~1e-7) would swallow costs in seconds."""
 
@@ -391,7 +393,7 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
     with _quiet_stdout():  # HiGHS may print on stdout, which must stay clean for --json
         result = linprog(
             np.concatenate(objective), A_ub=a_ub, b_ub=b_ub, A_eq=eq, b_eq=rhs, bounds=(0.0, 1.0),
-            method="highs", options={"time_limit": max(MIN_CPSAT_S, options.left() / 2), "presolve": True},
+            method=LP_METHOD, options={"time_limit": max(MIN_CPSAT_S, options.left() / 2), "presolve": True},
         )  # fmt: skip
     if result.status != 0 or result.x is None:
         return None, 0.0, None, size

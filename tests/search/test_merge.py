@@ -179,5 +179,5 @@ def test_o3_starts_from_o2_and_is_never_worse(monkeypatch: pytest.MonkeyPatch) -
     o2 = merge.solve_merged(problem, SolveOptions(time_limit_s=60))
     o3 = solve_whole(problem, SolveOptions(time_limit_s=60))
     assert o3.objective <= o2.objective * (1 + 1e-12)
-    assert o3.stats["warm_start_objective_s"] == pytest.approx(o2.objective)
+    assert o3.stats["warm_start_cost"] == pytest.approx(o2.objective)
     assert o3.status.value == "optimal"
