@@ -157,3 +157,25 @@ def solve_brute_force_chain(problem: ShardingProblem) -> float:
             best = (best[:, None] + edge).min(axis=0) + cost
     assert best is not None
     return float(best.min())
+
+
+def test_a_model_too_large_for_cpsat_returns_its_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above CPSAT_MAX_VARIABLES, when the LP gives no integral optimum, the answer is the
+    better of the LP's rounding and the given start, improved node by node; CP-SAT is
+    not built."""
+    from ortools.sat.python import cp_model
+
+    import rhino.search.solver as solver
+
+    def no_cpsat(*_args, **_kw):  # type: ignore[no-untyped-def]
+        raise AssertionError("CP-SAT ran")
+
+    monkeypatch.setattr(solver, "CPSAT_MAX_VARIABLES", 0)
+    monkeypatch.setattr(solver, "_solve_lp", lambda *_args: (None, 0.0, None, (10, 10)))
+    monkeypatch.setattr(cp_model.CpSolver, "solve", no_cpsat)
+    problem = _dense(5, 3)
+    best = solve_brute_force(problem)
+    found = solve_ilp(problem, start=best.choice)
+    assert found.status.value == "feasible"
+    assert found.objective == pytest.approx(best.objective)
+    assert found.stats["cpsat_skipped"] == 1.0
