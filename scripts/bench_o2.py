@@ -133,7 +133,9 @@ def render(rows: list[dict[str, Any]]) -> Table:
 
 @click.command()
 @click.option("--worker", nargs=4, hidden=True, type=(str, str, str, float))
-@click.option("--gpt-layers", type=int, multiple=True, help=f"GPT depths (default {GPT_LAYERS}).")
+@click.option(
+    "--gpt-layers", type=int, multiple=True, help=f"GPT depths (default {GPT_LAYERS}; 0 for none)."
+)
 @click.option("--moe", "moe_configs", multiple=True, help=f"MoE configs (default {MOE_CONFIGS}).")
 @click.option("--no-moe", is_flag=True)
 @click.option("--no-others", is_flag=True, help="Skip the other zoo models.")
@@ -150,6 +152,8 @@ def main(worker: tuple[str, str, str, float] | None, gpt_layers: tuple[int, ...]
         return
     models: list[tuple[str, Path]] = []
     for layers in gpt_layers or GPT_LAYERS:
+        if layers <= 0:  # --gpt-layers 0: no GPT
+            continue
         models.append((f"gpt hidden512 x{layers}", ensure_model("gpt", "hidden512", layers)))
     if not no_moe:
         for config in moe_configs or MOE_CONFIGS:

@@ -23,15 +23,32 @@ latest for a node with no inputs (a parameter belongs where it is first read, it
 optimizer state where it is updated). Segments are then merged or split to
 `SEGMENT_NODES` core nodes.
 
-The segments are solved one by one along the backbone, each by the ILP: edges into
-earlier segments are charged at the strategy those took, edges into later ones at their
-best case (min over the far strategy). Then passes of refinement: every segment, and
-every window straddling two segment halves, is solved again with all its neighbours'
-strategies fixed. Each such solve is exact for its window, so a pass never makes the
-plan worse; passes stop when one gains nothing or the deadline comes. Repeated layers
-give identical windows: a window's optimum is remembered by a fingerprint of its costs,
-so each distinct window is solved once. Last, the whole core gets the node-by-node local
-search of `rhino.search.solver.improve`.
+First plans. The segments are solved one by one along the backbone, each by the ILP,
+with the edges into segments already solved charged at the strategies those took and
+the edges into segments not yet solved left out (TePDist's conditioning on the prefix):
+once in program order, once in reverse; and, a third first plan, every node in its
+largest (replicated) layout. (Charging the unsolved side at its best case instead was
+measured 2-12x worse than O3 on the examples: every neighbour's best case at once is not
+a plan.)
+
+Refinement. Windows are solved again by the ILP with every strategy outside them fixed:
+each segment joined with the PARTNERS segments its edges weigh most on (a layer's
+forward, its backward and its optimizer update lie far apart in program order but make
+one decision: greedy in program order, data parallelism is chosen in the forward pass
+before the backward pass can object), each segment alone, and windows straddling two
+segments' halves. A window's solve is exact for it, so a pass never makes the plan
+worse; passes stop when one gains nothing. The starts are refined best first; a start
+beginning more than START_SLACK over the best refined plan, or still ABANDON over it
+after a pass, is dropped. Repeated layers give identical windows: a window's optimum is
+remembered by a fingerprint of its costs and the strategies around it, so each distinct
+window is solved once. Last, the whole core gets the node-by-node local search of
+`rhino.search.solver.improve`.
+
+What this is not: Rhino stitches its segments by dynamic programming over the strategies
+of the critical nodes between them. Here the stitching is by the refinement's
+overlapping windows. Measured against O3 where O3 proves optimality: the 12-layer GPT
+(hidden 512) on 2x4 0.34% worse, the 24-layer 0.39% worse; the examples forced to level
+3, 0-3.2% worse.
 """
 
 from __future__ import annotations
