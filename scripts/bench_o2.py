@@ -144,9 +144,14 @@ def render(rows: list[dict[str, Any]]) -> Table:
 @click.option("--o2-time-limit", default=60.0, show_default=True)
 @click.option("--o3-time-limit", default=300.0, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), default="bench/o2.json", show_default=True)
+@click.option(
+    "--o3-from",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Take O3's results from this earlier JSON (same model and mesh) instead of running it.",
+)
 def main(worker: tuple[str, str, str, float] | None, gpt_layers: tuple[int, ...], moe_configs: tuple[str, ...],
          no_moe: bool, no_others: bool, meshes: tuple[str, ...], no_o3: bool, o2_time_limit: float,
-         o3_time_limit: float, out: str) -> None:  # fmt: skip
+         o3_time_limit: float, out: str, o3_from: str | None) -> None:  # fmt: skip
     if worker:
         print(json.dumps(plan_once(*worker), default=json_default))
         return
@@ -164,12 +169,20 @@ def main(worker: tuple[str, str, str, float] | None, gpt_layers: tuple[int, ...]
     console = Console(width=220)
     rows: list[dict[str, Any]] = []
     levels = ("O2",) if no_o3 else ("O2", "O3")
+    earlier = {}
+    if o3_from:
+        for row in json.loads(Path(o3_from).read_text())["rows"]:
+            if "O3" in row:
+                earlier[row["model"], row["mesh"]] = row["O3"]
     for name, path in models:
         for mesh in meshes or MESHES:
             row: dict[str, Any] = {"model": name, "file": str(path.relative_to(ROOT)), "mesh": mesh}
             for level in levels:
                 console.print(f"[dim]{name} on {mesh}, {level} ...[/]")
                 limit = o2_time_limit if level == "O2" else o3_time_limit
+                if level == "O3" and (name, mesh) in earlier:
+                    row[level] = {**earlier[name, mesh], "from": o3_from}
+                    continue
                 row[level] = run_one(path, mesh, level, limit)
             rows.append(row)
             Path(out).parent.mkdir(parents=True, exist_ok=True)

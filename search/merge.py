@@ -37,9 +37,10 @@ forward, its backward and its optimizer update lie far apart in program order bu
 one decision: greedy in program order, data parallelism is chosen in the forward pass
 before the backward pass can object), each segment alone, and windows straddling two
 segments' halves. A window's solve is exact for it, so a pass never makes the plan
-worse; passes stop when one gains nothing. The starts are refined best first; a start
-beginning more than START_SLACK over the best refined plan, or still ABANDON over it
-after a pass, is dropped. Repeated layers give identical windows: a window's optimum is
+worse; passes stop when one gains nothing. Every start within START_SLACK of the best
+first plan gets one pass; the best after it gets the passes to convergence (first plans
+rank their refined outcomes poorly: on the 12-layer GPT on 2x8 the second-best first
+plan ends best). Repeated layers give identical windows: a window's optimum is
 remembered by a fingerprint of its costs and the strategies around it, so each distinct
 window is solved once. Last, the whole core gets the node-by-node local search of
 `rhino.search.solver.improve`.
@@ -75,7 +76,7 @@ WHOLE_CORE_PAIRS = 600_000
 """A core with at most this many strategy pairs on its edges is solved by one ILP
 (level 2: seconds, e.g. the 12-layer GPT on 1x8, 77k pairs, in 2.7 s); a larger one by
 segments (level 3)."""
-SEGMENT_NODES = 48
+SEGMENT_NODES = 80
 """Core nodes per segment, roughly: segments between critical nodes are merged up to
 this size, and larger ones split."""
 MAX_PASSES = 6
@@ -84,12 +85,9 @@ STARTS = ("forward", "backward", "replicated")
 """First plans the refinement starts from, the best result kept: the segments solved in
 program order, or in reverse (each seeing only the segments solved before it), or every
 node in its largest (replicated) layout."""
-START_SLACK = 1.3
-"""A start is refined only if its first plan costs at most this times the best refined
-plan so far."""
-ABANDON = 0.05
-"""A start whose plan is still this much worse than the best one's after a refinement
-pass is given up."""
+START_SLACK = 3.0
+"""A start is refined only if its first plan costs at most this times the best first
+plan."""
 PARTNERS = 2
 """Refinement windows join a segment with this many segments it is most coupled to."""
 SEGMENT_TIME_S = 5.0
@@ -225,15 +223,22 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
     report.phases["segments"] += time.perf_counter() - clock
     clock = time.perf_counter()
     coupled = search.coupled(segments)
-    for cost, name, first in sorted(starts, key=lambda t: t[0]):  # the most promising first
-        if best is not None and (options.left() <= 0 or cost > best[0] * START_SLACK):
+    # successive halving: one refinement pass for every start not far behind the best,
+    # then the passes to convergence for the best after it
+    lowest = min(cost for cost, _, _ in starts)
+    tried = []
+    for cost, name, first in sorted(starts, key=lambda t: (t[0], t[1])):
+        if cost > lowest * START_SLACK or (tried and options.left() <= 0):
             continue
         search.restart(first)
-        passes += search.refine(segments, coupled, None if best is None else best[0])
-        found = (search.core_cost(), dict(search.choice))
-        report.sizes[f"refined_{name}"] = found[0]
-        if best is None or found[0] < best[0]:
-            best = found
+        passes += search.refine(segments, coupled, 1, 1)
+        tried.append((search.core_cost(), name, dict(search.choice)))
+        report.sizes[f"first_pass_{name}"] = tried[-1][0]
+    _, name, choice = min(tried, key=lambda t: (t[0], t[1]))
+    search.restart(choice)
+    passes += search.refine(segments, coupled, 2, MAX_PASSES)
+    best = (search.core_cost(), dict(search.choice))
+    report.sizes[f"refined_{name}"] = best[0]
     report.phases["refine"] = time.perf_counter() - clock
     assert best is not None
     search.choice = best[1]
@@ -349,19 +354,20 @@ class _SegmentSearch:
         self.seen = {}
 
     def refine(
-        self, segments: list[list[int]], coupled: list[list[int]], rival: float | None
+        self, segments: list[list[int]], coupled: list[list[int]], first: int, last: int
     ) -> int:
-        """Passes until one gains nothing, or the plan stays ABANDON worse than a
-        `rival` cost after a pass (or the deadline); how many ran."""
+        """Passes `first`..`last` (odd ones solve the coupled windows and the windows
+        straddling two segments, even ones the coupled windows and the segments) until
+        one gains nothing or the deadline; how many ran."""
         halves = [(s[: len(s) // 2], s[len(s) // 2 :]) for s in segments]
         straddling = [halves[i][1] + halves[i + 1][0] for i in range(len(halves) - 1)]
         passes = 0
         before = self.core_cost()
-        while passes < MAX_PASSES and self.options.left() > 0:
-            if rival is not None and passes and before > rival * (1 + ABANDON):
+        for number in range(first, last + 1):
+            if self.options.left() <= 0:
                 break
             passes += 1
-            for window in coupled + straddling if passes % 2 else coupled + segments:
+            for window in coupled + straddling if number % 2 else coupled + segments:
                 if self.options.left() <= 0:
                     break
                 self._solve(window)
