@@ -32,12 +32,13 @@ measured 2-12x worse than O3 on the examples: every neighbour's best case at onc
 a plan.)
 
 Refinement. Windows are solved again by the ILP with every strategy outside them fixed:
-each segment joined with the PARTNERS segments its edges weigh most on (a layer's
+each segment joined with the segment (then, wider, the two) its edges weigh most on (a layer's
 forward, its backward and its optimizer update lie far apart in program order but make
 one decision: greedy in program order, data parallelism is chosen in the forward pass
 before the backward pass can object), each segment alone, and windows straddling two
 segments' halves. A window's solve is exact for it, so a pass never makes the plan
-worse; passes stop when one gains nothing. Every start within START_SLACK of the best
+worse; passes over the narrow windows stop when one gains nothing, then WIDE_PASSES
+passes over the wide ones. Every start within START_SLACK of the best
 first plan gets one pass; the best after it gets the passes to convergence (first plans
 rank their refined outcomes poorly: on the 12-layer GPT on 2x8 the second-best first
 plan ends best). Repeated layers give identical windows: a window's optimum is
@@ -88,8 +89,10 @@ node in its largest (replicated) layout."""
 START_SLACK = 3.0
 """A start is refined only if its first plan costs at most this times the best first
 plan."""
-PARTNERS = 2
-"""Refinement windows join a segment with this many segments it is most coupled to."""
+WIDE_PASSES = 1
+"""Passes over the wide windows (a segment and its two most coupled) after the narrow
+ones (a segment and its most coupled) have converged: one gains what more would (on
+the 12-layer GPT, 1x8 to 2x8), at a third of the time."""
 SEGMENT_TIME_S = 5.0
 """Time limit of one segment's ILP (it usually needs milliseconds)."""
 
@@ -222,7 +225,7 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
         report.sizes[f"start_{name}"] = starts[-1][0]
     report.phases["segments"] += time.perf_counter() - clock
     clock = time.perf_counter()
-    coupled = search.coupled(segments)
+    pairs, triples = search.coupled(segments, 1), search.coupled(segments, 2)
     # successive halving: one refinement pass for every start not far behind the best,
     # then the passes to convergence for the best after it
     lowest = min(cost for cost, _, _ in starts)
@@ -231,12 +234,13 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
         if cost > lowest * START_SLACK or (tried and options.left() <= 0):
             continue
         search.restart(first)
-        passes += search.refine(segments, coupled, 1, 1)
+        passes += search.refine(segments, pairs, 1, 1)
         tried.append((search.core_cost(), name, dict(search.choice)))
         report.sizes[f"first_pass_{name}"] = tried[-1][0]
     _, name, choice = min(tried, key=lambda t: (t[0], t[1]))
     search.restart(choice)
-    passes += search.refine(segments, coupled, 2, MAX_PASSES)
+    passes += search.refine(segments, pairs, 2, MAX_PASSES)
+    passes += search.refine(segments, triples, 1, WIDE_PASSES)
     best = (search.core_cost(), dict(search.choice))
     report.sizes[f"refined_{name}"] = best[0]
     report.phases["refine"] = time.perf_counter() - clock
@@ -331,8 +335,8 @@ class _SegmentSearch:
         for segment in segments if how == "forward" else segments[::-1]:
             self._solve(segment)
 
-    def coupled(self, segments: list[list[int]]) -> list[list[int]]:
-        """Each segment with the PARTNERS segments its edges weigh most on (a layer's
+    def coupled(self, segments: list[list[int]], partners: int) -> list[list[int]]:
+        """Each segment with the `partners` segments its edges weigh most on (a layer's
         forward with its backward and its optimizer update: far apart in time, but one
         decision)."""
         where = {v: i for i, seg in enumerate(segments) for v in seg}
@@ -345,8 +349,8 @@ class _SegmentSearch:
                 weight[sb][sa] = weight[sb].get(sa, 0.0) + stake
         windows = []
         for i, seg in enumerate(segments):
-            partners = sorted(weight[i], key=lambda j: (-weight[i][j], j))[:PARTNERS]
-            windows.append(seg + [v for j in sorted(partners) for v in segments[j]])
+            best = sorted(weight[i], key=lambda j: (-weight[i][j], j))[:partners]
+            windows.append(seg + [v for j in sorted(best) for v in segments[j]])
         return windows
 
     def restart(self, choice: dict[int, int]) -> None:
