@@ -131,9 +131,7 @@ def plan(name: str, mesh: str, level: str, **kw):  # type: ignore[no-untyped-def
     return make_plan(parse_file(EXAMPLES / name), request)
 
 
-@pytest.mark.parametrize(
-    "name", ["gpt_tiny.hlo", "gpt_scan_tiny.hlo", "moe_tiny.hlo", "vgg19_tiny.hlo", "mlp.hlo"]
-)
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.hlo")))
 def test_o2_equals_o3_on_the_examples(name: str) -> None:
     o3 = plan(name, "1x8", "O3")
     o2 = plan(name, "1x8", "O2")
