@@ -56,6 +56,7 @@ overlapping windows. Measured against O3 where O3 proves optimality: the 12-laye
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -214,7 +215,6 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
     segments = _segments(reduced, core_ids, crit)
     report.sizes["segments"] = float(len(segments))
     search = _SegmentSearch(problem, reduced, options)
-    best: tuple[float, dict[int, int]] | None = None
     report.phases["segments"] = report.phases["refine"] = 0.0
     passes = 0
     starts = []
@@ -225,7 +225,7 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
         report.sizes[f"start_{name}"] = starts[-1][0]
     report.phases["segments"] += time.perf_counter() - clock
     clock = time.perf_counter()
-    pairs, triples = search.coupled(segments, 1), search.coupled(segments, 2)
+    narrow, wide = search.coupled(segments, 1), search.coupled(segments, 2)
     # successive halving: one refinement pass for every start not far behind the best,
     # then the passes to convergence for the best after it
     lowest = min(cost for cost, _, _ in starts)
@@ -234,18 +234,15 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
         if cost > lowest * START_SLACK or (tried and options.left() <= 0):
             continue
         search.restart(first)
-        passes += search.refine(segments, pairs, 1, 1)
+        passes += search.refine(segments, narrow, 1, 1)
         tried.append((search.core_cost(), name, dict(search.choice)))
         report.sizes[f"first_pass_{name}"] = tried[-1][0]
     _, name, choice = min(tried, key=lambda t: (t[0], t[1]))
     search.restart(choice)
-    passes += search.refine(segments, pairs, 2, MAX_PASSES)
-    passes += search.refine(segments, triples, 1, WIDE_PASSES)
-    best = (search.core_cost(), dict(search.choice))
-    report.sizes[f"refined_{name}"] = best[0]
+    passes += search.refine(segments, narrow, 2, MAX_PASSES)
+    passes += search.refine(segments, wide, 1, WIDE_PASSES)
+    report.sizes[f"refined_{name}"] = search.core_cost()
     report.phases["refine"] = time.perf_counter() - clock
-    assert best is not None
-    search.choice = best[1]
     report.sizes["passes"] = float(passes)
     clock = time.perf_counter()
     choice = reduced.expand(search.polish())
@@ -268,9 +265,7 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
 
 
 def _with_stats(solution: Solution, report: Report) -> Solution:
-    from dataclasses import replace
-
-    return replace(
+    return dataclasses.replace(
         solution,
         solve_time_s=report.phases["total"],
         stats={**solution.stats, **report.stats()},
