@@ -97,7 +97,7 @@ def render(rows: list[dict[str, Any]]) -> Table:
     t = Table(
         title="O2 vs O3 (m8 cluster, no memory limit; times are wall seconds on this machine)"
     )
-    for col in ("model", "mesh", "instr", "critical", "cones", "core", "segments", "O2 phases s",
+    for col in ("model", "mesh", "instr", "critical (of nodes)", "cones", "core", "segments", "O2 phases s",
                 "O2 s", "O3 s", "O2 step ms", "O3 step ms", "O3 status", "O2/O3", "RSS O2/O3 MiB"):  # fmt: skip
         t.add_column(col, justify="left" if col in ("model", "mesh", "O2 phases s") else "right")
     for r in rows:

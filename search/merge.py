@@ -12,7 +12,8 @@ value read again in the backward pass) is not merged blindly: it stays in the co
 scanned GPT and DNABERT examples: the members' outside edges decide their layouts.)
 
 Level 2, the ILP between the merged nodes: when the core is small, one ILP over all of
-it (`solve_ilp`), and O2 is O3.
+it (`solve_ilp`), and O2 is O3 when that ILP proves its plan optimal within WHOLE_SHARE
+of the time; otherwise level 3 goes on from its plan.
 
 Level 3, segments (§4.3.3). The critical path of the forward program (unit cost per
 node, backward edges left out) gives each node an earliest and a latest time; the
@@ -74,10 +75,12 @@ from rhino.search.problem import (
 from rhino.search.reduce import Reduced, reduce_problem
 from rhino.search.solver import TIE_BREAK_S_PER_BYTE, core_problem, improve, solve_ilp, tie_broken
 
-WHOLE_CORE_PAIRS = 600_000
-"""A core with at most this many strategy pairs on its edges is solved by one ILP
-(level 2: seconds, e.g. the 12-layer GPT on 1x8, 77k pairs, in 2.7 s); a larger one by
-segments (level 3)."""
+WHOLE_CORE_PAIRS = 1_000_000
+"""A core with at most this many strategy pairs on its edges is first tried as one ILP
+(level 2: seconds, e.g. the 12-layer GPT on 1x8, 77k pairs, in 2.7 s); a larger one, or
+one whose ILP is not proven optimal in WHOLE_SHARE of the time, goes by segments
+(level 3), the ILP's plan among the starts."""
+WHOLE_SHARE = 0.4
 SEGMENT_NODES = 80
 """Core nodes per segment, roughly: segments between critical nodes are merged up to
 this size, and larger ones split."""
@@ -86,7 +89,8 @@ MAX_PASSES = 6
 STARTS = ("forward", "backward", "replicated")
 """First plans the refinement starts from, the best result kept: the segments solved in
 program order, or in reverse (each seeing only the segments solved before it), or every
-node in its largest (replicated) layout."""
+node in its largest (replicated) layout (and the whole-core ILP's plan when it ran out
+of time)."""
 START_SLACK = 3.0
 """A start is refined only if its first plan costs at most this times the best first
 plan."""
@@ -205,12 +209,18 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
     pairs = sum(m.size for m in reduced.edges.values())
     report.sizes["core_pairs"] = float(pairs)
     clock = time.perf_counter()
+    whole = None
     if pairs <= WHOLE_CORE_PAIRS:
-        solution = solve_ilp(problem, options)  # the same reductions again: cheap, exact
-        report.level = 2 if core_ids else 1
+        share = dataclasses.replace(
+            options, deadline=time.perf_counter() + options.left() * WHOLE_SHARE
+        )
+        whole = solve_ilp(problem, share)  # the same reductions again: cheap, exact
         report.phases["ilp"] = time.perf_counter() - clock
-        report.phases["total"] = time.perf_counter() - start
-        return _with_stats(solution, report)
+        if whole.status is SolveStatus.OPTIMAL:
+            report.level = 2 if core_ids else 1
+            report.phases["total"] = time.perf_counter() - start
+            return _with_stats(whole, report)
+        clock = time.perf_counter()
     report.level = 3
     segments = _segments(reduced, core_ids, crit)
     report.sizes["segments"] = float(len(segments))
@@ -223,6 +233,13 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
         search.start(name, segments)
         starts.append((search.core_cost(), name, dict(search.choice)))
         report.sizes[f"start_{name}"] = starts[-1][0]
+    if whole is not None:  # the whole-core ILP's unproven plan is a start too
+        where = {v: {int(k): i for i, k in enumerate(reduced.keep[v])} for v in core_ids}
+        picks = {v: where[v].get(whole.choice[v]) for v in core_ids}
+        if None not in picks.values():
+            search.restart(picks)  # type: ignore[arg-type]
+            starts.append((search.core_cost(), "ilp", dict(search.choice)))
+            report.sizes["start_ilp"] = starts[-1][0]
     report.phases["segments"] += time.perf_counter() - clock
     clock = time.perf_counter()
     narrow, wide = search.coupled(segments, 1), search.coupled(segments, 2)
