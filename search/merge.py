@@ -75,7 +75,14 @@ from rhino.search.problem import (
     SolveStatus,
 )
 from rhino.search.reduce import Reduced, reduce_problem
-from rhino.search.solver import TIE_BREAK_S_PER_BYTE, core_problem, improve, solve_ilp, tie_broken
+from rhino.search.solver import (
+    TIE_BREAK_S_PER_BYTE,
+    core_choice,
+    core_problem,
+    improve,
+    solve_ilp,
+    tie_broken,
+)
 
 WHOLE_CORE_PAIRS = 1_000_000
 """A core with at most this many strategy pairs on its edges is first tried as one ILP
@@ -216,7 +223,7 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
         share = dataclasses.replace(
             options, deadline=time.perf_counter() + options.left() * WHOLE_SHARE
         )
-        whole = solve_ilp(problem, share)  # the same reductions again: cheap, exact
+        whole = solve_ilp(problem, share, reduced=reduced)
         report.phases["ilp"] = time.perf_counter() - clock
         if whole.status is SolveStatus.OPTIMAL:
             report.level = 2 if core_ids else 1
@@ -235,20 +242,18 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
         search.start(name, segments)
         starts.append((search.core_cost(), name, dict(search.choice)))
         report.sizes[f"start_{name}"] = starts[-1][0]
-    if whole is not None:  # the whole-core ILP's unproven plan is a start too
-        where = {v: {int(k): i for i, k in enumerate(reduced.keep[v])} for v in core_ids}
-        picks = {v: where[v].get(whole.choice[v]) for v in core_ids}
-        if None not in picks.values():
-            search.restart(picks)  # type: ignore[arg-type]
-            starts.append((search.core_cost(), "ilp", dict(search.choice)))
-            report.sizes["start_ilp"] = starts[-1][0]
+    picks = None if whole is None else core_choice(reduced, whole.choice)
+    if picks is not None:  # the whole-core ILP's unproven plan is a start too
+        search.restart(picks)
+        starts.append((search.core_cost(), "ilp", dict(search.choice)))
+        report.sizes["start_ilp"] = starts[-1][0]
     report.phases["segments"] += time.perf_counter() - clock
     clock = time.perf_counter()
     narrow, wide = search.coupled(segments, 1), search.coupled(segments, 2)
     # successive halving: one refinement pass for every start not far behind the best,
     # then the passes to convergence for the best after it
     lowest = min(cost for cost, _, _ in starts)
-    tried = []
+    tried: list[tuple[float, str, dict[int, int]]] = []
     for cost, name, first in sorted(starts, key=lambda t: (t[0], t[1])):
         if cost > lowest * START_SLACK or (tried and options.left() <= 0):
             continue

@@ -74,7 +74,7 @@ LP_UNIT = 1e6
 
 
 def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None,
-              start: tuple[int, ...] | None = None) -> Solution:  # fmt: skip
+              start: tuple[int, ...] | None = None, reduced: Reduced | None = None) -> Solution:  # fmt: skip
     """Minimize the problem's cost within its budget; the best plan found by the time
     limit when the search is not finished (status FEASIBLE). `start`, a plan of the
     problem (no budget), is where the search starts when it beats the LP's rounding:
@@ -84,13 +84,15 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None,
     chain links into an edge, dominated strategies dropped; with a budget, only where
     memory allows) shrink the problem to a core first; the core's optimum, expanded, is
     an optimum of the whole. With a budget, the core keeps only the memory rows that
-    can bind (`rhino.search.reduce.memory_rows`).
+    can bind (`rhino.search.reduce.memory_rows`). `reduced`, when the caller has it
+    already, is `reduce_problem(tie_broken(problem))`.
     """
     options = (options or SolveOptions()).started()
     begin = time.perf_counter()
     if problem.budget is not None:
         _check_budget(problem)  # the clear message, before anything else
-    reduced = reduce_problem(tie_broken(problem))
+    if reduced is None:
+        reduced = reduce_problem(tie_broken(problem))
     core_ids = sorted(reduced.alive)
     if not core_ids:
         choice = reduced.expand({})
@@ -110,10 +112,9 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None,
         )  # fmt: skip
     core_start = None
     if start is not None and rows is None:
-        where = [{int(k): i for i, k in enumerate(reduced.keep[v])} for v in core_ids]
-        picks = [where[i].get(start[v]) for i, v in enumerate(core_ids)]
-        if None not in picks:  # (a strategy the reductions dropped is no start)
-            core_start = tuple(int(k) for k in picks)  # type: ignore[arg-type]
+        on_core = core_choice(reduced, start)
+        if on_core is not None:
+            core_start = tuple(on_core[v] for v in core_ids)
     solved = _solve(core, options, rows, core_start)
     choice = reduced.expand({v: solved.choice[position[v]] for v in core_ids})
     evaluation = problem.evaluate(choice)
@@ -155,6 +156,19 @@ def core_problem(problem: ShardingProblem, reduced: Reduced) -> ShardingProblem:
         tuple(ProblemEdge(position[a], position[b], m) for (a, b), m in reduced.edges.items()),
         None,
     )
+
+
+def core_choice(reduced: Reduced, choice: tuple[int, ...]) -> dict[int, int] | None:
+    """A plan of the whole problem as a choice of the core `reduced` left (core node ->
+    index among its remaining strategies); None when it uses a strategy the reductions
+    dropped."""
+    picks = {}
+    for v in reduced.alive:
+        found = np.flatnonzero(reduced.keep[v] == choice[v])
+        if not len(found):
+            return None
+        picks[v] = int(found[0])
+    return picks
 
 
 def tie_broken(problem: ShardingProblem) -> ShardingProblem:
@@ -209,17 +223,8 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         problem, node_cost, pair_edges, options, memory
     )
     if lp_choice is not None:  # the relaxation's optimum is integral: a proven optimum
-        evaluation = problem.evaluate(lp_choice)
-        return Solution(
-            choice=lp_choice,
-            objective=evaluation.objective,
-            bound=min(evaluation.objective, lp_value),
-            status=SolveStatus.OPTIMAL,
-            solve_time_s=time.perf_counter() - start,
-            peak_memory=evaluation.peak_memory,
-            variables=lp_size[0],
-            constraints=lp_size[1],
-            stats={"lp_integral": 1.0},
+        return _answer(
+            problem, lp_choice, SolveStatus.OPTIMAL, lp_value, start, lp_size, "lp_integral"
         )
     # a plan to start from, so the solver always has one: without a budget any choice is
     # valid (the rounded LP optimum, improved node by node); with one, the smallest
@@ -241,17 +246,8 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         # CP-SAT would spend minutes and gigabytes building the model and not come near
         # the start it is given (the 12-layer GPT on 2x8, 836k variables: 21% gap after
         # 300 s, 11 GiB): the start is the answer
-        evaluation = problem.evaluate(fallback)
-        return Solution(
-            choice=fallback,
-            objective=evaluation.objective,
-            bound=min(evaluation.objective, lp_value),
-            status=SolveStatus.FEASIBLE,
-            solve_time_s=time.perf_counter() - start,
-            peak_memory=evaluation.peak_memory,
-            variables=lp_size[0],
-            constraints=lp_size[1],
-            stats={"cpsat_skipped": 1.0},
+        return _answer(
+            problem, fallback, SolveStatus.FEASIBLE, lp_value, start, lp_size, "cpsat_skipped"
         )
     total = sum(float(c.max()) for c in node_cost) + sum(float(e.cost.max()) for e in pair_edges)
     scale = 1e12 if total * 1e12 < 1e15 else 1e15 / max(total, 1e-30)
@@ -352,6 +348,23 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
     )
 
 
+def _answer(problem: ShardingProblem, choice: tuple[int, ...], status: SolveStatus, bound: float,
+            start: float, size: tuple[int, int], flag: str) -> Solution:  # fmt: skip
+    """`choice` as the solution, before CP-SAT ran; `flag` names why (a stat set to 1)."""
+    evaluation = problem.evaluate(choice)
+    return Solution(
+        choice=choice,
+        objective=evaluation.objective,
+        bound=min(evaluation.objective, bound),
+        status=status,
+        solve_time_s=time.perf_counter() - start,
+        peak_memory=evaluation.peak_memory,
+        variables=size[0],
+        constraints=size[1],
+        stats={flag: 1.0},
+    )
+
+
 def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges: list,  # type: ignore[type-arg]
               options: SolveOptions, memory: _Rows | None = None) -> tuple[tuple[int, ...] | None, float, list[int] | None, tuple[int, int]]:  # fmt: skip
     """The LP relaxation of the model (same variables in [0, 1]) on HiGHS (through
@@ -411,7 +424,7 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
                 (np.concatenate(ub_vals), (np.concatenate(ub_rows), np.concatenate(ub_cols))),
                 shape=(len(memory.rows), n_vars),
             ).tocsr()
-            b_ub = np.array([float(rhs) for _, rhs in memory.rows])
+            b_ub = np.array([float(limit) for _, limit in memory.rows])
     size = (n_vars, n_rows + (0 if a_ub is None else a_ub.shape[0]))
     with _quiet_stdout():  # HiGHS may print on stdout, which must stay clean for --json
         result = linprog(
