@@ -242,10 +242,11 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         smallest = tuple(int(np.argmin(n.memory)) for n in problem.nodes)
         if memory.fits(smallest):
             fallback = smallest
-    if lp_size[0] > CPSAT_MAX_VARIABLES and memory is None and fallback is not None:
+    if lp_size[0] > CPSAT_MAX_VARIABLES and fallback is not None:
         # CP-SAT would spend minutes and gigabytes building the model and not come near
         # the start it is given (the 12-layer GPT on 2x8, 836k variables: 21% gap after
-        # 300 s, 11 GiB): the start is the answer
+        # 300 s, 11 GiB; with a budget, the 72-layer GPT on 2x8 went past 24 GiB and was
+        # killed): the start is the answer, with a budget the smallest layouts
         return _answer(
             problem, fallback, SolveStatus.FEASIBLE, lp_value, start, lp_size, "cpsat_skipped"
         )
