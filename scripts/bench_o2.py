@@ -50,7 +50,43 @@ def ensure_model(model: str, config: str, layers: int | None = None) -> Path:
     return path
 
 
-def plan_once(path: str, mesh: str, level: str, time_limit: float) -> dict[str, Any]:
+def budget_of(
+    memory: str, module: Any, mesh: str, free_peak: float | None
+) -> tuple[float | None, float | None]:
+    """The budget `--memory` names for this model and mesh (bytes; None for none), and the
+    peak of O2's plan without a budget when it was needed (`free_peak` if given)."""
+    from rhino.search.cluster import load_cluster, parse_quantity
+    from rhino.search.mesh import parse_mesh
+    from rhino.search.planner import PlanRequest, make_plan
+
+    if memory == "none":
+        return None, None
+    if memory == "device":
+        return load_cluster("m8").memory_bytes, None
+    if not memory.startswith("tight:"):
+        return parse_quantity(memory, "bytes"), None
+    if free_peak is None:  # the plan without a budget, from O2
+        free_peak = make_plan(
+            module, PlanRequest(parse_mesh(mesh), load_cluster("m8"))
+        ).peak_memory_bytes
+    low = smallest_peak(module, mesh)
+    return low + float(memory.removeprefix("tight:")) * (free_peak - low), free_peak
+
+
+def smallest_peak(module: Any, mesh: str) -> float:
+    """The smallest peak any plan can have on this mesh."""
+    from rhino.search.builder import build_graph
+    from rhino.search.cluster import load_cluster
+    from rhino.search.mesh import parse_mesh
+    from rhino.search.planner import to_problem
+    from rhino.search.solver import min_peak_memory
+
+    graph = build_graph(module, parse_mesh(mesh), load_cluster("m8"))
+    return min_peak_memory(to_problem(graph, None))[0]
+
+
+def plan_once(path: str, mesh: str, level: str, time_limit: float, memory: str = "none",
+              free_peak: float | None = None) -> dict[str, Any]:  # fmt: skip
     """One plan, in this process: what the table needs."""
     from rhino.hlo.parser import parse_file
     from rhino.search.cluster import load_cluster
@@ -58,13 +94,18 @@ def plan_once(path: str, mesh: str, level: str, time_limit: float) -> dict[str, 
     from rhino.search.planner import PlanRequest, make_plan
     from rhino.search.problem import SolveOptions
 
+    budget, free_peak = budget_of(memory, parse_file(path), mesh, free_peak)
     start = time.perf_counter()
     module = parse_file(path)
     parsed = time.perf_counter() - start
-    request = PlanRequest(parse_mesh(mesh), load_cluster("m8"), level, None,
+    request = PlanRequest(parse_mesh(mesh), load_cluster("m8"), level, budget,
                           solve=SolveOptions(time_limit_s=time_limit))  # fmt: skip
     plan = make_plan(module, request)
     return {
+        "budget_bytes": budget,
+        "free_peak_bytes": free_peak,
+        "peak_memory_bytes": plan.peak_memory_bytes,
+        "budget_search": plan.solver.get("budget_search"),
         "instructions": sum(1 for _ in module.instructions()),
         "wall_s": time.perf_counter() - start,
         "parse_s": parsed,
@@ -79,9 +120,11 @@ def plan_once(path: str, mesh: str, level: str, time_limit: float) -> dict[str, 
     }
 
 
-def run_one(path: Path, mesh: str, level: str, time_limit: float) -> dict[str, Any]:
+def run_one(path: Path, mesh: str, level: str, time_limit: float, memory: str,
+            free_peak: float | None) -> dict[str, Any]:  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, __file__, "--worker", str(path), mesh, level, str(time_limit)],
+        [sys.executable, __file__, "--worker", str(path), mesh, level, str(time_limit), "--memory", memory,
+         *(["--free-peak", str(free_peak)] if free_peak is not None else [])],
         capture_output=True, text=True,
     )  # fmt: skip
     if proc.returncode != 0:
@@ -133,6 +176,15 @@ def render(rows: list[dict[str, Any]]) -> Table:
 
 @click.command()
 @click.option("--worker", nargs=4, hidden=True, type=(str, str, str, float))
+@click.option("--free-peak", type=float, hidden=True)
+@click.option(
+    "--memory",
+    default="none",
+    show_default=True,
+    help="Budget per device: none, device (the cluster's memory, as `rhino plan`), a size "
+    "(6GiB), or tight:F (the smallest possible peak plus F times the distance to the peak "
+    "of O2's plan without a budget: 0 < F < 1 binds).",
+)
 @click.option(
     "--gpt-layers", type=int, multiple=True, help=f"GPT depths (default {GPT_LAYERS}; 0 for none)."
 )
@@ -149,11 +201,11 @@ def render(rows: list[dict[str, Any]]) -> Table:
     type=click.Path(dir_okay=False, exists=True),
     help="Take O3's results from this earlier JSON (same model and mesh) instead of running it.",
 )
-def main(worker: tuple[str, str, str, float] | None, gpt_layers: tuple[int, ...], moe_configs: tuple[str, ...],
+def main(worker: tuple[str, str, str, float] | None, free_peak: float | None, memory: str, gpt_layers: tuple[int, ...], moe_configs: tuple[str, ...],
          no_moe: bool, no_others: bool, meshes: tuple[str, ...], no_o3: bool, o2_time_limit: float,
          o3_time_limit: float, out: str, o3_from: str | None) -> None:  # fmt: skip
     if worker:
-        print(json.dumps(plan_once(*worker), default=json_default))
+        print(json.dumps(plan_once(*worker, memory, free_peak), default=json_default))
         return
     models: list[tuple[str, Path]] = []
     for layers in gpt_layers or GPT_LAYERS:
@@ -183,12 +235,14 @@ def main(worker: tuple[str, str, str, float] | None, gpt_layers: tuple[int, ...]
                 if level == "O3" and (name, mesh) in earlier:
                     row[level] = {**earlier[name, mesh], "from": o3_from}
                     continue
-                row[level] = run_one(path, mesh, level, limit)
+                # with tight:F, O3 gets the budget O2 got (the same free plan's peak)
+                peak = row.get("O2", {}).get("free_peak_bytes")
+                row[level] = run_one(path, mesh, level, limit, memory, peak)
             rows.append(row)
             Path(out).parent.mkdir(parents=True, exist_ok=True)
             Path(out).write_text(json.dumps({
                 "revision": revision("search", "hlo", "scripts"), "cluster": "m8",
-                "o2_time_limit_s": o2_time_limit, "o3_time_limit_s": o3_time_limit, "rows": rows,
+                "o2_time_limit_s": o2_time_limit, "o3_time_limit_s": o3_time_limit, "memory": memory, "rows": rows,
             }, indent=1, default=json_default))  # fmt: skip
     console.print(render(rows))
     console.print(f"JSON: {out}")

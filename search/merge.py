@@ -196,14 +196,20 @@ class Report:
         }
 
 
-def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) -> Solution:
-    """O2 (see module doc): a plan for a problem without a memory budget."""
+def solve_merged(
+    problem: ShardingProblem,
+    options: SolveOptions | None = None,
+    start: tuple[int, ...] | None = None,
+) -> Solution:
+    """O2 (see module doc): a plan for a problem without a memory budget. `start`, a plan
+    of the problem (e.g. of the same graph at other costs), replaces the first plans of
+    level 3 and is the whole-core ILP's start: refining it is all that is done."""
     if problem.budget is not None:
         raise ValueError(
             "O2 plans without a memory constraint (the planner meets a budget by §4.4)"
         )
     options = (options or SolveOptions()).started()
-    start = time.perf_counter()
+    begin = time.perf_counter()
     report = Report()
     clock = time.perf_counter()
     crit, sizes = structure(problem)
@@ -223,11 +229,11 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
         share = dataclasses.replace(
             options, deadline=time.perf_counter() + options.left() * WHOLE_SHARE
         )
-        whole = solve_ilp(problem, share, reduced=reduced)
+        whole = solve_ilp(problem, share, start=start, reduced=reduced)
         report.phases["ilp"] = time.perf_counter() - clock
         if whole.status is SolveStatus.OPTIMAL:
             report.level = 2 if core_ids else 1
-            report.phases["total"] = time.perf_counter() - start
+            report.phases["total"] = time.perf_counter() - begin
             return _with_stats(whole, report)
         clock = time.perf_counter()
     report.level = 3
@@ -238,15 +244,18 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
     passes = 0
     starts = []
     clock = time.perf_counter()
-    for name in STARTS:
+    firsts = [("given", core_choice(reduced, start, nearest=True))] if start is not None else []
+    for name in STARTS if start is None else ():
         search.start(name, segments)
         starts.append((search.core_cost(), name, dict(search.choice)))
         report.sizes[f"start_{name}"] = starts[-1][0]
-    picks = None if whole is None else core_choice(reduced, whole.choice)
-    if picks is not None:  # the whole-core ILP's unproven plan is a start too
-        search.restart(picks)
-        starts.append((search.core_cost(), "ilp", dict(search.choice)))
-        report.sizes["start_ilp"] = starts[-1][0]
+    if whole is not None:  # the whole-core ILP's unproven plan is a start too
+        firsts.append(("ilp", core_choice(reduced, whole.choice)))
+    for name, picks in firsts:
+        if picks is not None:
+            search.restart(picks)
+            starts.append((search.core_cost(), name, dict(search.choice)))
+            report.sizes[f"start_{name}"] = starts[-1][0]
     report.phases["segments"] += time.perf_counter() - clock
     clock = time.perf_counter()
     narrow, wide = search.coupled(segments, 1), search.coupled(segments, 2)
@@ -274,14 +283,14 @@ def solve_merged(problem: ShardingProblem, options: SolveOptions | None = None) 
     report.sizes["windows_solved"] = float(search.solved)
     report.sizes["windows_reused"] = float(search.reused)
     evaluation = problem.evaluate(choice)
-    report.phases["total"] = time.perf_counter() - start
+    report.phases["total"] = time.perf_counter() - begin
     return _with_stats(
         Solution(
             choice=choice,
             objective=evaluation.objective,
             bound=0.0,  # segments prove nothing about the whole
             status=SolveStatus.FEASIBLE,
-            solve_time_s=time.perf_counter() - start,
+            solve_time_s=time.perf_counter() - begin,
             peak_memory=evaluation.peak_memory,
         ),
         report,

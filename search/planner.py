@@ -18,6 +18,7 @@ import numpy as np
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
+from rhino.search.budget import solve_within_budget
 from rhino.search.builder import ShardingGraph, build_graph
 from rhino.search.cluster import Cluster
 from rhino.search.merge import solve_merged, structure
@@ -59,8 +60,9 @@ class PlanRequest:
     strides: bool = True
     """Consider non-maximal strides where reshapes make them useful (Rhino §4.1)."""
     memory_mode: str = "exact"
-    """How the budget is met: "exact" (a liveness constraint in the ILP) or "largest"
-    (Rhino §4.4: force the k largest parameters to be sharded, smallest feasible k)."""
+    """How the budget is met: "exact", the liveness rows (O3: in the ILP; O2: relaxed into
+    node costs, `rhino.search.budget`), or "largest" (Rhino §4.4: force the k largest
+    parameters to be sharded, smallest feasible k)."""
 
 
 def make_plan(
@@ -88,9 +90,11 @@ def make_plan(
     clock = time.perf_counter()
     say(f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges")
     solve = solve_merged if request.level == "O2" else solve_ilp
-    if problem.budget is not None and (request.memory_mode == "largest" or request.level == "O2"):
-        # O2 meets a budget as Rhino's O2 does (§4.4); O3 can also hold it exactly
-        solution = solve_largest_sharded(graph, problem, options, solve)
+    if problem.budget is not None and request.memory_mode == "largest":
+        solution = solve_largest_sharded(graph, problem, options, solve)  # Rhino §4.4
+    elif problem.budget is not None and request.level == "O2":
+        # the budget's rows relaxed into node costs: O2 itself never sees a memory row
+        solution = solve_within_budget(problem, options, solve_merged)
     elif request.level == "O3" and problem.budget is None:
         solution = solve_whole(problem, options)
     else:
@@ -116,7 +120,9 @@ def search_report(solution: Solution, phases: dict[str, float]) -> dict[str, obj
     stats = solution.stats
     sizes = {k: int(stats[k]) for k in REPORTED_SIZES if k in stats}
     detail = {k[: -len("_s")]: v for k, v in stats.items() if k.endswith("_s")}
+    budget = {k.removeprefix("budget_"): v for k, v in stats.items() if k.startswith("budget_")}
     return {
+        **({"budget_search": budget} if budget else {}),
         "merge_level": int(stats.get("level", 0)),
         "sizes": sizes,
         "phases_s": {**phases, **{f"solve.{k}": v for k, v in detail.items() if k != "total"}},
@@ -143,11 +149,13 @@ def solve_largest_sharded(graph: ShardingGraph, problem: ShardingProblem, option
     and keep the smallest k whose plan fits the budget (binary search; feasibility
     grows with k)."""
     entry = graph.module.entry
-    params = sorted(
+    params = sorted(  # those with a sharded layout (not scalars, not 1-element dims)
         (
             v
             for v, n in enumerate(graph.nodes)
-            if n.inst.opcode.value == "parameter" and n.inst.parent is entry
+            if n.inst.opcode.value == "parameter"
+            and n.inst.parent is entry
+            and any(not s.outs[0].is_replicated() for s in n.strategies)
         ),
         key=lambda v: (-graph.nodes[v].leaf_shapes[0].byte_size, graph.nodes[v].name),
     )
@@ -158,8 +166,6 @@ def solve_largest_sharded(graph: ShardingGraph, problem: ShardingProblem, option
             v: [i for i, s in enumerate(graph.nodes[v].strategies) if not s.outs[0].is_replicated()]
             for v in params[:k]
         }
-        if any(not ks for ks in allowed.values()):
-            return None
         sub, back = restrict(free, allowed)
         found = solve(sub, options)
         choice = tuple(back[v][k2] for v, k2 in enumerate(found.choice))

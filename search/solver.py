@@ -90,7 +90,7 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None,
     options = (options or SolveOptions()).started()
     begin = time.perf_counter()
     if problem.budget is not None:
-        _check_budget(problem)  # the clear message, before anything else
+        check_budget(problem)  # the clear message, before anything else
     if reduced is None:
         reduced = reduce_problem(tie_broken(problem))
     core_ids = sorted(reduced.alive)
@@ -158,16 +158,21 @@ def core_problem(problem: ShardingProblem, reduced: Reduced) -> ShardingProblem:
     )
 
 
-def core_choice(reduced: Reduced, choice: tuple[int, ...]) -> dict[int, int] | None:
+def core_choice(
+    reduced: Reduced, choice: tuple[int, ...], nearest: bool = False
+) -> dict[int, int] | None:
     """A plan of the whole problem as a choice of the core `reduced` left (core node ->
     index among its remaining strategies); None when it uses a strategy the reductions
-    dropped."""
+    dropped, or, with `nearest`, that node's cheapest remaining strategy instead."""
     picks = {}
     for v in reduced.alive:
         found = np.flatnonzero(reduced.keep[v] == choice[v])
-        if not len(found):
+        if len(found):
+            picks[v] = int(found[0])
+        elif nearest:
+            picks[v] = int(np.argmin(reduced.cost[v]))
+        else:
             return None
-        picks[v] = int(found[0])
     return picks
 
 
@@ -228,7 +233,7 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         )
     # a plan to start from, so the solver always has one: without a budget any choice is
     # valid (the rounded LP optimum, improved node by node); with one, the smallest
-    # layouts fit (_check_budget)
+    # layouts fit (check_budget)
     fallback = None
     if memory is None:  # the LP's rounding, or each node's cheapest when it had no time
         rounded = lp_hint if lp_hint is not None else [int(np.argmin(c)) for c in node_cost]
@@ -238,7 +243,7 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
             if problem.evaluate(given).objective < problem.evaluate(lp_hint).objective:
                 lp_hint = given
         fallback = tuple(lp_hint)
-    else:  # the smallest layouts everywhere fit (_check_budget): a plan, if a poor one
+    else:  # the smallest layouts everywhere fit (check_budget): a plan, if a poor one
         smallest = tuple(int(np.argmin(n.memory)) for n in problem.nodes)
         if memory.fits(smallest):
             fallback = smallest
@@ -319,7 +324,7 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     if not found and fallback is None:
         if status == cp_model.INFEASIBLE:
-            raise InfeasibleError("no plan fits the memory budget")  # _check_budget says more
+            raise InfeasibleError("no plan fits the memory budget")  # check_budget says more
         raise InfeasibleError(
             f"the solver found no plan within {options.time_limit_s:g} s (status {solver.status_name(status)})"
         )
@@ -523,7 +528,7 @@ def min_peak_memory(problem: ShardingProblem) -> tuple[float, int, str]:
     return peak, step, name
 
 
-def _check_budget(problem: ShardingProblem) -> None:
+def check_budget(problem: ShardingProblem) -> None:
     peak, step, name = min_peak_memory(problem)
     if problem.budget is not None and peak > problem.budget:
         raise InfeasibleError(

@@ -1,0 +1,258 @@
+"""O2 under a memory budget: the budget's rows relaxed into node costs (Lagrange).
+
+Data
+    c[v][k], C[u,v][k,l]   node and edge costs (seconds), as in rhino.search.solver
+    m[v][k]                bytes per device of v's results under k; live[v] = [a_v, b_v]
+    B                      the per-device budget
+The rows the exact ILP holds (memory): for every program step t,
+    sum_{v live at t} m[v][k_v] <= B.
+Relaxed with a multiplier lam_t >= 0 per row, they move into the node costs:
+    c'[v][k] = c[v][k] + m[v][k] * sum_{t in live[v]} lam_t          (penalty)
+and the relaxed problem has no budget, so O2 solves it as it solves any other: exact
+reductions, one ILP or segments, refinement. Nothing here builds a memory row, which
+is what made O2 under a budget run out of memory on large graphs.
+
+The multipliers: lam_t = lam / |T| on the steps T where some plan so far went over the
+budget (the union over the search, so a penalty never vanishes once it was needed),
+zero elsewhere; so sum_{t in live[v]} lam_t is lam times the share of those steps that
+v is live at. One scalar lam is searched:
+    0                         the plan without a budget; if it fits, it is the answer
+    lam_0 = objective / peak  then x GROWTH until a plan fits (at most LADDER steps)
+    bisection (geometric) between the largest lam that did not fit and the smallest that did
+Each relaxed solve starts from the plan before it. The cheapest plan that fits (at the
+true costs) is kept, then improved node by node by a local search that never leaves the
+budget (`improve_within`). When no relaxed plan fits in time, every node's smallest
+layout (it fits: the budget is checked against it first) is where that search starts.
+
+The lower bound reported is the plan without a budget's: any plan within the budget is
+a plan without one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from rhino.search.problem import ShardingProblem, Solution, SolveOptions, SolveStatus
+from rhino.search.solver import check_budget
+
+FREE_SHARE = 0.5
+"""Of the time, the plan without a budget may take this much (the rest is the search
+over lam, which needs it only when that plan does not fit)."""
+GROWTH = 8.0
+"""lam grows by this factor until a plan fits."""
+LADDER = 12
+"""At most this many growth steps (lam_0 * GROWTH**12 makes a byte dearer than the whole
+step time several million times over: past that, the smallest layouts are the answer)."""
+BISECTIONS = 4
+"""Geometric bisection steps between the lam that does not fit and the one that does."""
+STEP_SHARE = 0.5
+"""One relaxed solve may take this share of the time left."""
+
+Solver = Callable[[ShardingProblem, SolveOptions, "tuple[int, ...] | None"], Solution]
+
+
+class Usage:
+    """Bytes per device at every program step of a problem, under a choice, kept up to
+    date as nodes change strategy. Steps are compressed to the points where some node's
+    interval starts or ends."""
+
+    def __init__(self, problem: ShardingProblem, choice: tuple[int, ...] | list[int]):
+        nodes = problem.nodes
+        first = np.array([n.live[0] for n in nodes], dtype=np.int64)
+        after = np.array([n.live[1] + 1 for n in nodes], dtype=np.int64)
+        self.steps = np.unique(np.concatenate([first, after]))
+        self.lo = np.searchsorted(self.steps, first)
+        self.hi = np.searchsorted(self.steps, after)
+        held = np.array([n.memory[k] for n, k in zip(nodes, choice, strict=True)], dtype=float)
+        delta = np.zeros(len(self.steps) + 1)
+        np.add.at(delta, self.lo, held)
+        np.add.at(delta, self.hi, -held)
+        self.level = problem.constant_memory + np.cumsum(delta)[:-1]
+
+    def peak(self) -> float:
+        return float(self.level.max(initial=0.0))
+
+    def over(self, budget: float) -> np.ndarray:
+        """Steps (program steps, not compressed) where the level exceeds `budget`."""
+        return self.steps[np.flatnonzero(self.level > budget * (1 + 1e-9))]
+
+    def highest(self, v: int) -> float:
+        """The highest level while node v is live."""
+        return float(self.level[self.lo[v] : self.hi[v]].max(initial=0.0))
+
+    def move(self, v: int, change: float) -> None:
+        self.level[self.lo[v] : self.hi[v]] += change
+
+
+def solve_within_budget(problem: ShardingProblem, options: SolveOptions, solve: Solver) -> Solution:
+    """The cheapest plan within the problem's budget that O2 (`solve`, on problems without
+    a budget, from a start) finds by the relaxation of the module doc."""
+    if problem.budget is None:
+        raise ValueError("solve_within_budget needs a budget")
+    check_budget(problem)  # the clear message when nothing can fit
+    options = options.started()
+    begin = time.perf_counter()
+    budget = float(problem.budget)
+    free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
+    stats: dict[str, float] = {}
+    first = solve(free, _share(options, FREE_SHARE), None)
+    stats = {**first.stats, "budget_free_peak": first.peak_memory}
+    if Usage(free, first.choice).peak() <= budget * (1 + 1e-9):  # the budget does not bind
+        return _final(problem, first.choice, first, begin, {**stats, "budget_solves": 1.0})
+    search = _LagrangeSearch(problem, free, options, solve, first)
+    found = search.run()
+    choice = found if found is not None else smallest(problem)
+    choice = improve_within(problem, choice, budget, options)
+    stats |= {"budget_solves": float(search.solves), "budget_lambda": search.fitted or 0.0,
+              "budget_fallback": float(found is None)}  # fmt: skip
+    return _final(problem, choice, first, begin, stats)
+
+
+class _LagrangeSearch:
+    """The search over lam (see module doc)."""
+
+    def __init__(self, problem: ShardingProblem, free: ShardingProblem, options: SolveOptions,
+                 solve: Solver, first: Solution) -> None:  # fmt: skip
+        self.problem, self.free, self.options, self.solve = problem, free, options, solve
+        self.budget = float(problem.budget or 0.0)
+        self.marked = np.zeros(0, dtype=np.int64)
+        self.last = first.choice
+        self.best: tuple[float, tuple[int, ...]] | None = None
+        self.fitted: float | None = None
+        """The smallest lam whose plan fit."""
+        self.solves = 1
+        self._mark(first.choice)
+        self.lam0 = first.objective / max(Usage(free, first.choice).peak(), 1.0)
+
+    def run(self) -> tuple[int, ...] | None:
+        """The cheapest plan that fit, or None."""
+        low, lam = 0.0, self.lam0
+        for _ in range(LADDER):
+            if self.options.left() <= 0:
+                return self._best()
+            if self._try(lam):
+                break
+            low, lam = lam, lam * GROWTH
+        else:
+            return self._best()
+        high = lam
+        for _ in range(BISECTIONS):
+            if self.options.left() <= 0:
+                break
+            mid = float(np.sqrt(max(low, self.lam0 / GROWTH) * high))
+            if self._try(mid):
+                high = mid
+            else:
+                low = mid
+        return self._best()
+
+    def _try(self, lam: float) -> bool:
+        """Solve the relaxed problem at lam from the last plan; did its plan fit?"""
+        relaxed = penalized(self.free, self._shares(), lam)
+        found = self.solve(relaxed, _share(self.options, STEP_SHARE), self.last)
+        self.solves += 1
+        self.last = found.choice
+        usage = Usage(self.free, found.choice)
+        if usage.peak() > self.budget * (1 + 1e-9):
+            self._mark(found.choice)
+            return False
+        cost = self.problem.evaluate(found.choice).objective
+        if self.best is None or cost < self.best[0]:
+            self.best = (cost, found.choice)
+        self.fitted = lam if self.fitted is None else min(self.fitted, lam)
+        return True
+
+    def _mark(self, choice: tuple[int, ...]) -> None:
+        self.marked = np.union1d(self.marked, Usage(self.free, choice).over(self.budget))
+
+    def _shares(self) -> np.ndarray:
+        """Per node, the share of the marked steps it is live at."""
+        first = np.array([n.live[0] for n in self.free.nodes], dtype=np.int64)
+        last = np.array([n.live[1] for n in self.free.nodes], dtype=np.int64)
+        inside = np.searchsorted(self.marked, last, "right") - np.searchsorted(self.marked, first)
+        return inside / max(len(self.marked), 1)
+
+    def _best(self) -> tuple[int, ...] | None:
+        return None if self.best is None else self.best[1]
+
+
+def penalized(problem: ShardingProblem, share: np.ndarray, lam: float) -> ShardingProblem:
+    """The problem with c'[v][k] = c[v][k] + lam * share[v] * m[v][k] (no budget)."""
+    nodes = tuple(
+        dataclasses.replace(n, cost=n.cost + lam * float(s) * n.memory) if s > 0 else n
+        for n, s in zip(problem.nodes, share.tolist(), strict=True)
+    )
+    return ShardingProblem(nodes, problem.edges, None, problem.constant_memory)
+
+
+def smallest(problem: ShardingProblem) -> tuple[int, ...]:
+    """Every node in its smallest layout (the cheapest of equals)."""
+    out = []
+    for n in problem.nodes:
+        low = np.flatnonzero(n.memory == n.memory.min())
+        out.append(int(low[np.argmin(n.cost[low])]))
+    return tuple(out)
+
+
+def improve_within(problem: ShardingProblem, choice: tuple[int, ...], budget: float,
+                   options: SolveOptions, sweeps: int = 10) -> tuple[int, ...]:  # fmt: skip
+    """Local search at the true costs that never leaves the budget: each node in turn takes
+    the cheapest strategy given its neighbours' that keeps every step it is live at within
+    `budget`, until no node changes (or `sweeps` passes, or the deadline). `choice` must fit."""
+    current = list(choice)
+    usage = Usage(problem, current)
+    incident: list[list[tuple[np.ndarray, int, bool]]] = [[] for _ in problem.nodes]
+    for e in problem.edges:
+        if e.cost.any():
+            incident[e.u].append((e.cost, e.v, True))
+            incident[e.v].append((e.cost, e.u, False))
+    limit = budget * (1 + 1e-9)
+    for _ in range(sweeps):
+        changed = False
+        for v, n in enumerate(problem.nodes):
+            if len(n.labels) == 1:
+                continue
+            total = n.cost.copy()
+            for cost, w, outgoing in incident[v]:
+                total += cost[:, current[w]] if outgoing else cost[current[w], :]
+            k = current[v]
+            better = np.flatnonzero(total < total[k] - 1e-15)
+            if not len(better):
+                continue
+            grow = n.memory[better] - n.memory[k]
+            room = limit - usage.highest(v) if (grow > 0).any() else 0.0
+            fits = better[grow <= np.maximum(room, 0.0)]
+            if not len(fits):
+                continue
+            best = int(fits[np.argmin(total[fits])])
+            usage.move(v, float(n.memory[best] - n.memory[k]))
+            current[v] = best
+            changed = True
+        if not changed or options.left() <= 0:
+            break
+    return tuple(current)
+
+
+def _share(options: SolveOptions, share: float) -> SolveOptions:
+    return dataclasses.replace(options, deadline=time.perf_counter() + options.left() * share)
+
+
+def _final(problem: ShardingProblem, choice: tuple[int, ...], free: Solution, begin: float,
+           stats: dict[str, float]) -> Solution:  # fmt: skip
+    evaluation = problem.evaluate(choice)  # raises if it does not fit
+    optimal = free.status is SolveStatus.OPTIMAL and choice == free.choice
+    return Solution(
+        choice=choice,
+        objective=evaluation.objective,
+        bound=min(free.bound, evaluation.objective),
+        status=SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE,
+        solve_time_s=time.perf_counter() - begin,
+        peak_memory=evaluation.peak_memory,
+        variables=free.variables,
+        constraints=free.constraints,
+        stats=stats,
+    )

@@ -1,0 +1,108 @@
+"""O2 under a memory budget (rhino.search.budget): the rows relaxed into node costs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rhino.hlo.parser import parse_file
+from rhino.search import budget, reduce, solver
+from rhino.search.cluster import load_cluster
+from rhino.search.merge import solve_merged
+from rhino.search.mesh import parse_mesh
+from rhino.search.planner import PlanRequest, make_plan
+from rhino.search.problem import ShardingProblem, SolveOptions, SolveStatus
+from rhino.search.solver import solve_brute_force
+from tests.hlo.corpus import ROOT
+from tests.search.test_solver import random_problem
+
+OPTIONS = SolveOptions(time_limit_s=10)
+
+
+def random_choice(problem: ShardingProblem, rng: np.random.Generator) -> list[int]:
+    return [int(rng.integers(len(n.labels))) for n in problem.nodes]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_usage_follows_the_peak_and_every_move(seed: int) -> None:
+    problem = random_problem(seed, budget=True)
+    rng = np.random.default_rng(seed)
+    choice = random_choice(problem, rng)
+    usage = budget.Usage(problem, choice)
+    assert usage.peak() == pytest.approx(problem.peak_memory(choice)[0])
+    for _ in range(20):
+        v = int(rng.integers(len(problem.nodes)))
+        k = int(rng.integers(len(problem.nodes[v].labels)))
+        usage.move(v, float(problem.nodes[v].memory[k] - problem.nodes[v].memory[choice[v]]))
+        choice[v] = k
+        assert usage.peak() == pytest.approx(problem.peak_memory(choice)[0])
+    for v, n in enumerate(problem.nodes):  # the highest level over v's interval, by brute force
+        levels = [
+            sum(m.memory[k] for m, k in zip(problem.nodes, choice, strict=True) if m.live[0] <= t <= m.live[1])
+            for t in range(n.live[0], n.live[1] + 1)
+        ]  # fmt: skip
+        assert usage.highest(v) == pytest.approx(max(levels))
+
+
+def test_random_problems_fit_and_come_close_to_the_optimum() -> None:
+    ratios = []
+    for seed in range(60):
+        problem = random_problem(seed, budget=True)
+        found = budget.solve_within_budget(problem, OPTIONS, solve_merged)
+        assert found.peak_memory <= problem.budget * (1 + 1e-9)  # type: ignore[operator]
+        assert problem.evaluate(found.choice).objective == found.objective
+        best = solve_brute_force(problem).objective
+        assert found.objective >= best - 1e-12
+        assert found.bound <= best + 1e-12  # the plan without a budget's bound
+        ratios.append(found.objective / best if best > 0 else 1.0)
+    assert np.mean(ratios) <= 1.02, f"mean {np.mean(ratios):.4f} above the brute-force optimum"
+    assert np.mean(np.array(ratios) < 1 + 1e-9) >= 0.8  # most are the optimum itself
+
+
+def test_a_budget_that_does_not_bind_gives_the_plan_without_one() -> None:
+    problem = random_problem(3)
+    free = solve_merged(problem, OPTIONS)
+    roomy = ShardingProblem(problem.nodes, problem.edges, free.peak_memory * 2)
+    found = budget.solve_within_budget(roomy, OPTIONS, solve_merged)
+    assert found.choice == free.choice
+    assert found.status is free.status is SolveStatus.OPTIMAL
+    assert found.stats["budget_solves"] == 1
+
+
+def test_improve_within_never_leaves_the_budget_nor_gets_worse() -> None:
+    for seed in range(30):
+        problem = random_problem(seed, budget=True)
+        start = budget.smallest(problem)  # fits (the budget is at least its peak)
+        better = budget.improve_within(problem, start, float(problem.budget), OPTIONS)  # type: ignore[arg-type]
+        assert problem.peak_memory(better)[0] <= problem.budget * (1 + 1e-9)  # type: ignore[operator]
+        assert problem.evaluate(better).objective <= problem.evaluate(start).objective + 1e-12
+
+
+def test_an_impossible_budget_is_refused_with_the_smallest_peak() -> None:
+    from rhino.hlo.errors import InfeasibleError
+
+    problem = random_problem(5, budget=True)
+    tight = ShardingProblem(problem.nodes, problem.edges, solver.min_peak_memory(problem)[0] * 0.9)
+    with pytest.raises(InfeasibleError, match="smallest possible peak"):
+        budget.solve_within_budget(tight, OPTIONS, solve_merged)
+
+
+def test_o2_meets_a_binding_budget_without_building_a_memory_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The path that ran out of memory on the 72-layer GPT: O2 under a budget must never
+    build the exact ILP's memory rows."""
+
+    def refuse(*_args: object) -> None:
+        raise AssertionError("O2 built memory rows")
+
+    monkeypatch.setattr(reduce, "memory_rows", refuse)
+    monkeypatch.setattr(solver, "memory_rows", refuse)
+    module = parse_file(ROOT / "tests" / "data" / "mlp_wide_out.hlo")
+    request = PlanRequest(parse_mesh("1x8"), load_cluster("m8"), "O2", None)
+    free = make_plan(module, request)
+    limit = free.peak_memory_bytes * 0.55  # binds: the free plan replicates everything
+    plan = make_plan(module, PlanRequest(parse_mesh("1x8"), load_cluster("m8"), "O2", limit))
+    assert plan.peak_memory_bytes <= limit
+    assert plan.objective_s >= free.objective_s
+    assert plan.solver["budget_search"]["solves"] >= 2
