@@ -16,6 +16,7 @@ to the layout v's strategy l reads it in, times v's weight.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -100,6 +101,14 @@ class ShardingGraph:
 
     def node(self, name: str) -> GraphNode:
         return self.nodes[self.index[name]]
+
+    @functools.cached_property
+    def state_leaf(self) -> dict[str, int]:
+        """Parameter name -> the (first) output leaf of the step that updates it."""
+        found: dict[str, int] = {}
+        for name, leaf in self.state:
+            found.setdefault(name, leaf)
+        return found
 
 
 def build_graph(

@@ -8,6 +8,7 @@ module --build_graph--> ShardingGraph --to_problem--> ShardingProblem
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -338,9 +339,8 @@ def _edge_uses(graph: ShardingGraph, u: int, v: int, su, sv):  # type: ignore[no
         where = "init" if nu.order < nv.order else "loop"
         return [(0, sv.outs[0], where, 0)] if len(nu.leaf_shapes) == 1 else []
     if nv.inst.opcode.value == "parameter":  # state returning into its parameter's layout
-        leaves = [leaf for name, leaf in graph.state if name == nv.name]
         return (
-            [(0, sv.outs[0], "state", leaves[0] if leaves else -1)]
+            [(0, sv.outs[0], "state", graph.state_leaf.get(nv.name, -1))]
             if len(nu.leaf_shapes) == 1
             else []
         )
@@ -355,13 +355,21 @@ def _edge_uses(graph: ShardingGraph, u: int, v: int, su, sv):  # type: ignore[no
 
 
 def _sharding_text(outs: tuple[ShardingSpec, ...], shapes, mesh: DeviceMesh) -> str | None:  # type: ignore[no-untyped-def]
-    try:
-        parts = [
-            str(spec.to_hlo_sharding(mesh, shape.rank))
-            for spec, shape in zip(outs, shapes, strict=False)
-        ]
-    except SpecError:
+    parts = [
+        _leaf_sharding(spec, shape.rank, mesh) for spec, shape in zip(outs, shapes, strict=False)
+    ]
+    if None in parts:
         return None
     if len(parts) == 1:
         return parts[0]
-    return "{" + ", ".join(parts) + "}"
+    return "{" + ", ".join(parts) + "}"  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=4096)
+def _leaf_sharding(spec: ShardingSpec, rank: int, mesh: DeviceMesh) -> str | None:
+    """The HloSharding text of one leaf (None where XLA has no form for it); many leaves
+    share a spec and rank."""
+    try:
+        return str(spec.to_hlo_sharding(mesh, rank))
+    except SpecError:
+        return None

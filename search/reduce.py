@@ -67,6 +67,10 @@ class Reduced:
     """Eliminations in order: ("fixed", v, k), ("leaf", v, u, table[k_u]),
     ("series", v, u, w, table[k_u, k_w]), all in original strategy indices."""
     counts: dict[str, int] = field(default_factory=dict)
+    seen: dict[object, tuple[object, ...]] = field(default_factory=dict)
+    """What a check found nothing to do on, by node (the arrays `_prune` read) or by edge
+    (the matrix `_fold_separable` read): while they are the same objects, the same check
+    finds nothing again (every change to a cost or an edge makes a new array)."""
 
     def matrix(self, a: int, b: int) -> np.ndarray:
         """The edge matrix oriented a (rows) x b (columns)."""
@@ -169,15 +173,23 @@ def _memory_free(r: Reduced) -> list[int]:
 
 def _prune(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untyped-def]
     """Drop forbidden and dominated strategies of v; True if any went."""
+    neighbours = sorted(r.neighbours[v])
+    read = (r.cost[v], r.memory.get(v), *(r.edges[(min(v, w), max(v, w))] for w in neighbours))
+    last = r.seen.get(v)
+    if last is not None and len(last) == len(read) and all(a is b for a, b in zip(last, read)):
+        return False  # nothing it reads changed since it last found nothing
     s = len(r.keep[v])
     parts = [r.cost[v][:, None]]
     if v in r.memory:
         parts.append(r.memory[v][:, None])
-    parts += [r.matrix(v, w) for w in sorted(r.neighbours[v])]
+    parts += [r.matrix(v, w) for w in neighbours]
     features = np.concatenate(parts, axis=1)
-    allowed = np.isfinite(r.cost[v])
-    for w in r.neighbours[v]:
-        allowed &= np.isfinite(r.matrix(v, w)).any(axis=1)
+    if np.isfinite(features).all():
+        allowed = np.ones(s, dtype=bool)
+    else:
+        allowed = np.isfinite(r.cost[v])
+        for w in neighbours:
+            allowed &= np.isfinite(r.matrix(v, w)).any(axis=1)
     if not allowed.any():
         node = r.problem.nodes[v]
         raise InfeasibleError(
@@ -194,6 +206,7 @@ def _prune(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untyped-def]
         dominates[index, index] = False
         keep &= ~dominates[allowed].any(axis=0)
     if keep.all():
+        r.seen[v] = read
         return False
     r.counts["pruned"] += int(s - keep.sum())
     _restrict(r, v, np.flatnonzero(keep))
@@ -225,12 +238,17 @@ def _fold_separable(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untype
     """Fold every edge of v whose matrix is a[k] + b[l] into the two nodes' costs."""
     folded = False
     for w in sorted(r.neighbours[v]):
+        key = (min(v, w), max(v, w))
+        if r.seen.get(key) is r.edges[key]:
+            continue  # found not separable before, and unchanged since
         m = r.matrix(v, w)
         if not np.isfinite(m).all():
+            r.seen[key] = r.edges[key]
             continue
         a, b = m[:, 0], m[0, :] - m[0, 0]
         scale = float(np.abs(m).max())
         if np.abs(m - a[:, None] - b[None, :]).max() > SEPARABLE_RTOL * scale:
+            r.seen[key] = r.edges[key]
             continue
         r.cost[v] = r.cost[v] + a
         r.cost[w] = r.cost[w] + b
@@ -268,10 +286,13 @@ def _smallest(r: Reduced, v: int) -> np.ndarray:
 def _best(table: np.ndarray, small: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Min over axis 1 of `table` and its argmin, taken among `small` only; None when that
     is dearer than the min over all (so memory would have to be traded for cost)."""
+    if len(small) == table.shape[1]:  # every strategy is among the smallest
+        pick = table.argmin(axis=1)
+        return table[np.arange(len(table)), pick], small[pick]
     best_all = table.min(axis=1)
     sub = table[:, small]
     pick = sub.argmin(axis=1)
-    best = np.take_along_axis(sub, pick[:, None], axis=1)[:, 0]
+    best = sub[np.arange(len(sub)), pick]
     if not np.array_equal(best, best_all):
         return None
     return best_all, small[pick]
