@@ -39,9 +39,11 @@ import numpy as np
 from rhino.search.problem import ShardingProblem, Solution, SolveOptions, SolveStatus
 from rhino.search.solver import check_budget
 
-FREE_SHARE = 0.5
-"""Of the time, the plan without a budget may take this much (the rest is the search
-over lam, which needs it only when that plan does not fit)."""
+FREE_SHARE = 0.75
+"""Of the time, the plan without a budget may take this much; the search over lam, which
+runs only when that plan does not fit, has the rest. The budget a user gives usually
+does not bind (the default is the device's memory): on the 72-layer GPT on 2x8 at the
+default 32 GiB, half the time cost 2.3% of the step time against the full time."""
 GROWTH = 8.0
 """lam grows by this factor until a plan fits."""
 LADDER = 12
