@@ -70,7 +70,8 @@ Examples:
     type=click.Choice(LEVELS),
     help="Search level. O2: cones merged exactly, then one ILP over them or, for large "
     "graphs, segments between critical nodes solved by ILP and refined (seconds on 40k "
-    "instructions; a budget is met by sharding the largest parameters, Rhino §4.4). "
+    "instructions; a memory budget is met by pricing memory into the search, the "
+    "budget's rows relaxed into node costs). "
     "O3: one ILP over the whole graph (optimal when it finishes; slow on large graphs).",
 )
 @click.option(
@@ -317,6 +318,15 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
         )
         phases = ", ".join(f"{k} {v:.2f} s" for k, v in solver["phases_s"].items())
         t.add_row("  phases", phases)
+    found = solver.get("budget_search")
+    if found:
+        if found.get("solves", 1) <= 1:
+            text = f"did not bind (the plan without it peaks at {human_bytes(found['free_peak'])})"
+        else:
+            text = (f"binds (the plan without it peaks at {human_bytes(found['free_peak'])}); "
+                    f"{int(found['solves'])} O2 solves with memory priced in"
+                    + (", none fit: the smallest layouts, improved" if found.get("fallback") else ""))  # fmt: skip
+        t.add_row("  budget", text)
     out.print(t)
     table = Table(title="sharding (result = operands; one token per mesh axis: R replicated, S<d> split dim d)",
                   title_justify="left")  # fmt: skip
