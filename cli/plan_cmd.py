@@ -18,6 +18,7 @@ from rhino.cli.common import (
     human_bytes,
     json_option,
     status,
+    stderr,
     stdout,
 )
 from rhino.hlo.errors import ConfigError
@@ -111,7 +112,8 @@ Examples:
 @click.option(
     "--emit-hlo",
     type=click.Path(dir_okay=False, writable=True),
-    help="Write the HLO annotated with the plan's shardings.",
+    help="Write the HLO that realizes the plan (what `rhino run` compiles): the plan's "
+    "shardings, and its conversion paths and loop layouts pinned by Sharding constraints.",
 )
 @click.option(
     "--all",
@@ -156,12 +158,20 @@ def plan_command(file: str, mesh_text: str | None, devices: int | None, jobs: in
             plan = make_plan(module, request, progress=update)
     if out:
         plan.write(out)
+    emitted: dict[str, object] | None = None
     if emit_hlo:
-        from rhino.runtime.apply import apply_plan
+        from rhino.runtime.apply import realized_program
 
-        Path(emit_hlo).write_text(print_module(apply_plan(module, plan)))
+        program, notes = realized_program(module, plan)  # what `rhino run` compiles
+        Path(emit_hlo).write_text(print_module(program))
+        emitted = {"path": emit_hlo, "notes": list(notes)}
+        if not as_json:
+            for note in notes:
+                stderr.print(f"note: {note}")
     if as_json:
         doc = {k: v for k, v in plan.to_dict().items() if k != "schema"}
+        if emitted is not None:
+            doc["emitted_hlo"] = emitted
         doc["meshes_tried"] = [
             {"mesh": list(t.mesh), "objective_s": t.objective_s, "error": t.error} for t in trials
         ]

@@ -51,6 +51,15 @@ def apply_plan(
     return annotated
 
 
+def realized_program(module: Module, plan: Plan) -> tuple[Module, tuple[str, ...]]:
+    """The program that realizes `plan`, as `rhino run` compiles it and `rhino plan
+    --emit-hlo` writes it: `module` (calls and fusions inlined) with the plan's shardings,
+    its conversion paths and loop layouts pinned by constraints; and notes on what it
+    cannot say (layouts without an HloSharding, conversion layouts no constraint pins)."""
+    annotated, unpinned = add_constraints(apply_plan(module, plan, constraints=False), plan)
+    return annotated, (*unrealized_layouts(plan), *unpinned)
+
+
 def unrealized_layouts(plan: Plan) -> list[str]:
     """Where the annotated HLO cannot say what the plan says: result layouts with a
     non-maximal stride (Rhino §4.1) or partial sums have no HloSharding, so XLA picks

@@ -29,8 +29,7 @@ from rhino.hlo.errors import ExecutionError
 from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
-from rhino.runtime.apply import apply_plan, planned_module, unrealized_layouts
-from rhino.runtime.constraints import add_constraints
+from rhino.runtime.apply import planned_module, realized_program
 from rhino.runtime.fidelity import FidelityReport, PredictedCollective, compare, measure_collectives
 from rhino.runtime.inputs import entry_inputs
 from rhino.runtime.verify import VerifyReport, verify_shards
@@ -103,12 +102,11 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
     process = xb.process_info()
     devices = _mesh_devices(options.platform, mesh, process)
     original = print_module(planned_module(module))
-    # constraints added here rather than by apply_plan, to keep their notes
-    annotated_module, unpinned = add_constraints(apply_plan(module, plan, constraints=False), plan)
+    annotated_module, realized_notes = realized_program(module, plan)
     annotated = print_module(annotated_module)
     digest = hashlib.sha256(f"{annotated}\n{options!r}".encode()).hexdigest()[:16]
     xb.check_agreement("plan and run options (digest)", digest)
-    notes = [*unrealized_layouts(plan), *unpinned]
+    notes = list(realized_notes)
     inputs = entry_inputs(annotated_module, options.seed)
     sharded = xb.compile_spmd(annotated, devices, num_partitions=mesh.size)
     reference = None
