@@ -141,6 +141,10 @@ def force_decode(module: Module) -> None:
                 ) from None
 
 
+_HEADER_PROGRAM_SHAPES = ("entry_computation_layout",)
+"""Header attributes that hold a program shape (checked, kept verbatim)."""
+
+
 class _Parser:
     def __init__(self, text: str, filename: str, *, fast: bool = True) -> None:
         self.text = text
@@ -181,7 +185,10 @@ class _Parser:
                     f"expected a module name after 'HloModule', got {self.got(pos)}", pos
                 )
             module = Module(name=m.group(1), source=self.source)
-            attrs, _, pos = self.parse_attributes(m.end())
+            attrs, offsets, pos = self.parse_attributes(m.end())
+            for key in _HEADER_PROGRAM_SHAPES:
+                if key in attrs:
+                    self.check_program_shape(attrs[key], offsets[key], key)
             module.attrs = attrs
             pos = self.skip(pos)
         elif pos < len(text) and _NAME.match(text, pos):
@@ -204,6 +211,25 @@ class _Parser:
         self.resolve_calls(module)
         uniquify_names(module)
         return module
+
+    def check_program_shape(self, value: str, pos: int, key: str) -> None:
+        """A header's program shape, `{(PARAM_SHAPE, ...)->RESULT_SHAPE}`, parsed like any
+        other shape (the header keeps the text verbatim)."""
+        end = pos + len(value)
+        if not value.startswith("{"):
+            raise self.error(
+                f"{key}: expected '{{' before the program shape, got {self.got(pos)}", pos
+            )
+        _, at = self.shape_at(self.skip(pos + 1))
+        at = self.skip(at)
+        if not self.text.startswith("->", at):
+            raise self.error(
+                f"{key}: expected '->' after the parameter shapes, got {self.got(at)}", at
+            )
+        _, at = self.shape_at(self.skip(at + 2))
+        at = self.skip(at)
+        if at != end - 1 or not value.endswith("}"):
+            raise self.error(f"{key}: expected '}}' after the result shape, got {self.got(at)}", at)
 
     def parse_sections(self, module: Module, pos: int) -> int:
         text = self.text

@@ -143,7 +143,21 @@ ERROR_CASES = [
         31,
         "more than 2 elements",
     ),
+    # the header's program shape is a shape like any other (XLA rejects these too)
+    (BAD.replace("HloModule m", "HloModule m, entry_computation_layout={(f32[x...)->f32[]}"), 1, 45,
+     "bad dimension"),  # fmt: skip
+    (BAD.replace("HloModule m", "HloModule m, entry_computation_layout={(f32[2]{0})f32[2]{0}}"), 1, 51,
+     "expected '->'"),  # fmt: skip
+    (BAD.replace("HloModule m", "HloModule m, entry_computation_layout={(f32[2]{0})->f32[2]{0} x}"), 1, 63,
+     "expected '}' after the result shape"),  # fmt: skip
 ]
+
+
+def test_a_well_formed_program_shape_in_the_header_is_kept_verbatim() -> None:
+    layout = "{(f32[2]{0}, f32[2]{0})->(f32[2]{0}, s32[])}"
+    module = parse_module(BAD.replace("HloModule m", f"HloModule m, entry_computation_layout={layout}")
+                          .replace("add(p, q)", "add(p, p)"), "ok.hlo")  # fmt: skip
+    assert module.attrs["entry_computation_layout"] == layout
 
 
 @pytest.mark.parametrize(("text", "line", "col", "fragment"), ERROR_CASES)
