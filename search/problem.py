@@ -94,6 +94,11 @@ class ShardingProblem:
         """Cost and peak memory of `choice`, computed independently of any solver."""
         if len(choice) != len(self.nodes):
             raise ValueError(f"choice has {len(choice)} entries for {len(self.nodes)} nodes")
+        for n, k in zip(self.nodes, choice, strict=True):
+            if not 0 <= k < len(n.labels):
+                raise ValueError(
+                    f"node {n.name}: strategy {k} of {len(n.labels)} (0 to {len(n.labels) - 1})"
+                )
         node_cost = float(sum(n.cost[k] for n, k in zip(self.nodes, choice, strict=True)))
         edge_cost = float(sum(e.cost[choice[e.u], choice[e.v]] for e in self.edges))
         peak, step, top = self.peak_memory(choice)

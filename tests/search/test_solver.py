@@ -179,3 +179,12 @@ def test_a_model_too_large_for_cpsat_returns_its_start(monkeypatch: pytest.Monke
     assert found.status.value == "feasible"
     assert found.objective == pytest.approx(best.objective)
     assert found.stats["cpsat_skipped"] == 1.0
+
+
+@pytest.mark.parametrize("bad", [-1, 99])
+def test_evaluate_refuses_a_strategy_the_node_does_not_have(bad: int) -> None:
+    problem = random_problem(0)
+    choice = [0] * len(problem.nodes)
+    choice[-1] = bad
+    with pytest.raises(ValueError, match="strategy"):
+        problem.evaluate(choice)
