@@ -176,7 +176,11 @@ def _prune(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untyped-def]
     neighbours = sorted(r.neighbours[v])
     read = (r.cost[v], r.memory.get(v), *(r.edges[(min(v, w), max(v, w))] for w in neighbours))
     last = r.seen.get(v)
-    if last is not None and len(last) == len(read) and all(a is b for a, b in zip(last, read)):
+    if (
+        last is not None
+        and len(last) == len(read)
+        and all(a is b for a, b in zip(last, read, strict=True))
+    ):
         return False  # nothing it reads changed since it last found nothing
     s = len(r.keep[v])
     parts = [r.cost[v][:, None]]

@@ -22,7 +22,7 @@ from rhino.hlo.ir import Instruction
 from rhino.hlo.opcode import ELEMENTWISE, Opcode
 from rhino.hlo.shape import Shape
 from rhino.search.comm import collective_time, roofline_time
-from rhino.search.spec import Replicate, ShardingSpec, Split
+from rhino.search.spec import Replicate, ShardingSpec, SpecError, Split
 from rhino.search.strategy import (
     CommStep,
     Context,
@@ -294,7 +294,7 @@ def _role_strategies(inst: Instruction, ctx: Context, roles: list[tuple[int | No
                     ShardingSpec(tuple(ra)),
                     ShardingSpec(tuple(oa)),
                 )
-            except Exception:
+            except SpecError:  # a combination no spec can hold (e.g. one dim split twice)
                 continue
             if not (
                 ls.is_valid(lhs.dims, mesh)

@@ -23,7 +23,7 @@ from typing import cast
 from rhino.hlo.ir import Instruction
 from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh
-from rhino.search.spec import Replicate, ShardingSpec, Split
+from rhino.search.spec import Replicate, ShardingSpec, SpecError, Split
 
 R = Replicate()
 
@@ -152,7 +152,7 @@ def map_spec(
             axes.append(entry)
     try:
         return ShardingSpec(tuple(axes), spec.order)
-    except Exception:
+    except SpecError:  # a combination no spec can hold (e.g. one dim split twice)
         return None
 
 
@@ -263,7 +263,7 @@ def _reshape_spec(
         axes.append(Split(mapped[0], mapped[1]))
     try:
         out = ShardingSpec(tuple(axes), spec.order)
-    except Exception:
+    except SpecError:  # a combination no spec can hold (e.g. one dim split twice)
         return None
     return out if out.is_valid(dst, mesh) else None
 
