@@ -297,10 +297,10 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
         tried = Table(title="meshes tried", title_justify="left")
         for col in ("mesh", "estimated step", "note"):
             tried.add_column(col)
-        for t in trials:
-            best = " (best)" if t.mesh == plan.mesh else ""
-            tried.add_row("x".join(map(str, t.mesh)), _ms(t.objective_s) if t.objective_s is not None else "-",
-                          (t.error or "") + best)  # fmt: skip
+        for trial in trials:
+            best = " (best)" if trial.mesh == plan.mesh else ""
+            tried.add_row("x".join(map(str, trial.mesh)), _ms(trial.objective_s) if trial.objective_s is not None else "-",
+                          (trial.error or "") + best)  # fmt: skip
         out.print(tried)
     mesh = "x".join(map(str, plan.mesh))
     out.print(f"[bold]{plan.module}[/] on mesh {mesh} ({plan.cluster}), level {plan.level}")

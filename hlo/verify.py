@@ -58,12 +58,13 @@ def verify(module: Module) -> None:
 def _check_parameters(comp: Computation, problems: list[tuple[Instruction | None, str]]) -> None:
     numbers = [i.parameter_number for i in comp.instructions if i.opcode is Opcode.PARAMETER]
     if sorted(n for n in numbers if n is not None) != list(range(len(numbers))):
+        shown = sorted(numbers, key=lambda n: -1 if n is None else n)
         problems.append(
             (
                 None,
-                f"computation {comp.name}: parameter numbers {sorted(numbers)} are not 0..{len(numbers) - 1}",
+                f"computation {comp.name}: parameter numbers {shown} are not 0..{len(numbers) - 1}",
             )
-        )  # type: ignore[type-var]
+        )
 
 
 def _check_instruction(inst: Instruction) -> str | None:

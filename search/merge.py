@@ -270,15 +270,15 @@ def solve_merged(
         passes += search.refine(segments, narrow, 1, 1)
         tried.append((search.core_cost(), name, dict(search.choice)))
         report.sizes[f"first_pass_{name}"] = tried[-1][0]
-    _, name, choice = min(tried, key=lambda t: (t[0], t[1]))
-    search.restart(choice)
+    _, name, refined = min(tried, key=lambda t: (t[0], t[1]))
+    search.restart(refined)
     passes += search.refine(segments, narrow, 2, MAX_PASSES)
     passes += search.refine(segments, wide, 1, WIDE_PASSES)
     report.sizes[f"refined_{name}"] = search.core_cost()
     report.phases["refine"] = time.perf_counter() - clock
     report.sizes["passes"] = float(passes)
     clock = time.perf_counter()
-    choice = reduced.expand(search.polish())
+    choice: tuple[int, ...] = reduced.expand(search.polish())
     report.phases["polish"] = time.perf_counter() - clock
     report.sizes["windows_solved"] = float(search.solved)
     report.sizes["windows_reused"] = float(search.reused)

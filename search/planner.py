@@ -296,8 +296,10 @@ def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, 
         if n.carried
     }
     by_kind: dict[str, float] = defaultdict(float)
-    for c in collectives:
-        by_kind[f"{c.kind} axis {','.join(map(str, c.axes))}"] += c.seconds * c.count
+    for planned in collectives:
+        by_kind[f"{planned.kind} axis {','.join(map(str, planned.axes))}"] += (
+            planned.seconds * planned.count
+        )
     comm = sum(by_kind.values())
     return Plan(
         module=graph.module.name,

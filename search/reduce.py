@@ -67,10 +67,12 @@ class Reduced:
     """Eliminations in order: ("fixed", v, k), ("leaf", v, u, table[k_u]),
     ("series", v, u, w, table[k_u, k_w]), all in original strategy indices."""
     counts: dict[str, int] = field(default_factory=dict)
-    seen: dict[object, tuple[object, ...]] = field(default_factory=dict)
-    """What a check found nothing to do on, by node (the arrays `_prune` read) or by edge
-    (the matrix `_fold_separable` read): while they are the same objects, the same check
-    finds nothing again (every change to a cost or an edge makes a new array)."""
+    unpruned: dict[int, tuple[np.ndarray | None, ...]] = field(default_factory=dict)
+    """Node -> the arrays `_prune` read when it last found nothing to drop: while they are
+    the same objects it finds nothing again (every change to a cost or an edge makes a
+    new array)."""
+    inseparable: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    """Edge -> its matrix when `_fold_separable` last found it not separable (likewise)."""
 
     def matrix(self, a: int, b: int) -> np.ndarray:
         """The edge matrix oriented a (rows) x b (columns)."""
@@ -175,7 +177,7 @@ def _prune(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untyped-def]
     """Drop forbidden and dominated strategies of v; True if any went."""
     neighbours = sorted(r.neighbours[v])
     read = (r.cost[v], r.memory.get(v), *(r.edges[(min(v, w), max(v, w))] for w in neighbours))
-    last = r.seen.get(v)
+    last = r.unpruned.get(v)
     if (
         last is not None
         and len(last) == len(read)
@@ -210,7 +212,7 @@ def _prune(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untyped-def]
         dominates[index, index] = False
         keep &= ~dominates[allowed].any(axis=0)
     if keep.all():
-        r.seen[v] = read
+        r.unpruned[v] = read
         return False
     r.counts["pruned"] += int(s - keep.sum())
     _restrict(r, v, np.flatnonzero(keep))
@@ -243,16 +245,16 @@ def _fold_separable(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untype
     folded = False
     for w in sorted(r.neighbours[v]):
         key = (min(v, w), max(v, w))
-        if r.seen.get(key) is r.edges[key]:
+        if r.inseparable.get(key) is r.edges[key]:
             continue  # found not separable before, and unchanged since
         m = r.matrix(v, w)
         if not np.isfinite(m).all():
-            r.seen[key] = r.edges[key]
+            r.inseparable[key] = r.edges[key]
             continue
         a, b = m[:, 0], m[0, :] - m[0, 0]
         scale = float(np.abs(m).max())
         if np.abs(m - a[:, None] - b[None, :]).max() > SEPARABLE_RTOL * scale:
-            r.seen[key] = r.edges[key]
+            r.inseparable[key] = r.edges[key]
             continue
         r.cost[v] = r.cost[v] + a
         r.cost[w] = r.cost[w] + b

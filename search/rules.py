@@ -103,7 +103,9 @@ def _reduced(spec: ShardingSpec, partial_axes: Sequence[int], out_dims: tuple[in
     axes = tuple(partial_axes)
     local = math.prod(spec.shard_shape(out_dims, ctx.mesh)) * dtype_bytes
     t = collective_time("all-reduce", local, ctx.mesh, axes, ctx.cluster)
-    options = [(spec, (CommStep("all-reduce", axes, local, t),))]
+    options: list[tuple[ShardingSpec, tuple[CommStep, ...]]] = [
+        (spec, (CommStep("all-reduce", axes, local, t),))
+    ]
     if len(axes) == 1:
         (a,) = axes
         for d in range(len(out_dims)):

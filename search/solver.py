@@ -39,8 +39,9 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, Literal, cast
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -67,7 +68,7 @@ LP_SHARE = 0.9
 """Of the time left, the LP may take this much: on large cores its optimum is the
 integral answer (the 24-layer GPT on 2x4: 1.9M variables, integral after 185 s), and
 CP-SAT alone would not come near it in the rest."""
-LP_METHOD = "highs"
+LP_METHOD: Literal["highs", "highs-ds", "highs-ipm"] = "highs"
 """scipy linprog method (HiGHS: "highs" lets it choose, "highs-ipm", "highs-ds")."""
 LP_PRESOLVE_VARIABLES = 50_000
 """HiGHS presolves an LP with at least this many variables; a smaller one (a window of
@@ -436,8 +437,10 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
             ).tocsr()
             b_ub = np.array([float(limit) for _, limit in memory.rows])
     size = (n_vars, n_rows + (0 if a_ub is None else a_ub.shape[0]))
+    # scipy-stubs type A_ub/A_eq as dense arrays; the HiGHS methods take sparse ones
+    sparse_linprog = cast(Callable[..., Any], linprog)
     with _quiet_stdout():  # HiGHS may print on stdout, which must stay clean for --json
-        result = linprog(
+        result = sparse_linprog(
             np.concatenate(objective), A_ub=a_ub, b_ub=b_ub, A_eq=eq, b_eq=rhs, bounds=(0.0, 1.0),
             method=LP_METHOD, options={"time_limit": max(MIN_CPSAT_S, options.left() * LP_SHARE), "presolve": n_vars >= LP_PRESOLVE_VARIABLES},
         )  # fmt: skip

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import cast
@@ -23,7 +23,7 @@ from typing import cast
 from rhino.hlo.ir import Instruction
 from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh
-from rhino.search.spec import Replicate, ShardingSpec, SpecError, Split
+from rhino.search.spec import AxisSpec, Replicate, ShardingSpec, SpecError, Split
 
 R = Replicate()
 
@@ -137,11 +137,11 @@ def work_fraction(specs: Sequence[ShardingSpec], mesh: DeviceMesh) -> float:
 
 
 def map_spec(
-    spec: ShardingSpec, dim_map: dict[int, int | None], mesh: DeviceMesh
+    spec: ShardingSpec, dim_map: Mapping[int, int | None], mesh: DeviceMesh
 ) -> ShardingSpec | None:
     """`spec` with every split dim d renamed to dim_map[d]; None when a split dim has no
     image (the layout does not carry over). Strides are kept."""
-    axes = []
+    axes: list[AxisSpec] = []
     for entry in spec.axes:
         if isinstance(entry, Split):
             target = dim_map.get(entry.dim)
@@ -241,7 +241,7 @@ def reshape_spec(
 def _reshape_spec(
     spec: ShardingSpec, src: tuple[int, ...], dst: tuple[int, ...], mesh: DeviceMesh
 ) -> ShardingSpec | None:
-    axes = []
+    axes: list[AxisSpec] = []
     for a, entry in enumerate(spec.axes):
         if not isinstance(entry, Split):
             axes.append(entry)

@@ -39,7 +39,9 @@ def test_the_emitted_hlo_moves_what_the_plan_predicts(case: str, tmp_path: Path)
     mesh = parse_mesh("1x4")
     compiled = xb.compile_spmd(emitted.read_text(), xb.local_devices("cpu", 4), num_partitions=4)
     root = parse_file(emitted).entry.root
-    measured = measure_collectives(compiled.partitioned_hlo(), mesh, root=root.name if root else None)
+    measured = measure_collectives(
+        compiled.partitioned_hlo(), mesh, root=root.name if root else None
+    )
     report = compare(predicted_collectives(plan), measured)
     assert report.predicted_bytes > 0  # both cases communicate
     assert report.measured_bytes == pytest.approx(report.predicted_bytes, rel=0.05), report

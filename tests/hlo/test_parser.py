@@ -144,12 +144,26 @@ ERROR_CASES = [
         "more than 2 elements",
     ),
     # the header's program shape is a shape like any other (XLA rejects these too)
-    (BAD.replace("HloModule m", "HloModule m, entry_computation_layout={(f32[x...)->f32[]}"), 1, 45,
-     "bad dimension"),  # fmt: skip
-    (BAD.replace("HloModule m", "HloModule m, entry_computation_layout={(f32[2]{0})f32[2]{0}}"), 1, 51,
-     "expected '->'"),  # fmt: skip
-    (BAD.replace("HloModule m", "HloModule m, entry_computation_layout={(f32[2]{0})->f32[2]{0} x}"), 1, 63,
-     "expected '}' after the result shape"),  # fmt: skip
+    (
+        BAD.replace("HloModule m", "HloModule m, entry_computation_layout={(f32[x...)->f32[]}"),
+        1,
+        45,
+        "bad dimension",
+    ),
+    (
+        BAD.replace("HloModule m", "HloModule m, entry_computation_layout={(f32[2]{0})f32[2]{0}}"),
+        1,
+        51,
+        "expected '->'",
+    ),
+    (
+        BAD.replace(
+            "HloModule m", "HloModule m, entry_computation_layout={(f32[2]{0})->f32[2]{0} x}"
+        ),
+        1,
+        63,
+        "expected '}' after the result shape",
+    ),
 ]
 
 
