@@ -11,7 +11,6 @@ from rhino.cli.common import (
     debug_option,
     emit_json,
     handle_errors,
-    human_bytes,
     human_count,
     json_option,
     status,
@@ -22,6 +21,7 @@ from rhino.hlo.dot import entry_to_dot
 from rhino.hlo.parser import parse_file
 from rhino.hlo.printer import print_module
 from rhino.hlo.verify import verify
+from rhino.search.units import format_bytes
 
 EPILOG = """
 \b
@@ -83,15 +83,15 @@ def render(file: str, s: ModuleSummary) -> None:
     facts.add_row(
         "instructions", f"{s.instructions} ({s.entry_instructions} in the entry computation)"
     )
-    facts.add_row("parameters", f"{s.parameters} ({human_bytes(s.parameter_bytes)})")
-    facts.add_row("outputs", human_bytes(s.output_bytes))
+    facts.add_row("parameters", f"{s.parameters} ({format_bytes(s.parameter_bytes)})")
+    facts.add_row("outputs", format_bytes(s.output_bytes))
     facts.add_row(
         "FLOPs",
         human_count(s.total_flops)
         + "FLOP"
         + (" (loops weighted by trip count)" if s.while_loops else ""),
     )
-    facts.add_row("bytes accessed", human_bytes(s.total_bytes))
+    facts.add_row("bytes accessed", format_bytes(s.total_bytes))
     if s.fusions:
         facts.add_row("fusions", str(s.fusions))
     if s.unknown_opcodes:
@@ -109,7 +109,7 @@ def render(file: str, s: ModuleSummary) -> None:
     for col in ("instruction", "opcode", "shape", "size"):
         big.add_column(col, justify="right" if col == "size" else "left")
     for t in s.largest_tensors:
-        big.add_row(f"%{t.name}", t.opcode, t.shape, human_bytes(t.bytes))
+        big.add_row(f"%{t.name}", t.opcode, t.shape, format_bytes(t.bytes))
     out.print(big)
     if s.while_loops:
         loops = Table(title="while loops", title_justify="left")

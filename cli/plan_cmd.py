@@ -15,7 +15,6 @@ from rhino.cli.common import (
     debug_option,
     emit_json,
     handle_errors,
-    human_bytes,
     json_option,
     status,
     stderr,
@@ -33,6 +32,7 @@ from rhino.search.plan import Plan
 from rhino.search.planner import LEVELS, PlanRequest, make_plan
 from rhino.search.problem import SolveOptions
 from rhino.search.spec import ShardingSpec, parse_spec
+from rhino.search.units import format_bytes, format_seconds
 
 MERGE_LEVELS = {
     0: "whole graph",
@@ -285,12 +285,6 @@ def check_pins(pins: Iterable[Pin], module: Module, mesh: DeviceMesh, file: str)
             raise ConfigError(f"{pin.where}: {problem} (%{pin.name} is {inst.shape})")
 
 
-def _ms(seconds: float) -> str:
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.2f} us"
-    return f"{seconds * 1e3:.3f} ms"
-
-
 def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] = ()) -> None:
     out = stdout
     if trials:
@@ -299,18 +293,18 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
             tried.add_column(col)
         for trial in trials:
             best = " (best)" if trial.mesh == plan.mesh else ""
-            tried.add_row("x".join(map(str, trial.mesh)), _ms(trial.objective_s) if trial.objective_s is not None else "-",
+            tried.add_row("x".join(map(str, trial.mesh)), format_seconds(trial.objective_s) if trial.objective_s is not None else "-",
                           (trial.error or "") + best)  # fmt: skip
         out.print(tried)
     mesh = "x".join(map(str, plan.mesh))
     out.print(f"[bold]{plan.module}[/] on mesh {mesh} ({plan.cluster}), level {plan.level}")
     t = Table(show_header=False, box=None, pad_edge=False)
-    t.add_row("estimated step", _ms(plan.objective_s))
-    t.add_row("  compute", _ms(plan.compute_s))
+    t.add_row("estimated step", format_seconds(plan.objective_s))
+    t.add_row("  compute", format_seconds(plan.compute_s))
     for kind, seconds in plan.comm_by_kind.items():
-        t.add_row(f"  {kind}", _ms(seconds))
-    budget = f" (budget {human_bytes(plan.budget_bytes)})" if plan.budget_bytes else ""
-    t.add_row("memory per device", human_bytes(plan.peak_memory_bytes) + budget)
+        t.add_row(f"  {kind}", format_seconds(seconds))
+    budget = f" (budget {format_bytes(plan.budget_bytes)})" if plan.budget_bytes else ""
+    t.add_row("memory per device", format_bytes(plan.peak_memory_bytes) + budget)
     solver = plan.solver
     gap = "no bound" if solver.get("merge_level") == 3 else f"gap {solver['gap']:.2%}"
     t.add_row("search", f"{plan.search_time_s:.1f} s, solver {solver['status']}, {gap}, "
@@ -331,9 +325,9 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
     found = solver.get("budget_search")
     if found:
         if found.get("solves", 1) <= 1:
-            text = f"did not bind (the plan without it peaks at {human_bytes(found['free_peak'])})"
+            text = f"did not bind (the plan without it peaks at {format_bytes(found['free_peak'])})"
         else:
-            text = (f"binds (the plan without it peaks at {human_bytes(found['free_peak'])}); "
+            text = (f"binds (the plan without it peaks at {format_bytes(found['free_peak'])}); "
                     f"{int(found['solves'])} O2 solves with memory priced in"
                     + (", none fit: the smallest layouts, improved" if found.get("fallback") else ""))  # fmt: skip
         t.add_row("  budget", text)

@@ -14,12 +14,12 @@ from rhino.cli.common import (
     debug_option,
     emit_json,
     handle_errors,
-    human_bytes,
     json_option,
     status,
     stdout,
 )
 from rhino.hlo.errors import ConfigError, VerificationFailed
+from rhino.search.units import format_bytes, format_seconds
 
 EPILOG = """
 \b
@@ -238,10 +238,6 @@ def _simulate_cpu_devices(n: int, *, exactly: bool) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def _time(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
-
-
 def render(report) -> None:  # type: ignore[no-untyped-def]
     out = stdout
     mesh = "x".join(map(str, report.mesh))
@@ -270,19 +266,19 @@ def render(report) -> None:  # type: ignore[no-untyped-def]
         predicted, measured = row["predicted_bytes"], row["measured_bytes"]
         ratio = f"{measured / predicted:.2f}" if predicted else "-"
         t.add_row(
-            row["kind"], str(row["axes"]), human_bytes(predicted), human_bytes(measured), ratio
+            row["kind"], str(row["axes"]), format_bytes(predicted), format_bytes(measured), ratio
         )
     out.print(t)
     for message in report.fidelity["messages"][:20]:
         out.print(f"  {message}")
     step = report.step
-    line = f"step time: median {_time(step.median_s)} (min {_time(step.min_s)}, max {_time(step.max_s)}, {step.steps} steps)"
+    line = f"step time: median {format_seconds(step.median_s)} (min {format_seconds(step.min_s)}, max {format_seconds(step.max_s)}, {step.steps} steps)"
     if report.single_device_step is not None:
-        line += f"; single device {_time(report.single_device_step.median_s)}"
+        line += f"; single device {format_seconds(report.single_device_step.median_s)}"
     out.print(line)
     m = report.memory
-    out.print(f"memory per device (XLA): total {human_bytes(m['total_bytes'])} (arguments {human_bytes(m['argument_bytes'])}, "
-              f"outputs {human_bytes(m['output_bytes'])}, temporaries {human_bytes(m['temp_bytes'])}; reported peak "
-              f"{human_bytes(m['peak_bytes'])}); plan estimate {human_bytes(m['plan_peak_bytes'])}")  # fmt: skip
+    out.print(f"memory per device (XLA): total {format_bytes(m['total_bytes'])} (arguments {format_bytes(m['argument_bytes'])}, "
+              f"outputs {format_bytes(m['output_bytes'])}, temporaries {format_bytes(m['temp_bytes'])}; reported peak "
+              f"{format_bytes(m['peak_bytes'])}); plan estimate {format_bytes(m['plan_peak_bytes'])}")  # fmt: skip
     for note in report.notes:
         out.print(f"[yellow]note:[/] {note}")

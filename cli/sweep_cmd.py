@@ -26,7 +26,6 @@ from rhino.cli.common import (
     debug_option,
     emit_json,
     handle_errors,
-    human_bytes,
     json_option,
     stderr,
     stdout,
@@ -39,6 +38,7 @@ from rhino.search.sweep import (
     run_sweep,
     write_rows,
 )
+from rhino.search.units import format_bytes
 
 EPILOG = """
 \b
@@ -136,11 +136,11 @@ def render(rows: Sequence[SweepRow]) -> None:
     for col in ("step", "compute", "comm", "peak mem", "search s", "gap", "nodes"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in rows:
-        budget = "unlimited" if r.budget_bytes is None else human_bytes(r.budget_bytes)
+        budget = "unlimited" if r.budget_bytes is None else format_bytes(r.budget_bytes)
         status = "ok" if r.ok else "[red]error[/]"
         if r.ok and r.solver_status != "optimal":
             status = f"ok ({r.solver_status})"
-        peak = "" if r.peak_memory_bytes is None else human_bytes(r.peak_memory_bytes)
+        peak = "" if r.peak_memory_bytes is None else format_bytes(r.peak_memory_bytes)
         gap = "" if r.solver_gap is None else f"{r.solver_gap:.1%}"
         table.add_row(escape(r.model), r.mesh, r.level, escape(r.cluster), budget, status,
                       _num(r.step_ms, ".4g"), _num(r.compute_ms, ".4g"), _num(r.comm_ms, ".4g"), peak,

@@ -59,6 +59,7 @@ from rhino.hlo.ir import Computation, Instruction, Module
 from rhino.hlo.opcode import Opcode
 from rhino.hlo.parser import parse_module
 from rhino.search.mesh import DeviceMesh
+from rhino.search.units import format_bytes
 
 TOLERANCE = 0.10
 """A predicted and a measured collective agree when the measured total bytes are within
@@ -116,7 +117,7 @@ class MeasuredCollective:
         times = f" x{self.count}" if self.count != 1 else ""
         sliced = " (+ partition-id dynamic-slice)" if self.sliced else ""
         where = _where(self.instruction, self.attribution, self.name)
-        return f"{self.kind}{sliced} of {_size(self.nbytes)}{times} over {_axes_text(self.axes)} {where}"
+        return f"{self.kind}{sliced} of {format_bytes(self.nbytes)}{times} over {_axes_text(self.axes)} {where}"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -502,7 +503,7 @@ class PredictedCollective:
         """`all-gather of 64 KiB over mesh axis 0 at %dot.3`."""
         times = f" x{self.count}" if self.count != 1 else ""
         where = f"at %{self.instruction}" if self.instruction else "(no instruction)"
-        return f"{self.kind} of {_size(self.nbytes)}{times} over {_axes_text(self.axes)} {where}"
+        return f"{self.kind} of {format_bytes(self.nbytes)}{times} over {_axes_text(self.axes)} {where}"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -621,7 +622,7 @@ class FidelityReport:
                 p, m = match.predicted, match.measured
                 lines.append(
                     f"{p.kind} over {_axes_text(p.axes)} at %{p.instruction}: predicted "
-                    f"{_size(match.predicted_bytes)}, XLA moves {_size(m.total_bytes)} ({m.name})"
+                    f"{format_bytes(match.predicted_bytes)}, XLA moves {format_bytes(m.total_bytes)} ({m.name})"
                 )
         return lines
 
@@ -765,17 +766,6 @@ def _totals(
 
 
 # -- text -------------------------------------------------------------------------------------------
-
-
-def _size(nbytes: float) -> str:
-    """1024 -> "1 KiB", 1536 -> "1.5 KiB", 100 -> "100 B"."""
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            text = f"{value:.1f}".removesuffix(".0")
-            return f"{text} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _axes_text(axes: tuple[int, ...] | None) -> str:

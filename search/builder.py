@@ -136,7 +136,14 @@ def build_graph(
     builder = _Builder(graph, ctx)
     builder.computation(flat.entry, weight=1.0, params=None)
     if state:
-        builder.state_edges(state_pairs(flat))
+        pairs = state_pairs(flat)
+        builder.state_edges(pairs)
+        if pairs and "input_output_alias" not in flat.attrs:
+            graph.warnings.append(
+                f"the module has no input_output_alias: {len(pairs)} outputs were taken for updated "
+                "state by equal shape and order, each kept in its parameter's layout (donate the "
+                "state when lowering, e.g. jax.jit(..., donate_argnums=...), to say which)"
+            )
     unknown_pins = set(ctx.pinned) - set(graph.index)
     if unknown_pins:
         raise InfeasibleError(

@@ -17,10 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rhino.hlo.errors import InfeasibleError
-
-
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.2f} MiB"
+from rhino.search.units import format_bytes
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,7 +102,7 @@ class ShardingProblem:
         if self.budget is not None and peak > self.budget * (1 + 1e-9):
             name, size = top
             raise InfeasibleError(
-                f"peak {gib(peak)} > budget {gib(self.budget)} at step {step} (largest: %{name} {gib(size)})"
+                f"peak {format_bytes(peak)} > budget {format_bytes(self.budget)} at step {step} (largest: %{name} {format_bytes(size)})"
             )
         return Evaluation(node_cost + edge_cost, node_cost, edge_cost, peak)
 

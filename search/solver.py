@@ -54,9 +54,9 @@ from rhino.search.problem import (
     Solution,
     SolveOptions,
     SolveStatus,
-    gib,
 )
 from rhino.search.reduce import Reduced, memory_rows, reduce_problem
+from rhino.search.units import format_bytes
 
 TIE_BREAK_S_PER_BYTE = 1e-17
 MIN_CPSAT_S = 0.2
@@ -539,9 +539,9 @@ def check_budget(problem: ShardingProblem) -> None:
     peak, step, name = min_peak_memory(problem)
     if problem.budget is not None and peak > problem.budget:
         raise InfeasibleError(
-            f"no plan fits the memory budget of {gib(problem.budget)} per device: the smallest possible "
-            f"peak is {gib(peak)} (at step {step}, largest tensor then: %{name}); "
-            f"use --memory {gib(peak * 1.0001).replace(' ', '')} or more, or a larger mesh"
+            f"no plan fits the memory budget of {format_bytes(problem.budget, 2)} per device: the smallest possible "
+            f"peak is {format_bytes(peak, 2)} (at step {step}, largest tensor then: %{name}); "
+            f"use --memory {format_bytes(peak, 2, up=True).replace(' ', '')} or more, or a larger mesh"
         )
 
 

@@ -126,7 +126,8 @@ ENTRY main {
 
 @pytest.fixture(scope="module")
 def loop_module() -> str:
-    xb = pytest.importorskip("rhino.runtime.xla_bridge")
+    from rhino.runtime import xla_bridge as xb
+
     compiled = xb.compile_spmd(LOOP, xb.local_devices("cpu", 8), num_partitions=8)
     return compiled.partitioned_hlo()
 

@@ -16,6 +16,7 @@ from rhino.search.plan import Plan
 from rhino.search.planner import PlanRequest, make_plan
 from rhino.search.spec import parse_spec
 from tests.hlo.corpus import ROOT
+from tests.solving import TO_THE_END
 
 MLP_STEP = ROOT / "tests" / "data" / "mlp_step.hlo"  # batch 4: x f32[4,16], y f32[4,8]
 WEIGHTS = {"params_0_.1": (16, 32), "params_1_.1": (32, 8)}
@@ -67,8 +68,8 @@ def test_gradients_are_all_reduced_over_all_devices(mesh: str) -> None:
                                             (ROOT / "examples" / "mlp.hlo", "1x8")])  # fmt: skip
 def test_o3_is_never_worse_than_data_parallel(path: Path, mesh: str) -> None:
     module = parse_file(path)
-    dp = data_parallel_plan(module, parse_mesh(mesh), load_cluster("m8"))
-    o3 = make_plan(module, PlanRequest(parse_mesh(mesh), load_cluster("m8")))
+    dp = data_parallel_plan(module, parse_mesh(mesh), load_cluster("m8"), solve=TO_THE_END)
+    o3 = make_plan(module, PlanRequest(parse_mesh(mesh), load_cluster("m8"), solve=TO_THE_END))
     assert (dp.solver["status"], o3.solver["status"]) == ("optimal", "optimal")
     assert o3.objective_s <= dp.objective_s * (1 + 1e-9)
 

@@ -14,6 +14,7 @@ from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, Solv
 from rhino.search.solver import solve_brute_force, solve_ilp
 from tests.hlo.corpus import ROOT
 from tests.search.test_solver import random_problem
+from tests.solving import TO_THE_END
 
 EXAMPLES = ROOT / "examples"
 
@@ -127,7 +128,9 @@ def test_segments_come_close_to_o3_on_series_parallel_problems(
 
 
 def plan(name: str, mesh: str, level: str, **kw):  # type: ignore[no-untyped-def]
-    request = PlanRequest(parse_mesh(mesh), load_cluster("m8"), level, **kw)
+    request = PlanRequest(
+        parse_mesh(mesh), load_cluster("m8"), level, **{"solve": TO_THE_END, **kw}
+    )
     return make_plan(parse_file(EXAMPLES / name), request)
 
 
@@ -174,8 +177,8 @@ def test_o3_starts_from_o2_and_is_never_worse(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(merge, "WHOLE_CORE_PAIRS", 0)  # O2 by segments
     monkeypatch.setattr(merge, "SEGMENT_NODES", 12)
     problem = series_parallel(2)
-    o2 = merge.solve_merged(problem, SolveOptions(time_limit_s=60))
-    o3 = solve_whole(problem, SolveOptions(time_limit_s=60))
+    o2 = merge.solve_merged(problem, TO_THE_END)
+    o3 = solve_whole(problem, TO_THE_END)
     assert o3.objective <= o2.objective * (1 + 1e-12)
     assert o3.stats["warm_start_cost"] == pytest.approx(o2.objective)
     assert o3.status.value == "optimal"

@@ -155,9 +155,11 @@ def test_scanned_gpt_plans_with_its_loop_carries() -> None:
     plan = plan_for(
         ROOT / "examples" / "gpt_scan_tiny.hlo", "1x2", solve=SolveOptions(time_limit_s=20)
     )
-    assert plan.solver["status"] in ("optimal", "feasible")
     names = {i.name for i in plan.instructions}
     assert not any("#" in n for n in names)  # carried values are decisions, not instructions
+    # ... reported with their layouts: one per carried leaf of the scan's while loop
+    assert plan.carried and all("#" in k and v for k, v in plan.carried.items())
+    assert plan.objective_s <= plan.solver["objective_s"] * (1 + 1e-9)  # shared conversions
 
 
 def test_gpt_block_shards_attention_by_heads_and_the_mlp_megatron_style() -> None:
@@ -169,3 +171,18 @@ def test_gpt_block_shards_attention_by_heads_and_the_mlp_megatron_style() -> Non
         assert layout(plan, prefix + name) == "RS1"  # column split
     for name in ("attn____wo__.1", "mlp____fc2____w__.1"):
         assert layout(plan, prefix + name) == "RS0"  # row split
+
+
+def test_state_paired_by_shape_is_said_and_an_alias_is_taken_as_given() -> None:
+    from rhino.hlo.parser import parse_module
+    from rhino.search.builder import build_graph, state_pairs
+
+    text = (DATA / "mlp_step.hlo").read_text()
+    guessed = build_graph(parse_module(text, "step.hlo"), parse_mesh("1x2"), load_cluster("m8"))
+    assert any("no input_output_alias" in w for w in guessed.warnings), guessed.warnings
+    assert guessed.state  # paired by shape
+    header, rest = text.split("\n", 1)
+    aliased = parse_module(f"{header}, input_output_alias={{ {{1}}: (1, {{}}) }}\n{rest}", "a.hlo")
+    assert state_pairs(aliased) == [(1, 1)]
+    graph = build_graph(aliased, parse_mesh("1x2"), load_cluster("m8"))
+    assert not any("no input_output_alias" in w for w in graph.warnings)

@@ -19,9 +19,9 @@ from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
 from rhino.search.plan import Plan
 from rhino.search.planner import PlanRequest, make_plan
-from rhino.search.problem import SolveOptions
 from rhino.search.spec import ShardingSpec, parse_spec
 from tests.hlo.corpus import ROOT
+from tests.solving import TO_THE_END
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -36,8 +36,7 @@ def zoo_module(family: str, config: str = "small") -> Module:
 
 
 def plan_on_m8(module: Module, pins: tuple[tuple[str, ShardingSpec], ...] = ()) -> Plan:
-    request = PlanRequest(parse_mesh("1x8"), load_cluster("m8"), pins=pins,
-                          solve=SolveOptions(time_limit_s=60))  # fmt: skip
+    request = PlanRequest(parse_mesh("1x8"), load_cluster("m8"), pins=pins, solve=TO_THE_END)
     plan = make_plan(module, request)
     assert plan.solver["status"] == "optimal", plan.solver
     return plan
