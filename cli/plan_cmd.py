@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
-import yaml
 from rich.table import Table
 
 from rhino.cli.common import (
@@ -21,17 +17,16 @@ from rhino.cli.common import (
     stdout,
 )
 from rhino.hlo.errors import ConfigError
-from rhino.hlo.ir import Module
 from rhino.hlo.parser import parse_file
 from rhino.hlo.printer import print_module
 from rhino.hlo.verify import verify
 from rhino.search.cluster import load_cluster, parse_quantity
 from rhino.search.mesh import DeviceMesh, parse_mesh
 from rhino.search.meshsearch import MeshTrial, plan_best_mesh
+from rhino.search.pins import check_pins, pins_from_flags, read_pins_file
 from rhino.search.plan import Plan
 from rhino.search.planner import LEVELS, PlanRequest, make_plan
 from rhino.search.problem import SolveOptions
-from rhino.search.spec import ShardingSpec, parse_spec
 from rhino.search.units import format_bytes, format_seconds
 
 MERGE_LEVELS = {
@@ -137,7 +132,9 @@ def plan_command(file: str, mesh_text: str | None, devices: int | None, jobs: in
     mesh = parse_mesh(mesh_text) if mesh_text else DeviceMesh((devices or 1,))
     clus = load_cluster(cluster)
     budget = None if no_memory_limit else _budget(memory, clus.memory_bytes)
-    given = (read_pins_file(pins_file, mesh.ndim) if pins_file else []) + _pins(pins, mesh.ndim)
+    given = (read_pins_file(pins_file, mesh.ndim) if pins_file else []) + pins_from_flags(
+        pins, mesh.ndim
+    )
     chosen = {p.name: p for p in given}  # a --pin wins over the file's pin of the same name
     request = PlanRequest(
         mesh, clus, level, budget, tuple((p.name, p.spec) for p in chosen.values()),
@@ -187,102 +184,6 @@ def _budget(memory: str | None, device_memory: float) -> float:
         return parse_quantity(memory, "bytes")
     except ValueError as e:
         raise ConfigError(f"--memory {memory!r}: {e}") from None
-
-
-@dataclass(frozen=True)
-class Pin:
-    """A layout the user fixed for one instruction's result."""
-
-    name: str
-    """Instruction name, without the `%`."""
-    spec: ShardingSpec
-    """The layout, one token per mesh axis."""
-    where: str
-    """Where it was given, to start error messages: `--pin w1=RS1`, `pins.yaml:3:1: key 'w1'`."""
-
-
-def _pins(pins: tuple[str, ...], ndim: int) -> list[Pin]:
-    out = []
-    for text in pins:
-        name, sep, spec = text.partition("=")
-        if not sep or not name:
-            raise ConfigError(f"--pin {text!r}: expected NAME=SPEC, e.g. w1=RS1")
-        out.append(Pin(name.lstrip("%"), parse_spec(spec, ndim), f"--pin {text}"))
-    return out
-
-
-def read_pins_file(path: str, ndim: int) -> list[Pin]:
-    """The pins of a `--pins` file: a YAML mapping of instruction name to layout,
-
-        params_0_.1: RS1        # one token per mesh axis (see `rhino plan --help`)
-        "%dot.5": S0R           # a leading % is allowed (quote it: % starts a YAML directive)
-
-    Keys and values are read as written (no YAML typing). Every error is a ConfigError
-    naming the file, line:col and key.
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the pins file: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file") from None
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        raise ConfigError(
-            f"{path}{where}: not valid YAML: {getattr(e, 'problem', None) or e}"
-        ) from None
-    expected = "expected a mapping of instruction name to layout, e.g. `params_0_.1: RS1`"
-    if not isinstance(root, yaml.MappingNode) or not root.value:
-        got = "an empty file" if root is None else _yaml_kind(root)
-        line = f":{root.start_mark.line + 1}:{root.start_mark.column + 1}" if root else ""
-        raise ConfigError(f"{path}{line}: {expected}, got {got}")
-    out: dict[str, Pin] = {}
-    first_line: dict[str, int] = {}
-    for key_node, value_node in root.value:
-        line = key_node.start_mark.line + 1
-        at = f"{path}:{line}:{key_node.start_mark.column + 1}"
-        if not isinstance(key_node, yaml.ScalarNode) or not key_node.value:
-            raise ConfigError(f"{at}: {expected}, got the key {_yaml_kind(key_node)}")
-        name = key_node.value.lstrip("%")
-        where = f"{at}: key '{name}'"
-        if name in out:
-            raise ConfigError(f"{where}: given twice (first on line {first_line[name]})")
-        if not isinstance(value_node, yaml.ScalarNode) or not value_node.value:
-            got = _yaml_kind(value_node)
-            raise ConfigError(f"{where}: expected a layout such as RS1, got {got}")
-        try:
-            spec = parse_spec(value_node.value, ndim)
-        except ConfigError as e:
-            raise ConfigError(f"{where}: {e}") from None
-        out[name], first_line[name] = Pin(name, spec, where), line
-    return list(out.values())
-
-
-def _yaml_kind(node: yaml.Node) -> str:
-    """What a YAML node is, for messages: `a list`, `an empty mapping`, `'RS1'`, `nothing`."""
-    if isinstance(node, yaml.MappingNode):
-        return "a mapping" if node.value else "an empty mapping"
-    if isinstance(node, yaml.SequenceNode):
-        return "a list"
-    return repr(node.value) if node.value else "nothing"
-
-
-def check_pins(pins: Iterable[Pin], module: Module, mesh: DeviceMesh, file: str) -> None:
-    """Raise ConfigError for a pin that names no instruction of `module` (read from
-    `file`), or whose layout does not fit that instruction's array shape on `mesh`."""
-    by_name = {inst.name: inst for inst in module.instructions()}
-    for pin in pins:
-        inst = by_name.get(pin.name)
-        if inst is None:
-            close = difflib.get_close_matches(pin.name, by_name, n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(f"{pin.where}: no instruction %{pin.name} in {file}{hint}")
-        problem = None if inst.shape.is_tuple else pin.spec.problem(inst.shape.dims, mesh)
-        if problem is not None:
-            raise ConfigError(f"{pin.where}: {problem} (%{pin.name} is {inst.shape})")
 
 
 def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] = ()) -> None:

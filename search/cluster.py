@@ -55,6 +55,7 @@ import yaml
 
 from rhino.hlo.errors import ConfigError
 from rhino.search.mesh import DeviceMesh, parse_mesh
+from rhino.search.yamldoc import YamlReader, kind_of, load
 
 # -- units ---------------------------------------------------------------------------------
 
@@ -266,49 +267,43 @@ def load_cluster_text(text: str, source: str = "<string>") -> Cluster:
 
 
 def _load_text(text: str, source: str, default_name: str) -> Cluster:
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"{source}{where}: not valid YAML: {e}") from None
-    r = _Reader(source)
-    root = r.mapping(doc, "", {"name", "devices_per_node", "device", "links", "meshes"})
-    device = r.mapping(
-        r.required(root, "device", ""), "device", {"name", "memory", "memory_bandwidth", "flops"}
-    )
-    flops_doc = r.mapping(r.required(device, "flops", "device"), "device.flops", None)
+    reader, doc = load(text, source)
+    if doc is None:
+        raise ConfigError(f"{source}: empty cluster file")
+    r = _ClusterReader(reader)
+    root = r.mapping(doc, "", ("name", "devices_per_node", "device", "links", "meshes"))
+    device_node = r.required(root, "device", "", doc)
+    device = r.mapping(device_node, "device", ("name", "memory", "memory_bandwidth", "flops"))
+    flops_node = r.required(device, "flops", "device", device_node)
+    flops_doc = r.mapping(flops_node, "device.flops", None)
     if "f32" not in flops_doc:
-        raise ConfigError(
-            f"{source}: key 'device.flops.f32': missing (expected {_EXAMPLES['flops']})"
-        )
+        raise r.fail(flops_node, "device.flops.f32", f"missing (expected {_EXAMPLES['flops']})")
     flops = tuple(
-        sorted((str(k), r.quantity(v, f"device.flops.{k}", "flops")) for k, v in flops_doc.items())
+        sorted((k, r.quantity(v, f"device.flops.{k}", "flops")) for k, v in flops_doc.items())
     )
-    links = r.mapping(r.required(root, "links", ""), "links", {"intra_node", "inter_node"})
-    intra = r.link(r.required(links, "intra_node", "links"), "links.intra_node", set())
-    inter_doc = r.required(links, "inter_node", "links")
-    inter = r.link(inter_doc, "links.inter_node", {"nics_per_node"})
-    nics = r.positive_int(inter_doc.get("nics_per_node", 1), "links.inter_node.nics_per_node")
-    dpn = r.positive_int(r.required(root, "devices_per_node", ""), "devices_per_node")
+    links_node = r.required(root, "links", "", doc)
+    links = r.mapping(links_node, "links", ("intra_node", "inter_node"))
+    intra = r.link(r.required(links, "intra_node", "links", links_node), "links.intra_node", ())
+    inter_node = r.required(links, "inter_node", "links", links_node)
+    inter = r.link(inter_node, "links.inter_node", ("nics_per_node",))
+    nics_node = r.mapping(inter_node, "links.inter_node", None).get("nics_per_node")
+    nics = 1 if nics_node is None else r.positive_int(nics_node, "links.inter_node.nics_per_node")
+    dpn = r.positive_int(r.required(root, "devices_per_node", "", doc), "devices_per_node")
     mesh_axes = []
-    for mesh_text, axes_doc in r.mapping(root.get("meshes", {}), "meshes", None).items():
+    meshes = r.mapping(root["meshes"], "meshes", None) if "meshes" in root else {}
+    for mesh_text, axes_node in meshes.items():
         key = f"meshes.{mesh_text}"
         try:
-            mesh = parse_mesh(str(mesh_text))
+            mesh = parse_mesh(mesh_text)
         except ConfigError as e:
-            raise ConfigError(f"{source}: key '{key}': {e}") from None
-        if not isinstance(axes_doc, list) or len(axes_doc) != mesh.ndim:
-            raise ConfigError(
-                f"{source}: key '{key}': expected a list of {mesh.ndim} links "
-                f"(one per mesh axis), got {axes_doc!r}"
-            )
-        links_for_mesh = tuple(r.link(a, f"{key}[{i}]", set()) for i, a in enumerate(axes_doc))
-        mesh_axes.append((mesh.shape, links_for_mesh))
-    name = root.get("name", default_name)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{source}: key 'name': expected a non-empty string, got {name!r}")
-    device_name = device.get("name", "")
+            raise r.fail(axes_node, key, str(e)) from None
+        if not isinstance(axes_node, yaml.SequenceNode) or len(axes_node.value) != mesh.ndim:
+            raise r.fail(axes_node, key, f"expected a list of {mesh.ndim} links (one per mesh axis), "
+                                         f"got {kind_of(axes_node)}")  # fmt: skip
+        mesh_axes.append(
+            (mesh.shape, tuple(r.link(a, f"{key}[{i}]", ()) for i, a in enumerate(axes_node.value)))
+        )
+    name = r.string(root["name"], "name") if "name" in root else default_name
     memory_bandwidth = (
         r.quantity(device["memory_bandwidth"], "device.memory_bandwidth", "bandwidth")
         if "memory_bandwidth" in device
@@ -318,8 +313,10 @@ def _load_text(text: str, source: str, default_name: str) -> Cluster:
         name=name,
         source=source,
         devices_per_node=dpn,
-        device_name=str(device_name),
-        memory_bytes=r.quantity(r.required(device, "memory", "device"), "device.memory", "bytes"),
+        device_name=str(r.scalar(device["name"])) if "name" in device else "",
+        memory_bytes=r.quantity(
+            r.required(device, "memory", "device", device_node), "device.memory", "bytes"
+        ),
         memory_bandwidth=memory_bandwidth,
         flops=flops,
         intra_node=intra,
@@ -329,48 +326,21 @@ def _load_text(text: str, source: str, default_name: str) -> Cluster:
     )
 
 
-class _Reader:
-    """Typed access to a YAML document with errors that name the file and the key."""
+class _ClusterReader(YamlReader):
+    """The cluster's keys, read from its node tree (errors carry file, key and line:col)."""
 
-    def __init__(self, source: str) -> None:
-        self.source = source
+    def __init__(self, reader: YamlReader) -> None:
+        super().__init__(reader.source, reader.loader)
 
-    def fail(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.source}: key '{key}': {message}")
-
-    def mapping(self, doc: Any, key: str, allowed: set[str] | None) -> dict[str, Any]:
-        if not isinstance(doc, dict):
-            where = f"key '{key}'" if key else "top level"
-            raise ConfigError(f"{self.source}: {where}: expected a mapping, got {doc!r}")
-        if allowed is not None:
-            for k in doc:
-                if k not in allowed:
-                    full = f"{key}.{k}" if key else str(k)
-                    raise self.fail(full, f"unknown key; expected one of {sorted(allowed)}")
-        return doc
-
-    def required(self, doc: dict[str, Any], key: str, parent: str) -> Any:
-        if key not in doc:
-            full = f"{parent}.{key}" if parent else key
-            raise self.fail(full, "missing")
-        return doc[key]
-
-    def quantity(self, value: Any, key: str, kind: str) -> float:
+    def quantity(self, node: yaml.Node, key: str, kind: str) -> float:
         try:
-            return parse_quantity(value, kind)
+            return parse_quantity(self.scalar(node), kind)
         except ValueError as e:
-            raise self.fail(key, str(e)) from None
+            raise self.fail(node, key, str(e)) from None
 
-    def positive_int(self, value: Any, key: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.fail(key, f"expected a positive integer, got {value!r}")
-        return value
-
-    def link(self, doc: Any, key: str, extra: set[str]) -> Link:
-        doc = self.mapping(doc, key, {"bandwidth", "latency"} | extra)
+    def link(self, node: yaml.Node, key: str, extra: tuple[str, ...]) -> Link:
+        doc = self.mapping(node, key, ("bandwidth", "latency", *extra))
         return Link(
-            bandwidth=self.quantity(
-                self.required(doc, "bandwidth", key), f"{key}.bandwidth", "bandwidth"
-            ),
-            latency=self.quantity(self.required(doc, "latency", key), f"{key}.latency", "time"),
-        )
+            bandwidth=self.quantity(self.required(doc, "bandwidth", key, node), f"{key}.bandwidth", "bandwidth"),
+            latency=self.quantity(self.required(doc, "latency", key, node), f"{key}.latency", "time"),
+        )  # fmt: skip

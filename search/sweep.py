@@ -56,6 +56,7 @@ from rhino.search.mesh import DeviceMesh, parse_mesh
 from rhino.search.planner import LEVELS, PlanRequest, make_plan
 from rhino.search.problem import SolveOptions
 from rhino.search.workers import worker_context
+from rhino.search.yamldoc import YamlReader, load, read_text
 
 SWEEP_SCHEMA = "rhino.sweep/1"
 """`schema` of the JSON documents `rhino sweep` writes."""
@@ -153,48 +154,26 @@ COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(SweepRow))
 def load_sweep(path: str | os.PathLike[str]) -> Sweep:
     """Read and check a sweep file; every error is a ConfigError naming file, key, line:col."""
     name = os.fspath(path)
-    try:
-        text = Path(name).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{name}: cannot read the sweep file: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{name}: not a UTF-8 text file") from None
-    return load_sweep_text(text, name, Path(name).parent)
+    return load_sweep_text(read_text(name, "the sweep file"), name, Path(name).parent)
 
 
 def load_sweep_text(
     text: str, source: str = "<string>", base: str | os.PathLike[str] = "."
 ) -> Sweep:
     """Read a sweep from YAML text; paths in it are relative to `base`."""
-    loader = yaml.SafeLoader(text)
-    try:
-        try:
-            node = loader.get_single_node()
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-            problem = getattr(e, "problem", None) or str(e)
-            raise ConfigError(f"{source}{where}: not valid YAML: {problem}") from None
-        if node is None:
-            raise ConfigError(f"{source}: empty sweep file (expected keys {', '.join(_TOP_KEYS)})")
-        return _SweepReader(source, Path(base), loader).sweep(node)
-    finally:
-        loader.dispose()
+    reader, node = load(text, source)
+    if node is None:
+        raise ConfigError(f"{source}: empty sweep file (expected keys {', '.join(_TOP_KEYS)})")
+    return _SweepReader(reader, Path(base)).sweep(node)
 
 
-class _SweepReader:
-    """Typed access to the YAML node tree, with errors that carry file, key and line:col."""
+class _SweepReader(YamlReader):
+    """The sweep's keys, read from its node tree (errors carry file, key and line:col)."""
 
-    def __init__(self, source: str, base: Path, loader: yaml.SafeLoader) -> None:
-        self.source = source
+    def __init__(self, reader: YamlReader, base: Path) -> None:
+        super().__init__(reader.source, reader.loader)
         self.base = base
-        self.loader = loader
         self.clusters: dict[str, Cluster] = {}
-
-    def fail(self, node: yaml.Node, key: str, message: str) -> ConfigError:
-        mark = node.start_mark
-        where = f"key '{key}'" if key else "top level"
-        return ConfigError(f"{self.source}:{mark.line + 1}:{mark.column + 1}: {where}: {message}")
 
     def sweep(self, root: yaml.Node) -> Sweep:
         top = self.mapping(root, "", _TOP_KEYS)
@@ -341,58 +320,7 @@ class _SweepReader:
         return float(value)
 
     def threads(self, node: yaml.Node | None, key: str, default: int) -> int:
-        if node is None:
-            return default
-        value = self.scalar(node)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.fail(node, key, f"expected a positive integer, got {value!r}")
-        return value
-
-    # -- node shapes ---------------------------------------------------------------------------
-
-    def mapping(self, node: yaml.Node, key: str, allowed: Sequence[str]) -> dict[str, yaml.Node]:
-        if not isinstance(node, yaml.MappingNode):
-            expected = f"expected a mapping with keys {', '.join(allowed)}"
-            raise self.fail(node, key, f"{expected}, got {self.scalar(node)!r}")
-        out: dict[str, yaml.Node] = {}
-        for k, v in node.value:
-            name = self.scalar(k)
-            full = f"{key}.{name}" if key else str(name)
-            if name not in allowed:
-                raise self.fail(k, full, f"unknown key; expected one of {', '.join(allowed)}")
-            if name in out:
-                raise self.fail(k, full, "given twice")
-            out[name] = v
-        return out
-
-    def items(self, node: yaml.Node, key: str) -> list[yaml.Node]:
-        """The items of a sequence; a single value counts as a list of one."""
-        if not isinstance(node, yaml.SequenceNode):
-            return [node]
-        if not node.value:
-            raise self.fail(node, key, "empty list")
-        return list(node.value)
-
-    def string(self, node: yaml.Node, key: str) -> str:
-        value = self.scalar(node)
-        if not isinstance(value, str) or not value:
-            raise self.fail(node, key, f"expected a string, got {value!r}")
-        return value
-
-    def scalar(self, node: yaml.Node) -> Any:
-        if not isinstance(node, yaml.ScalarNode):
-            return _Composite(node)
-        return self.loader.construct_object(node, deep=True)
-
-
-@dataclass(frozen=True)
-class _Composite:
-    """A mapping or list where a scalar was expected (for error messages)."""
-
-    node: yaml.Node
-
-    def __repr__(self) -> str:
-        return "a list" if isinstance(self.node, yaml.SequenceNode) else "a mapping"
+        return default if node is None else self.positive_int(node, key)
 
 
 def _shown(path: Path) -> str:

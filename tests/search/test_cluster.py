@@ -127,17 +127,18 @@ def _error(tmp_path: Path, text: str) -> str:
     return str(info.value)
 
 
-def test_bad_unit_names_file_and_key(tmp_path: Path) -> None:
+def test_bad_unit_names_file_line_col_and_key(tmp_path: Path) -> None:
     message = _error(tmp_path, GOOD.replace("bandwidth: 100 GB/s", "bandwidth: fast"))
     assert message == (
-        f"{tmp_path / 'bad.yaml'}: key 'links.intra_node.bandwidth': "
+        f"{tmp_path / 'bad.yaml'}:7:27: key 'links.intra_node.bandwidth': "
         "expected a number like 150e9 or '150 GB/s', got 'fast'"
     )
 
 
 def test_missing_key_names_file_and_key(tmp_path: Path) -> None:
     message = _error(tmp_path, GOOD.replace("  memory: 16 GiB\n", ""))
-    assert message == f"{tmp_path / 'bad.yaml'}: key 'device.memory': missing"
+    # where the mapping that lacks it starts
+    assert message == f"{tmp_path / 'bad.yaml'}:4:3: key 'device.memory': missing"
     message = _error(tmp_path, GOOD.replace(", latency: 10 us", ""))
     assert message.endswith("key 'links.inter_node.latency': missing")
     message = _error(tmp_path, GOOD.replace("f32: 10 TFLOP/s, ", ""))
@@ -222,3 +223,8 @@ def test_bytes_read_as_a_person_writes_them(n: float, places: int, up: bool, tex
     assert format_bytes(n, places, up=up) == text
     if up:
         assert parse_quantity(text.replace(" ", ""), "bytes") >= n  # a limit that holds it
+
+
+def test_a_key_given_twice_is_an_error_at_its_second_place(tmp_path: Path) -> None:
+    message = _error(tmp_path, GOOD + "devices_per_node: 8\n")
+    assert message == f"{tmp_path / 'bad.yaml'}:9:1: key 'devices_per_node': given twice"
