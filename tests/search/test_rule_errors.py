@@ -25,3 +25,25 @@ def test_a_bug_in_building_a_spec_is_not_swallowed(monkeypatch: pytest.MonkeyPat
     with pytest.raises(Boom):
         make_plan(parse_file(ROOT / "examples/gpt_tiny.hlo"),
                   PlanRequest(parse_mesh("1x4"), load_cluster("m8")))  # fmt: skip
+
+
+def test_mapping_a_spec_lets_a_bug_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    """map_spec and reshape_spec skip a mapping no spec can hold, and nothing else."""
+    from rhino.search import strategy
+    from rhino.search.spec import parse_spec
+
+    mesh = parse_mesh("1x4")
+    spec = parse_spec("RS1")
+    assert strategy.map_spec(spec, {1: 0}, mesh) == parse_spec("RS0")
+    rows = parse_spec("RS0")
+    assert strategy.reshape_spec(rows, (8, 4), (32,), mesh) == rows  # blocks of whole rows
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise Boom("a bug")
+
+    monkeypatch.setattr(strategy, "ShardingSpec", broken)
+    strategy._reshape_spec.cache_clear()  # answers cached before the break
+    with pytest.raises(Boom):
+        strategy.map_spec(spec, {1: 0}, mesh)
+    with pytest.raises(Boom):
+        strategy.reshape_spec(rows, (8, 4), (32,), mesh)
