@@ -82,3 +82,12 @@ def test_unknown_opcode_is_reported_not_fatal(tmp_path: Path) -> None:
 def test_help_has_examples() -> None:
     r = run("parse", "--help")
     assert "Examples:" in r.output and "rhino parse" in r.output
+
+
+def test_a_malformed_program_shape_in_the_header_is_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.hlo"
+    header, rest = MLP.read_text().split("\n", 1)
+    bad.write_text(header.split(",")[0] + ", entry_computation_layout={(f32[x...)->f32[]}\n" + rest)
+    r = CliRunner().invoke(cli, ["parse", str(bad)])
+    assert r.exit_code == 2, r.output
+    assert f"{bad}:1:" in r.output and "bad dimension" in r.output and "Traceback" not in r.output

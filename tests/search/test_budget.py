@@ -11,12 +11,13 @@ from rhino.search.cluster import load_cluster
 from rhino.search.merge import solve_merged
 from rhino.search.mesh import parse_mesh
 from rhino.search.planner import PlanRequest, make_plan
-from rhino.search.problem import ShardingProblem, SolveOptions, SolveStatus
+from rhino.search.problem import ShardingProblem, SolveStatus
 from rhino.search.solver import solve_brute_force
 from tests.hlo.corpus import ROOT
 from tests.search.test_solver import random_problem
+from tests.solving import TO_THE_END
 
-OPTIONS = SolveOptions(time_limit_s=10)
+OPTIONS = TO_THE_END
 
 
 def random_choice(problem: ShardingProblem, rng: np.random.Generator) -> list[int]:

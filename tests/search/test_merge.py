@@ -111,10 +111,10 @@ def test_segments_come_close_to_o3_on_series_parallel_problems(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     problem = series_parallel(seed)
-    o3 = solve_ilp(problem, SolveOptions(time_limit_s=60))
+    o3 = solve_ilp(problem, TO_THE_END)
     monkeypatch.setattr(merge, "WHOLE_CORE_PAIRS", 0)  # force level 3
     monkeypatch.setattr(merge, "SEGMENT_NODES", 12)
-    o2 = merge.solve_merged(problem, SolveOptions(time_limit_s=60))
+    o2 = merge.solve_merged(problem, TO_THE_END)
     assert o2.stats["level"] == 3.0
     assert o2.stats["segments"] > 4
     assert o2.stats["critical"] == 2 * 24  # every dot and grad lies on the one long path
@@ -123,7 +123,7 @@ def test_segments_come_close_to_o3_on_series_parallel_problems(
     assert ratio >= 1 - 1e-9  # O3 is optimal here
     assert ratio <= 1.05
     assert problem.evaluate(o2.choice).objective == o2.objective
-    again = merge.solve_merged(problem, SolveOptions(time_limit_s=60))
+    again = merge.solve_merged(problem, TO_THE_END)
     assert again.choice == o2.choice  # deterministic
 
 

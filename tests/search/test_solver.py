@@ -8,6 +8,7 @@ import pytest
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
 from rhino.search.solver import min_peak_memory, solve_brute_force, solve_ilp
+from tests.solving import TO_THE_END
 
 
 def random_problem(seed: int, budget: bool = False) -> ShardingProblem:
@@ -38,7 +39,7 @@ def random_problem(seed: int, budget: bool = False) -> ShardingProblem:
 @pytest.mark.parametrize("seed", range(40))
 def test_ilp_equals_brute_force(seed: int) -> None:
     problem = random_problem(seed, budget=seed % 2 == 1)
-    ilp = solve_ilp(problem, SolveOptions(time_limit_s=20))
+    ilp = solve_ilp(problem, TO_THE_END)
     brute = solve_brute_force(problem)
     assert ilp.objective == pytest.approx(brute.objective, rel=1e-9, abs=1e-12)
     assert problem.evaluate(ilp.choice).objective == ilp.objective
