@@ -462,7 +462,8 @@ class _SegmentSearch:
                 threads=self.options.threads,
                 seed=self.options.seed,
             )
-            solution = solve_ilp(sub, options)
+            reduced = reduce_problem(tie_broken(sub), dominance=False)
+            solution = solve_ilp(sub, options, reduced=reduced)
             found = solution.choice
             if solution.status is SolveStatus.OPTIMAL:
                 self.memo[key] = found

@@ -72,6 +72,8 @@ class Reduced:
     the same objects it finds nothing again (every change to a cost or an edge makes a
     new array)."""
     inseparable: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    dominance: bool = True
+    """Are dominated strategies dropped (see `reduce_problem`)?"""
     """Edge -> its matrix when `_fold_separable` last found it not separable (likewise)."""
 
     def matrix(self, a: int, b: int) -> np.ndarray:
@@ -124,10 +126,13 @@ def initial(problem: ShardingProblem) -> Reduced:
     return r
 
 
-def reduce_problem(problem: ShardingProblem) -> Reduced:
+def reduce_problem(problem: ShardingProblem, dominance: bool = True) -> Reduced:
     """Apply every exact reduction until none applies. InfeasibleError when a node has
-    no allowed strategy left."""
+    no allowed strategy left. Without `dominance`, dominated strategies stay (forbidden
+    ones still go): on the small problems of O2's windows the ILP settles them faster
+    than the test does."""
     r = initial(problem)
+    r.dominance = dominance
     r.counts = dict.fromkeys(
         ("pruned", "separable", "fixed", "leaf", "series", "isolated", "memory_free"), 0
     )
@@ -203,7 +208,7 @@ def _prune(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untyped-def]
             f"against every remaining strategy of a neighbour)"
         )
     keep = allowed.copy()
-    if s > 1:
+    if s > 1 and r.dominance:
         # no_worse[j, i]: j is no worse than i everywhere; j dominates i when it is also
         # better somewhere, or equal with a lower index (so one of equals stays)
         no_worse = (features[:, None, :] <= features[None, :, :]).all(axis=2)
