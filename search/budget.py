@@ -36,8 +36,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rhino.search.problem import ShardingProblem, Solution, SolveOptions, SolveStatus
-from rhino.search.solver import check_budget
+from rhino.search.problem import ShardingProblem, Solution, SolveOptions, SolveStatus, Usage
+from rhino.search.solver import check_budget, fold_single_edges, improve
 
 FREE_SHARE = 0.75
 """Of the time, the plan without a budget may take this much; the search over lam, which
@@ -57,39 +57,6 @@ STEP_SHARE = 0.5
 Solver = Callable[[ShardingProblem, SolveOptions, "tuple[int, ...] | None"], Solution]
 
 
-class Usage:
-    """Bytes per device at every program step of a problem, under a choice, kept up to
-    date as nodes change strategy. Steps are compressed to the points where some node's
-    interval starts or ends."""
-
-    def __init__(self, problem: ShardingProblem, choice: tuple[int, ...] | list[int]):
-        nodes = problem.nodes
-        first = np.array([n.live[0] for n in nodes], dtype=np.int64)
-        after = np.array([n.live[1] + 1 for n in nodes], dtype=np.int64)
-        self.steps = np.unique(np.concatenate([first, after]))
-        self.lo = np.searchsorted(self.steps, first)
-        self.hi = np.searchsorted(self.steps, after)
-        held = np.array([n.memory[k] for n, k in zip(nodes, choice, strict=True)], dtype=float)
-        delta = np.zeros(len(self.steps) + 1)
-        np.add.at(delta, self.lo, held)
-        np.add.at(delta, self.hi, -held)
-        self.level = problem.constant_memory + np.cumsum(delta)[:-1]
-
-    def peak(self) -> float:
-        return float(self.level.max(initial=0.0))
-
-    def over(self, budget: float) -> np.ndarray:
-        """Steps (program steps, not compressed) where the level exceeds `budget`."""
-        return self.steps[np.flatnonzero(self.level > budget * (1 + 1e-9))]
-
-    def highest(self, v: int) -> float:
-        """The highest level while node v is live."""
-        return float(self.level[self.lo[v] : self.hi[v]].max(initial=0.0))
-
-    def move(self, v: int, change: float) -> None:
-        self.level[self.lo[v] : self.hi[v]] += change
-
-
 def solve_within_budget(problem: ShardingProblem, options: SolveOptions, solve: Solver) -> Solution:
     """The cheapest plan within the problem's budget that O2 (`solve`, on problems without
     a budget, from a start) finds by the relaxation of the module doc."""
@@ -100,10 +67,9 @@ def solve_within_budget(problem: ShardingProblem, options: SolveOptions, solve: 
     begin = time.perf_counter()
     budget = float(problem.budget)
     free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
-    stats: dict[str, float] = {}
     first = solve(free, _share(options, FREE_SHARE), None)
     stats = {**first.stats, "budget_free_peak": first.peak_memory}
-    if Usage(free, first.choice).peak() <= budget * (1 + 1e-9):  # the budget does not bind
+    if first.peak_memory <= budget * (1 + 1e-9):  # the budget does not bind
         return _final(problem, first.choice, first, begin, {**stats, "budget_solves": 1.0})
     search = _LagrangeSearch(problem, free, options, solve, first)
     found = search.run()
@@ -127,8 +93,10 @@ class _LagrangeSearch:
         self.fitted: float | None = None
         """The smallest lam whose plan fit."""
         self.solves = 1
+        self.first_step = np.array([n.live[0] for n in free.nodes], dtype=np.int64)
+        self.last_step = np.array([n.live[1] for n in free.nodes], dtype=np.int64)
         self._mark(first.choice)
-        self.lam0 = first.objective / max(Usage(free, first.choice).peak(), 1.0)
+        self.lam0 = first.objective / max(first.peak_memory, 1.0)
 
     def run(self) -> tuple[int, ...] | None:
         """The cheapest plan that fit, or None."""
@@ -158,8 +126,7 @@ class _LagrangeSearch:
         found = self.solve(relaxed, _share(self.options, STEP_SHARE), self.last)
         self.solves += 1
         self.last = found.choice
-        usage = Usage(self.free, found.choice)
-        if usage.peak() > self.budget * (1 + 1e-9):
+        if found.peak_memory > self.budget * (1 + 1e-9):  # the relaxed problem's: same memory
             self._mark(found.choice)
             return False
         cost = self.problem.evaluate(found.choice).objective
@@ -173,9 +140,9 @@ class _LagrangeSearch:
 
     def _shares(self) -> np.ndarray:
         """Per node, the share of the marked steps it is live at."""
-        first = np.array([n.live[0] for n in self.free.nodes], dtype=np.int64)
-        last = np.array([n.live[1] for n in self.free.nodes], dtype=np.int64)
-        inside = np.searchsorted(self.marked, last, "right") - np.searchsorted(self.marked, first)
+        inside = np.searchsorted(self.marked, self.last_step, "right") - np.searchsorted(
+            self.marked, self.first_step
+        )
         return inside / max(len(self.marked), 1)
 
     def _best(self) -> tuple[int, ...] | None:
@@ -202,41 +169,13 @@ def smallest(problem: ShardingProblem) -> tuple[int, ...]:
 
 def improve_within(problem: ShardingProblem, choice: tuple[int, ...], budget: float,
                    options: SolveOptions, sweeps: int = 10) -> tuple[int, ...]:  # fmt: skip
-    """Local search at the true costs that never leaves the budget: each node in turn takes
-    the cheapest strategy given its neighbours' that keeps every step it is live at within
-    `budget`, until no node changes (or `sweeps` passes, or the deadline). `choice` must fit."""
-    current = list(choice)
-    usage = Usage(problem, current)
-    incident: list[list[tuple[np.ndarray, int, bool]]] = [[] for _ in problem.nodes]
-    for e in problem.edges:
-        if e.cost.any():
-            incident[e.u].append((e.cost, e.v, True))
-            incident[e.v].append((e.cost, e.u, False))
-    limit = budget * (1 + 1e-9)
-    for _ in range(sweeps):
-        changed = False
-        for v, n in enumerate(problem.nodes):
-            if len(n.labels) == 1:
-                continue
-            total = n.cost.copy()
-            for cost, w, outgoing in incident[v]:
-                total += cost[:, current[w]] if outgoing else cost[current[w], :]
-            k = current[v]
-            better = np.flatnonzero(total < total[k] - 1e-15)
-            if not len(better):
-                continue
-            grow = n.memory[better] - n.memory[k]
-            room = limit - usage.highest(v) if (grow > 0).any() else 0.0
-            fits = better[grow <= np.maximum(room, 0.0)]
-            if not len(fits):
-                continue
-            best = int(fits[np.argmin(total[fits])])
-            usage.move(v, float(n.memory[best] - n.memory[k]))
-            current[v] = best
-            changed = True
-        if not changed or options.left() <= 0:
-            break
-    return tuple(current)
+    """`rhino.search.solver.improve` at the true costs, never leaving the budget: each node
+    in turn takes the cheapest strategy given its neighbours' that keeps every step it is
+    live at within `budget` (or `sweeps` passes, or the deadline). `choice` must fit."""
+    node_cost = [n.cost.astype(float) for n in problem.nodes]
+    fold_single_edges(problem, node_cost)  # improve reads the other edges itself
+    within = (Usage(problem, choice), budget, options)
+    return tuple(improve(problem, node_cost, list(choice), sweeps, within))
 
 
 def _share(options: SolveOptions, share: float) -> SolveOptions:

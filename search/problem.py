@@ -128,6 +128,39 @@ class ShardingProblem:
         return peak, at, max(live, key=lambda t: t[1], default=("-", 0.0))
 
 
+class Usage:
+    """Bytes per device at every program step of a problem, under a choice, kept up to
+    date as nodes change strategy. Steps are compressed to the points where some node's
+    interval starts or ends."""
+
+    def __init__(self, problem: ShardingProblem, choice: tuple[int, ...] | list[int]):
+        nodes = problem.nodes
+        first = np.array([n.live[0] for n in nodes], dtype=np.int64)
+        after = np.array([n.live[1] + 1 for n in nodes], dtype=np.int64)
+        self.steps = np.unique(np.concatenate([first, after]))
+        self.lo = np.searchsorted(self.steps, first)
+        self.hi = np.searchsorted(self.steps, after)
+        held = np.array([n.memory[k] for n, k in zip(nodes, choice, strict=True)], dtype=float)
+        delta = np.zeros(len(self.steps) + 1)
+        np.add.at(delta, self.lo, held)
+        np.add.at(delta, self.hi, -held)
+        self.level = problem.constant_memory + np.cumsum(delta)[:-1]
+
+    def peak(self) -> float:
+        return float(self.level.max(initial=0.0))
+
+    def over(self, budget: float) -> np.ndarray:
+        """Steps (program steps, not compressed) where the level exceeds `budget`."""
+        return self.steps[np.flatnonzero(self.level > budget * (1 + 1e-9))]
+
+    def highest(self, v: int) -> float:
+        """The highest level while node v is live."""
+        return float(self.level[self.lo[v] : self.hi[v]].max(initial=0.0))
+
+    def move(self, v: int, change: float) -> None:
+        self.level[self.lo[v] : self.hi[v]] += change
+
+
 @dataclass(frozen=True)
 class Evaluation:
     objective: float

@@ -54,6 +54,7 @@ from rhino.search.problem import (
     Solution,
     SolveOptions,
     SolveStatus,
+    Usage,
 )
 from rhino.search.reduce import Reduced, memory_rows, reduce_problem
 from rhino.search.units import format_bytes
@@ -219,16 +220,7 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
     # (it must exceed the LP solver's tolerance to act); `evaluate` and the reported
     # objective do not include it
     node_cost = [n.cost.astype(float) + TIE_BREAK_S_PER_BYTE * n.memory for n in problem.nodes]
-    pair_edges = []
-    for e in problem.edges:
-        if not e.cost.any():
-            continue
-        if len(problem.nodes[e.u].labels) == 1:
-            node_cost[e.v] += e.cost[0, :]
-        elif len(problem.nodes[e.v].labels) == 1:
-            node_cost[e.u] += e.cost[:, 0]
-        else:
-            pair_edges.append(e)
+    pair_edges = fold_single_edges(problem, node_cost)
     lp_choice, lp_value, lp_hint, lp_size = _solve_lp(
         problem, node_cost, pair_edges, options, memory
     )
@@ -456,10 +448,12 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
 
 
 def improve(problem: ShardingProblem, node_cost: list[np.ndarray], choice: list[int],
-            sweeps: int = 20) -> list[int]:  # fmt: skip
-    """Local search from `choice` (no budget): each node in turn takes the strategy that
-    is cheapest given its neighbours' current ones, until no node changes (or `sweeps`
-    passes). Never worse than `choice`; the rounded LP optimum often gains a lot."""
+            sweeps: int = 20, within: tuple[Usage, float, SolveOptions] | None = None) -> list[int]:  # fmt: skip
+    """Local search from `choice`: each node in turn takes the strategy that is cheapest
+    given its neighbours' current ones, until no node changes (or `sweeps` passes). Never
+    worse than `choice`; the rounded LP optimum often gains a lot. `within` = (the usage
+    of `choice`, which fits, a budget, options whose deadline ends the sweeps): only
+    strategies that keep every step the node is live at within the budget are taken."""
     choice = list(choice)
     incident: list[list[tuple[np.ndarray, int, bool]]] = [[] for _ in problem.nodes]
     for e in problem.edges:  # edges to a node with one strategy are in node_cost already
@@ -475,12 +469,47 @@ def improve(problem: ShardingProblem, node_cost: list[np.ndarray], choice: list[
             for cost, w, outgoing in incident[v]:
                 total += cost[:, choice[w]] if outgoing else cost[choice[w], :]
             best = int(np.argmin(total))
-            if total[best] < total[choice[v]] - 1e-15:
-                choice[v] = best
-                changed = True
-        if not changed:
+            if total[best] >= total[choice[v]] - 1e-15:
+                continue
+            if within is not None:
+                best = _best_within(problem.nodes[v].memory, total, choice[v], v, within)
+                if best < 0:
+                    continue
+                within[0].move(
+                    v, float(problem.nodes[v].memory[best] - problem.nodes[v].memory[choice[v]])
+                )
+            choice[v] = best
+            changed = True
+        if not changed or (within is not None and within[2].left() <= 0):
             break
     return choice
+
+
+def _best_within(memory: np.ndarray, total: np.ndarray, k: int, v: int,
+                 within: tuple[Usage, float, SolveOptions]) -> int:  # fmt: skip
+    """The cheapest strategy of v better than k whose memory fits (-1 if none)."""
+    usage, budget, _ = within
+    better = np.flatnonzero(total < total[k] - 1e-15)
+    grow = memory[better] - memory[k]
+    room = budget * (1 + 1e-9) - usage.highest(v) if (grow > 0).any() else 0.0
+    fits = better[grow <= np.maximum(room, 0.0)]
+    return int(fits[np.argmin(total[fits])]) if len(fits) else -1
+
+
+def fold_single_edges(problem: ShardingProblem, node_cost: list[np.ndarray]) -> list[ProblemEdge]:
+    """Add the edges from or to a node with one strategy into the other node's cost (in
+    `node_cost`, in place); the edges left that cost something."""
+    pair_edges = []
+    for e in problem.edges:
+        if not e.cost.any():
+            continue
+        if len(problem.nodes[e.u].labels) == 1:
+            node_cost[e.v] += e.cost[0, :]
+        elif len(problem.nodes[e.v].labels) == 1:
+            node_cost[e.u] += e.cost[:, 0]
+        else:
+            pair_edges.append(e)
+    return pair_edges
 
 
 @contextlib.contextmanager

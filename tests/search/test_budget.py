@@ -11,7 +11,7 @@ from rhino.search.cluster import load_cluster
 from rhino.search.merge import solve_merged
 from rhino.search.mesh import parse_mesh
 from rhino.search.planner import PlanRequest, make_plan
-from rhino.search.problem import ShardingProblem, SolveStatus
+from rhino.search.problem import ShardingProblem, SolveStatus, Usage
 from rhino.search.solver import solve_brute_force
 from tests.hlo.corpus import ROOT
 from tests.search.test_solver import random_problem
@@ -29,7 +29,7 @@ def test_usage_follows_the_peak_and_every_move(seed: int) -> None:
     problem = random_problem(seed, budget=True)
     rng = np.random.default_rng(seed)
     choice = random_choice(problem, rng)
-    usage = budget.Usage(problem, choice)
+    usage = Usage(problem, choice)
     assert usage.peak() == pytest.approx(problem.peak_memory(choice)[0])
     for _ in range(20):
         v = int(rng.integers(len(problem.nodes)))
