@@ -349,8 +349,11 @@ class _SegmentSearch:
         self.seen: dict[tuple[int, ...], int] = {}
         """Window -> tick it was last solved at."""
         self.windows: dict[tuple[int, ...], _Window] = {}
-        self.digests: dict[int, bytes] = {}
-        """id of an edge matrix (the reduced core's, alive all along) -> its digest."""
+        self.digests: dict[tuple[int, int], bytes] = {}
+        """(v, w) -> digest of the core's edge matrix oriented v x w (the core does not
+        change during the search)."""
+        self.cost_digests: dict[int, bytes] = {}
+        self.nears: dict[int, list[tuple[bytes, int]]] = {}
 
     def start(self, how: str, segments: list[list[int]]) -> None:
         """A first plan of the core (see STARTS)."""
@@ -496,37 +499,71 @@ class _SegmentSearch:
         window = self.windows.get(key)
         if window is not None:
             return window
-        position = {v: i for i, v in enumerate(key)}
-        inside, outside = [], []
-        for i, v in enumerate(key):
-            for w in sorted(self.r.neighbours[v]):
-                if w not in position:
-                    outside.append((i, w, self.r.matrix(v, w)))
-                elif v < w:
-                    inside.append((i, position[w], self.r.edges[(v, w)]))
-        # equal for windows that are the same problem up to node names (repeated layers)
-        h = hashlib.blake2b(digest_size=16)
+        members = set(key)
+        # the nodes in a canonical order, so that windows that are the same problem up to
+        # node names (repeated layers, whose nodes interleave differently in program
+        # order) get the same digest: each node labelled by its costs and the matrices
+        # it sees outside, then by its neighbours' labels inside (one Weisfeiler-Lehman
+        # round); ties keep the given order
+        seen: dict[int, bytes] = {}
         for v in key:
-            h.update(np.array([len(self.r.cost[v])]).tobytes())
-            h.update(np.round(self.r.cost[v], 15).tobytes())
-        for i, j, m in inside:
-            h.update(np.array([i, j]).tobytes())
-            h.update(self._digest(m))
-        for i, _, m in outside:
-            h.update(np.array([i]).tobytes())
-            h.update(self._digest(m))
-        reach = tuple(sorted(set(key).union(w for _, w, _ in outside)))
-        window = _Window(key, tuple(inside), tuple(outside), h.digest(), reach)
+            outside_digests = [d for d, w in self._near(v) if w not in members]
+            seen[v] = hashlib.blake2b(
+                b"".join([self._cost_digest(v), *outside_digests]), digest_size=16
+            ).digest()
+        label: dict[int, bytes] = {}
+        for v in key:
+            inside_digests = sorted(d + seen[w] for d, w in self._near(v) if w in members)
+            label[v] = hashlib.blake2b(
+                b"".join([seen[v], *inside_digests]), digest_size=16
+            ).digest()
+        order = tuple(key[i] for i in sorted(range(len(key)), key=lambda i: (label[key[i]], i)))
+        position = {v: i for i, v in enumerate(order)}
+        inside, outside = [], []
+        parts = [self._cost_digest(v) for v in order]  # then inside edges, then outside ones
+        outside_parts = []
+        for i, v in enumerate(order):
+            for d, w in self._near(v):
+                j = position.get(w)
+                if j is None:
+                    outside.append((i, w, self.r.matrix(v, w)))
+                    outside_parts += [b"o%d:" % i, d]
+                elif i < j:
+                    inside.append((i, j, self.r.matrix(v, w)))
+                    parts += [b"i%d,%d:" % (i, j), d]
+        digest = hashlib.blake2b(b"".join(parts + outside_parts), digest_size=16).digest()
+        reach = tuple(sorted(members.union(w for _, w, _ in outside)))
+        window = _Window(order, tuple(inside), tuple(outside), digest, reach)
         self.windows[key] = window
         return window
 
-    def _digest(self, m: np.ndarray) -> bytes:
-        d = self.digests.get(id(m))
+    def _near(self, v: int) -> list[tuple[bytes, int]]:
+        """v's neighbours w with the digest of edge (v, w), by digest (then w)."""
+        near = self.nears.get(v)
+        if near is None:
+            near = sorted((self._digest(v, w), w) for w in self.r.neighbours[v])
+            self.nears[v] = near
+        return near
+
+    def _cost_digest(self, v: int) -> bytes:
+        d = self.cost_digests.get(v)
         if d is None:
+            cost = self.r.cost[v]
+            d = hashlib.blake2b(
+                np.array([len(cost)]).tobytes() + np.round(cost, 15).tobytes(), digest_size=16
+            ).digest()
+            self.cost_digests[v] = d
+        return d
+
+    def _digest(self, v: int, w: int) -> bytes:
+        """Digest of the matrix of edge (v, w), oriented v (rows) x w."""
+        d = self.digests.get((v, w))
+        if d is None:
+            m = self.r.matrix(v, w)
             d = hashlib.blake2b(
                 np.round(m, 15).tobytes() + bytes(str(m.shape), "ascii"), digest_size=16
             ).digest()
-            self.digests[id(m)] = d
+            self.digests[(v, w)] = d
         return d
 
 
