@@ -7,13 +7,13 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, is_dataclass
 from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 
 from rhino.hlo.errors import HloParseError, RhinoError
+from rhino.search.plan import jsonable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,22 +63,9 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def to_jsonable(value: Any) -> Any:
-    """Dataclasses, tuples and numpy scalars to plain JSON types."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return to_jsonable(asdict(value))
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_jsonable(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):
-        return value.item()
-    return value
-
-
 def emit_json(command: str, payload: dict[str, Any]) -> None:
     """Print `{"schema": "rhino.<command>/<version>", ...payload}` on stdout."""
-    doc = {"schema": f"rhino.{command}/{JSON_SCHEMA_VERSION}", **to_jsonable(payload)}
+    doc = {"schema": f"rhino.{command}/{JSON_SCHEMA_VERSION}", **jsonable(payload)}
     click.echo(json.dumps(doc, indent=2, sort_keys=False))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +107,7 @@ class Plan:
         return next((i for i in self.instructions if i.name == name), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": f"rhino.plan/{self.version}", **asdict(self)}
+        return {"schema": f"rhino.plan/{self.version}", **jsonable(self)}
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
@@ -146,6 +146,22 @@ class Plan:
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}:{e.lineno}:{e.colno}: not JSON: {e.msg}") from None
         return Plan.from_dict(doc, str(path))
+
+
+def jsonable(value: Any) -> Any:
+    """Dataclasses (field by field), tuples and numpy scalars as plain JSON types; what
+    `dataclasses.asdict` gives, without its deep copies (a 40k-instruction plan: seconds)."""
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return value
 
 
 def module_hash(text: str) -> str:
