@@ -63,10 +63,17 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
 def emit_json(command: str, payload: dict[str, Any]) -> None:
     """Print `{"schema": "rhino.<command>/<version>", ...payload}` on stdout."""
     doc = {"schema": f"rhino.{command}/{JSON_SCHEMA_VERSION}", **jsonable(payload)}
-    click.echo(json.dumps(doc, indent=2, sort_keys=False))
+    # indented for a person at a terminal; one line for a pipe (a 40k-instruction plan is
+    # 15 MB indented, and indenting takes Python's slow encoder)
+    indent = 2 if stdout_is_terminal() else None
+    click.echo(json.dumps(doc, indent=indent, sort_keys=False))
 
 
 @contextmanager

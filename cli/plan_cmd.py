@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import click
@@ -166,7 +167,7 @@ def plan_command(file: str, mesh_text: str | None, devices: int | None, jobs: in
             for note in notes:
                 stderr.print(f"note: {note}")
     if as_json:
-        doc = {k: v for k, v in plan.to_dict().items() if k != "schema"}
+        doc = {f.name: getattr(plan, f.name) for f in fields(plan)}  # emit_json makes it JSON
         if emitted is not None:
             doc["emitted_hlo"] = emitted
         doc["meshes_tried"] = [

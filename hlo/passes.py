@@ -5,15 +5,67 @@ Pre- and postcondition of every pass: the module verifies (`rhino.hlo.verify`).
 
 from __future__ import annotations
 
+import gc
+
 from rhino.hlo.ir import Computation, Instruction, Module
 from rhino.hlo.opcode import Opcode
-from rhino.hlo.parser import parse_module
-from rhino.hlo.printer import print_module
 
 
 def clone_module(module: Module) -> Module:
-    """A deep copy, through the printer and parser (a fixpoint, so nothing changes)."""
-    return parse_module(print_module(module), f"<copy of {module.name}>")
+    """A deep copy: new computations and instructions, the same names, shapes, attribute
+    texts and source locations (shapes and decoded attribute values are immutable and
+    shared). Printing the copy prints the module."""
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # as the parser does: many objects, none freed
+    try:
+        return _clone(module)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _clone(module: Module) -> Module:
+    comps = {}
+    for comp in module.computations:
+        copy = Computation(comp.name, is_entry=comp.is_entry, signature=comp.signature)
+        copy.attrs = dict(comp.attrs)
+        comps[comp.name] = copy
+    for comp in module.computations:
+        copy = comps[comp.name]
+        mapping: dict[int, Instruction] = {}
+        for inst in comp.instructions:
+            new = Instruction(
+                inst.name,
+                inst.opcode,
+                inst.shape,
+                [mapping[id(op)] for op in inst.operands],
+                opcode_text=inst.opcode_text,
+                parameter_number=inst.parameter_number,
+                literal=inst.literal,
+            )
+            if inst._attrs is not None:
+                new._attrs = dict(inst._attrs)
+            else:
+                new._attr_text = inst._attr_text
+            if inst._attr_pos is not None:
+                new._attr_pos = dict(inst._attr_pos)
+            if inst._decoded is not None:
+                new._decoded = dict(inst._decoded)
+            new.pos = inst.pos
+            if inst.called:
+                new.called = tuple(comps[c.name] for c in inst.called)
+            if inst.control_predecessors:
+                new.control_predecessors = tuple(mapping[id(p)] for p in inst.control_predecessors)
+            copy.add(new, root=inst is comp.root)
+            mapping[id(inst)] = new
+    return Module(
+        module.name,
+        dict(module.attrs),
+        [comps[c.name] for c in module.computations],
+        list(module.sections),
+        module.percent_names,
+        module.source,
+    )
 
 
 def inline_calls(module: Module) -> Module:

@@ -216,7 +216,8 @@ def restrict(
 
 def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:
     end = max((n.last_use for n in graph.nodes), default=0) + 1
-    root = graph.module.entry.root
+    entry = graph.module.entry
+    root = entry.root
     outputs = {id(root)} | ({id(op) for op in root.operands} if root is not None else set())
     nodes = []
     per_kind: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # kind -> (cost, memory)
@@ -230,7 +231,7 @@ def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:
             )
         cost, memory = per_kind[n.kind]
         cost = cost * n.weight
-        held = n.inst.opcode.value == "parameter" and n.inst.parent is graph.module.entry
+        held = n.inst.opcode.value == "parameter" and n.inst.parent is entry
         live = (0 if held else n.order, end if held or id(n.inst) in outputs else n.last_use)
         heavy = n.inst.opcode.value in HEAVY_OPCODES or (work[v] > 0 and work[v] >= heavy_work)
         nodes.append(

@@ -36,6 +36,17 @@ def test_json_schema_is_stable() -> None:
     assert set(doc) == expected_keys
     assert [lp["trip_count"] for lp in doc["while_loops"]] == [2, 2]
     assert doc["instructions"] == parse_file(SCAN).instruction_count
+    assert r.output.count("\n") == 1  # piped: one line (indented only at a terminal)
+
+
+def test_json_is_indented_at_a_terminal(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import rhino.cli.common as common
+
+    monkeypatch.setattr(common, "stdout_is_terminal", lambda: True)
+    r = run("parse", str(SCAN), "--json")
+    assert r.exit_code == 0
+    assert '\n  "schema": "rhino.parse/1",\n' in r.output
+    assert json.loads(r.output)["schema"] == "rhino.parse/1"
 
 
 def test_emit_dot_stdin_and_gzip(tmp_path: Path) -> None:

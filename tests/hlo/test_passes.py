@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from rhino.hlo.errors import HloParseError
 from rhino.hlo.opcode import Opcode
 from rhino.hlo.parser import parse_file
 from rhino.hlo.passes import clone_module, inline_calls
@@ -18,6 +19,35 @@ def test_clone_is_equal_and_independent() -> None:
     assert print_module(c) == print_module(m)
     c.entry.root.name = "changed"  # type: ignore[union-attr]
     assert m.entry.root.name == "tuple.1"  # type: ignore[union-attr]
+    dot = next(i for i in c.instructions() if i.opcode is Opcode.DOT)
+    dot.set_attr("lhs_contracting_dims", (0,))
+    original = m.entry.get(dot.name)
+    assert original is not None and original.attr("lhs_contracting_dims") != (0,)
+    assert all(u.parent is c.entry for u in c.entry.root.operands)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_clone_prints_the_module(path) -> None:  # type: ignore[no-untyped-def]
+    m = parse_file(path)
+    c = clone_module(m)
+    assert print_module(c) == print_module(m)
+    verify(c)
+    called = {id(k) for i in c.instructions() for k in i.called}
+    assert called <= {id(k) for k in c.computations}  # calls point into the copy
+
+
+def test_clone_keeps_error_locations(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    text = (ROOT / "tests" / "data" / "mlp_step.hlo").read_text()
+    bad = text.replace("lhs_contracting_dims={1}", "lhs_contracting_dims={x}", 1)
+    assert bad != text
+    path = tmp_path / "bad.hlo"
+    path.write_text(bad)
+    c = clone_module(parse_file(path))
+    dot = next(i for i in c.instructions() if i.attrs.get("lhs_contracting_dims") == "{x}")
+    with pytest.raises(HloParseError) as e:
+        dot.attr("lhs_contracting_dims")
+    line = next(n for n, t in enumerate(bad.splitlines(), 1) if "{x}" in t)
+    assert f"bad.hlo:{line}:" in str(e.value)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
