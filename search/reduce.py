@@ -150,6 +150,12 @@ def reduce_problem(problem: ShardingProblem, dominance: bool = True) -> Reduced:
             queued.discard(v)
             if v not in r.alive:
                 continue
+            if v not in r.memory and len(r.neighbours[v]) <= 2:
+                # a leaf or chain link goes whatever its strategies: pruning them first
+                # would change nothing the elimination leaves behind
+                _eliminate(r, v, push)
+                if v not in r.alive:
+                    continue
             while _prune(r, v, push) or _fold_separable(r, v, push):
                 pass
             _eliminate(r, v, push)
@@ -209,13 +215,7 @@ def _prune(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untyped-def]
         )
     keep = allowed.copy()
     if s > 1 and r.dominance:
-        # no_worse[j, i]: j is no worse than i everywhere; j dominates i when it is also
-        # better somewhere, or equal with a lower index (so one of equals stays)
-        no_worse = (features[:, None, :] <= features[None, :, :]).all(axis=2)
-        index = np.arange(s)
-        dominates = no_worse & (~no_worse.T | (index[:, None] < index[None, :]))
-        dominates[index, index] = False
-        keep &= ~dominates[allowed].any(axis=0)
+        keep &= ~_dominated(features, parts, allowed)
     if keep.all():
         r.unpruned[v] = read
         return False
@@ -224,6 +224,43 @@ def _prune(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untyped-def]
     for w in r.neighbours[v]:
         push(w)
     return True
+
+
+DOMINANCE_BROADCAST = 20_000
+"""Up to this many comparisons (strategies^2 x features) the dominance test compares
+every pair at once; above it, pairs are filtered block by block."""
+
+
+def _dominated(features: np.ndarray, parts: list[np.ndarray], allowed: np.ndarray) -> np.ndarray:
+    """Strategies (rows of `features`, the `parts` side by side) that an allowed one
+    dominates: no worse in every feature and better in one, or equal with a lower index
+    (so one of equals stays)."""
+    s = len(features)
+    if s * features.size <= DOMINANCE_BROADCAST:
+        # no_worse[j, i]: j is no worse than i everywhere
+        no_worse = (features[:, None, :] <= features[None, :, :]).all(axis=2)
+        index = np.arange(s)
+        dominates = no_worse & (~no_worse.T | (index[:, None] < index[None, :]))
+        dominates[index, index] = False
+        return dominates[allowed].any(axis=0)
+    # j no worse than i everywhere implies it for each block's row sum: the pairs that
+    # pass on the sums are the only ones compared in full
+    sums = np.stack([part.sum(axis=1) for part in parts], axis=1)
+    if np.isfinite(sums).all():
+        candidates = (sums[:, None, :] <= sums[None, :, :]).all(axis=2)
+    else:  # inf - inf: no shortcut
+        candidates = np.ones((s, s), dtype=bool)
+    candidates &= allowed[:, None]
+    np.fill_diagonal(candidates, False)
+    j, i = np.nonzero(candidates)
+    out = np.zeros(s, dtype=bool)
+    if not len(j):
+        return out
+    ok = (features[j] <= features[i]).all(axis=1)
+    j, i = j[ok], i[ok]
+    equal_back = (features[i] <= features[j]).all(axis=1)  # i no worse than j too
+    out[i[~equal_back | (j < i)]] = True
+    return out
 
 
 def _restrict(r: Reduced, v: int, rows: np.ndarray) -> None:
@@ -253,12 +290,12 @@ def _fold_separable(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untype
         if r.inseparable.get(key) is r.edges[key]:
             continue  # found not separable before, and unchanged since
         m = r.matrix(v, w)
-        if not np.isfinite(m).all():
-            r.inseparable[key] = r.edges[key]
-            continue
         a, b = m[:, 0], m[0, :] - m[0, 0]
-        scale = float(np.abs(m).max())
-        if np.abs(m - a[:, None] - b[None, :]).max() > SEPARABLE_RTOL * scale:
+        # C - (a + b), nan or inf where C is not finite
+        off = float(np.abs(m - a[:, None] - b[None, :]).max())
+        if off != 0.0 and not (
+            math.isfinite(off) and off <= SEPARABLE_RTOL * float(np.abs(m).max())
+        ):
             r.inseparable[key] = r.edges[key]
             continue
         r.cost[v] = r.cost[v] + a
@@ -287,19 +324,20 @@ def _add_to_edge(r: Reduced, a: int, b: int, m: np.ndarray) -> None:
 # -- node elimination ------------------------------------------------------------------
 
 
-def _smallest(r: Reduced, v: int) -> np.ndarray:
-    """Strategies of v whose memory is the node's minimum (all of them without a budget)."""
+def _smallest(r: Reduced, v: int) -> np.ndarray | None:
+    """Strategies of v whose memory is the node's minimum; None for all of them (always
+    so without a budget)."""
     if v not in r.memory:
-        return np.arange(len(r.keep[v]))
+        return None
     return np.flatnonzero(r.memory[v] == 0)
 
 
-def _best(table: np.ndarray, small: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def _best(table: np.ndarray, small: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
     """Min over axis 1 of `table` and its argmin, taken among `small` only; None when that
     is dearer than the min over all (so memory would have to be traded for cost)."""
-    if len(small) == table.shape[1]:  # every strategy is among the smallest
+    if small is None:
         pick = table.argmin(axis=1)
-        return table[np.arange(len(table)), pick], small[pick]
+        return table[np.arange(len(table)), pick], pick
     best_all = table.min(axis=1)
     sub = table[:, small]
     pick = sub.argmin(axis=1)
@@ -348,8 +386,13 @@ def _eliminate(r: Reduced, v: int, push) -> None:  # type: ignore[no-untyped-def
         if found is None:
             return
         best, pick = found
-        table = np.full((len(r.problem.nodes[u].labels), len(r.problem.nodes[w].labels)), -1)
-        table[np.ix_(r.keep[u], r.keep[w])] = r.keep[v][pick].reshape(su, sw)
+        picked = r.keep[v][pick].reshape(su, sw)
+        shape = (len(r.problem.nodes[u].labels), len(r.problem.nodes[w].labels))
+        if (su, sw) == shape:  # nothing pruned: original indices are remaining ones
+            table = picked
+        else:
+            table = np.full(shape, -1)
+            table[np.ix_(r.keep[u], r.keep[w])] = picked
         _remove_edge(r, u, v)
         _remove_edge(r, v, w)
         _add_to_edge(r, u, w, best.reshape(su, sw))
