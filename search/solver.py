@@ -39,10 +39,11 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
+import highspy
 import numpy as np
 from ortools.sat.python import cp_model
 
@@ -69,8 +70,8 @@ LP_SHARE = 0.9
 """Of the time left, the LP may take this much: on large cores its optimum is the
 integral answer (the 24-layer GPT on 2x4: 1.9M variables, integral after 185 s), and
 CP-SAT alone would not come near it in the rest."""
-LP_METHOD: Literal["highs", "highs-ds", "highs-ipm"] = "highs"
-"""scipy linprog method (HiGHS: "highs" lets it choose, "highs-ipm", "highs-ds")."""
+LP_SOLVER: Literal["choose", "simplex", "ipm"] = "choose"
+"""HiGHS' LP method ("choose" lets it choose)."""
 LP_PRESOLVE_VARIABLES = 50_000
 """HiGHS presolves an LP with at least this many variables; a smaller one (a window of
 O2's refinement) solves twice as fast without (40 windows of the 24-layer GPT on 2x8:
@@ -370,16 +371,15 @@ def _answer(problem: ShardingProblem, choice: tuple[int, ...], status: SolveStat
 
 def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges: list,  # type: ignore[type-arg]
               options: SolveOptions, memory: _Rows | None = None) -> tuple[tuple[int, ...] | None, float, list[int] | None, tuple[int, int]]:  # fmt: skip
-    """The LP relaxation of the model (same variables in [0, 1]) on HiGHS (through
-    scipy, the constraint matrix built as sparse arrays).
+    """The LP relaxation of the model (same variables in [0, 1]) on HiGHS (the
+    constraint matrix built as sparse arrays).
 
     The row/column linearization is tight: on these problems the LP optimum is usually
     integral, and then it is an optimal plan, proven by the LP itself. Returns (the plan
     if integral, the LP value as a lower bound, the rounded LP choice as a hint, and the
     LP's (variables, constraints)).
     """
-    from scipy.optimize import linprog
-    from scipy.sparse import coo_array
+    from scipy.sparse import coo_array, vstack
 
     sizes = np.array([len(n.labels) for n in problem.nodes], dtype=np.int64)
     first = np.concatenate(([0], np.cumsum(sizes)))  # node v's s variables: first[v]..
@@ -429,22 +429,53 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
             ).tocsr()
             b_ub = np.array([float(limit) for _, limit in memory.rows])
     size = (n_vars, n_rows + (0 if a_ub is None else a_ub.shape[0]))
-    # scipy-stubs type A_ub/A_eq as dense arrays; the HiGHS methods take sparse ones
-    sparse_linprog = cast(Callable[..., Any], linprog)
-    with _quiet_stdout():  # HiGHS may print on stdout, which must stay clean for --json
-        result = sparse_linprog(
-            np.concatenate(objective), A_ub=a_ub, b_ub=b_ub, A_eq=eq, b_eq=rhs, bounds=(0.0, 1.0),
-            method=LP_METHOD, options={"time_limit": max(MIN_CPSAT_S, options.left() * LP_SHARE), "presolve": n_vars >= LP_PRESOLVE_VARIABLES},
-        )  # fmt: skip
-    if result.status != 0 or result.x is None:
+    matrix, lower, upper = eq, rhs, rhs
+    if a_ub is not None and b_ub is not None:
+        matrix = vstack([eq, a_ub], format="csr")
+        lower = np.concatenate([rhs, np.full(len(b_ub), -np.inf)])
+        upper = np.concatenate([rhs, b_ub])
+    solved = _run_highs(
+        np.concatenate(objective), matrix.tocsc(), lower, upper,
+        time_limit=max(MIN_CPSAT_S, options.left() * LP_SHARE), presolve=n_vars >= LP_PRESOLVE_VARIABLES,
+    )  # fmt: skip
+    if solved is None:
         return None, 0.0, None, size
-    x = result.x
+    x, fun = solved
     values = [x[first[v] : first[v + 1]] for v in range(len(sizes))]
     hint = [int(np.argmax(row)) for row in values]
     integral = bool(
         np.all(np.abs(x[: first[len(sizes)]] - np.round(x[: first[len(sizes)]])) <= 1e-6)
     )
-    return (tuple(hint) if integral else None), float(result.fun) / LP_UNIT, hint, size
+    return (tuple(hint) if integral else None), fun / LP_UNIT, hint, size
+
+
+def _run_highs(cost: np.ndarray, matrix: Any, lower: np.ndarray, upper: np.ndarray,
+               time_limit: float, presolve: bool) -> tuple[np.ndarray, float] | None:  # fmt: skip
+    """min cost.x subject to lower <= matrix.x <= upper, 0 <= x <= 1 (`matrix` a scipy
+    CSC array), on HiGHS: (x, the optimum), or None when it found no optimum in time."""
+    n, m = len(cost), len(lower)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = n, m
+    lp.col_cost_ = cost
+    lp.col_lower_, lp.col_upper_ = np.zeros(n), np.ones(n)
+    lp.row_lower_, lp.row_upper_ = lower, upper
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = n, m
+    lp.a_matrix_.start_ = matrix.indptr
+    lp.a_matrix_.index_ = matrix.indices
+    lp.a_matrix_.value_ = matrix.data
+    with _quiet_stdout():  # HiGHS may print on stdout, which must stay clean for --json
+        highs = highspy.Highs()
+        highs.setOptionValue("output_flag", False)
+        highs.setOptionValue("solver", LP_SOLVER)
+        highs.setOptionValue("presolve", "on" if presolve else "off")
+        highs.setOptionValue("time_limit", float(time_limit))
+        highs.passModel(lp)
+        highs.run()
+    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    x = np.asarray(highs.getSolution().col_value)
+    return x, float(highs.getInfo().objective_function_value)
 
 
 def improve(problem: ShardingProblem, node_cost: list[np.ndarray], choice: list[int],
