@@ -353,7 +353,8 @@ class _SegmentSearch:
         """(v, w) -> digest of the core's edge matrix oriented v x w (the core does not
         change during the search)."""
         self.cost_digests: dict[int, bytes] = {}
-        self.nears: dict[int, list[tuple[bytes, int]]] = {}
+        self.nears: dict[int, list[tuple[bytes, int, np.ndarray]]] = {}
+        self.labels: dict[int, bytes] = {}
 
     def start(self, how: str, segments: list[list[int]]) -> None:
         """A first plan of the core (see STARTS)."""
@@ -502,48 +503,59 @@ class _SegmentSearch:
         members = set(key)
         # the nodes in a canonical order, so that windows that are the same problem up to
         # node names (repeated layers, whose nodes interleave differently in program
-        # order) get the same digest: each node labelled by its costs and the matrices
-        # it sees outside, then by its neighbours' labels inside (one Weisfeiler-Lehman
-        # round); ties keep the given order
-        seen: dict[int, bytes] = {}
-        for v in key:
-            outside_digests = [d for d, w in self._near(v) if w not in members]
-            seen[v] = hashlib.blake2b(
-                b"".join([self._cost_digest(v), *outside_digests]), digest_size=16
-            ).digest()
+        # order) get the same digest: each node labelled by its costs and all its edges'
+        # matrices, then by its neighbours' labels inside (one Weisfeiler-Lehman round);
+        # ties keep the given order
         label: dict[int, bytes] = {}
         for v in key:
-            inside_digests = sorted(d + seen[w] for d, w in self._near(v) if w in members)
-            label[v] = hashlib.blake2b(
-                b"".join([seen[v], *inside_digests]), digest_size=16
-            ).digest()
+            inner = sorted(
+                self._digest(v, w) + self._label(w) for w in self.r.neighbours[v] & members
+            )
+            label[v] = hashlib.blake2b(b"".join([self._label(v), *inner]), digest_size=16).digest()
         order = tuple(key[i] for i in sorted(range(len(key)), key=lambda i: (label[key[i]], i)))
         position = {v: i for i, v in enumerate(order)}
-        inside, outside = [], []
+        inside: list[tuple[int, int, np.ndarray]] = []
+        outside: list[tuple[int, int, np.ndarray]] = []
         parts = [self._cost_digest(v) for v in order]  # then inside edges, then outside ones
         outside_parts = []
         for i, v in enumerate(order):
-            for d, w in self._near(v):
-                j = position.get(w)
-                if j is None:
-                    outside.append((i, w, self.r.matrix(v, w)))
-                    outside_parts += [b"o%d:" % i, d]
-                elif i < j:
-                    inside.append((i, j, self.r.matrix(v, w)))
-                    parts += [b"i%d,%d:" % (i, j), d]
+            near = self._near(v)
+            if self.r.neighbours[v] & members:
+                for d, w, m in near:
+                    j = position.get(w)
+                    if j is not None and i < j:
+                        inside.append((i, j, m))
+                        parts += [b"i%d,%d:" % (i, j), d]
+            gone = [(w, m, d) for d, w, m in near if w not in members]
+            outside += [(i, w, m) for w, m, _ in gone]
+            outside_parts += [b"o%d:%s" % (i, d) for _, _, d in gone]
         digest = hashlib.blake2b(b"".join(parts + outside_parts), digest_size=16).digest()
         reach = tuple(sorted(members.union(w for _, w, _ in outside)))
         window = _Window(order, tuple(inside), tuple(outside), digest, reach)
         self.windows[key] = window
         return window
 
-    def _near(self, v: int) -> list[tuple[bytes, int]]:
-        """v's neighbours w with the digest of edge (v, w), by digest (then w)."""
+    def _near(self, v: int) -> list[tuple[bytes, int, np.ndarray]]:
+        """v's neighbours w: (digest of edge (v, w), w, its matrix oriented v x w), by
+        digest (then w)."""
         near = self.nears.get(v)
         if near is None:
-            near = sorted((self._digest(v, w), w) for w in self.r.neighbours[v])
+            near = sorted(
+                ((self._digest(v, w), w, self.r.matrix(v, w)) for w in self.r.neighbours[v]),
+                key=lambda t: (t[0], t[1]),
+            )
             self.nears[v] = near
         return near
+
+    def _label(self, v: int) -> bytes:
+        """v's costs and the matrices of all its edges (whatever window it is in)."""
+        found = self.labels.get(v)
+        if found is None:
+            found = hashlib.blake2b(
+                b"".join([self._cost_digest(v), *(d for d, _, _ in self._near(v))]), digest_size=16
+            ).digest()
+            self.labels[v] = found
+        return found
 
     def _cost_digest(self, v: int) -> bytes:
         d = self.cost_digests.get(v)
