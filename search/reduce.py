@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -130,13 +131,29 @@ def reduce_problem(problem: ShardingProblem, dominance: bool = True) -> Reduced:
     """Apply every exact reduction until none applies. InfeasibleError when a node has
     no allowed strategy left. Without `dominance`, dominated strategies stay (forbidden
     ones still go): on the small problems of O2's windows the ILP settles them faster
-    than the test does."""
+    than the test does, and O2's refinement of a large core does not need them gone
+    (`reduce_further` drops them later if wanted)."""
     r = initial(problem)
     r.dominance = dominance
     r.counts = dict.fromkeys(
         ("pruned", "separable", "fixed", "leaf", "series", "isolated", "memory_free"), 0
     )
-    queue = deque(range(len(problem.nodes)))
+    _run(r, range(len(problem.nodes)))
+    return r
+
+
+def reduce_further(r: Reduced) -> None:
+    """Go on reducing `r` (in place) with the dominance test, if it ran without."""
+    if r.dominance:
+        return
+    r.dominance = True
+    r.unpruned.clear()  # found without the dominance test
+    _run(r, sorted(r.alive))
+
+
+def _run(r: Reduced, nodes: Iterable[int]) -> None:
+    """The reductions until none applies, starting from `nodes` in order."""
+    queue = deque(nodes)
     queued = set(queue)
 
     def push(v: int) -> None:
@@ -161,7 +178,6 @@ def reduce_problem(problem: ShardingProblem, dominance: bool = True) -> Reduced:
             _eliminate(r, v, push)
         for v in _memory_free(r):
             push(v)
-    return r
 
 
 def _memory_free(r: Reduced) -> list[int]:

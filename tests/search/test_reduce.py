@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem
-from rhino.search.reduce import reduce_problem
-from rhino.search.solver import solve_brute_force, solve_ilp
+from rhino.search.reduce import reduce_further, reduce_problem
+from rhino.search.solver import core_problem, solve_brute_force, solve_ilp
 from tests.search.test_solver import random_problem
 
 
@@ -45,3 +45,20 @@ def test_any_core_plan_expanded_costs_what_the_core_says(seed: int) -> None:
     cost = reduced.offset + sum(float(reduced.cost[v][k]) for v, k in core.items())
     cost += sum(float(m[core[a], core[b]]) for (a, b), m in reduced.edges.items())
     assert problem.evaluate(reduced.expand(core)).objective == pytest.approx(cost, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_reducing_further_with_dominance_keeps_the_optimum(seed: int) -> None:
+    problem = random_problem(200 + seed)
+    reduced = reduce_problem(problem, dominance=False)
+    before = sum(len(reduced.keep[v]) for v in reduced.alive)
+    reduce_further(reduced)
+    assert reduced.dominance
+    assert sum(len(reduced.keep[v]) for v in reduced.alive) <= before
+    # the core's own optimum, expanded, is the problem's optimum
+    core = solve_brute_force(core_problem(problem, reduced))
+    ids = sorted(reduced.alive)
+    choice = reduced.expand({v: core.choice[i] for i, v in enumerate(ids)})
+    assert problem.evaluate(choice).objective == pytest.approx(
+        solve_brute_force(problem).objective, abs=1e-12
+    )
