@@ -187,6 +187,10 @@ class SolveOptions:
     deadline: float | None = None
     """`time.perf_counter()` by which the search ends; `started()` sets it from
     `time_limit_s`, and every phase after that shares it."""
+    work_limit: float | None = None
+    """CP-SAT also stops after this much of its deterministic time (its own measure of
+    work, the same on any machine): a limit that does not make the plan depend on how
+    fast or busy the machine is."""
 
     def started(self) -> SolveOptions:
         """These options with the deadline set (kept if already set)."""

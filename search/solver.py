@@ -314,6 +314,8 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(MIN_CPSAT_S, options.left())
+    if options.work_limit is not None:
+        solver.parameters.max_deterministic_time = options.work_limit
     solver.parameters.num_workers = max(1, options.threads)
     solver.parameters.random_seed = options.seed
     solver.parameters.interleave_search = True  # deterministic with several workers
