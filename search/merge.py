@@ -37,14 +37,15 @@ each segment joined with the segment (then, wider, the two) its edges weigh most
 forward, its backward and its optimizer update lie far apart in program order but make
 one decision: greedy in program order, data parallelism is chosen in the forward pass
 before the backward pass can object), each segment alone, and windows straddling two
-segments' halves. A window's solve is exact for it, so a pass never makes the plan
-worse; passes over the narrow windows stop when one gains nothing, then WIDE_PASSES
+segments' halves. A window's answer (its optimum, or CP-SAT's best within SEGMENT_WORK
+where its LP is fractional) replaces the window's strategies only when cheaper, so a pass
+never makes the plan worse; passes over the narrow windows stop when one gains nothing, then WIDE_PASSES
 passes over the wide ones. Every start within START_SLACK of the best
 first plan gets one pass; the best after it gets the passes to convergence (first plans
 rank their refined outcomes poorly: on the 12-layer GPT on 2x8 the second-best first
-plan ends best). Repeated layers give identical windows: a window's optimum is
-remembered by a fingerprint of its costs and the strategies around it, so each distinct
-window is solved once. Last, the whole core gets the node-by-node local search of
+plan ends best). Repeated layers give identical windows: a window's answer is
+remembered by a fingerprint of its costs and the strategies around it (its nodes in a
+canonical order, see `_window`), so each distinct window is solved once. Last, the whole core gets the node-by-node local search of
 `rhino.search.solver.improve`.
 
 What this is not: Rhino stitches its segments by dynamic programming over the strategies
@@ -532,7 +533,7 @@ class _SegmentSearch:
         outside_parts = []
         for i, v in enumerate(order):
             near = self._near(v)
-            if self.r.neighbours[v] & members:
+            if not self.r.neighbours[v].isdisjoint(members):
                 for d, w, m in near:
                     j = position.get(w)
                     if j is not None and i < j:

@@ -73,9 +73,9 @@ class Reduced:
     the same objects it finds nothing again (every change to a cost or an edge makes a
     new array)."""
     inseparable: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    """Edge -> its matrix when `_fold_separable` last found it not separable (likewise)."""
     dominance: bool = True
     """Are dominated strategies dropped (see `reduce_problem`)?"""
-    """Edge -> its matrix when `_fold_separable` last found it not separable (likewise)."""
 
     def matrix(self, a: int, b: int) -> np.ndarray:
         """The edge matrix oriented a (rows) x b (columns)."""

@@ -68,8 +68,9 @@ CPSAT_MAX_VARIABLES = 400_000
 optimum (see `_solve`)."""
 LP_SHARE = 0.9
 """Of the time left, the LP may take this much: on large cores its optimum is the
-integral answer (the 24-layer GPT on 2x4: 1.9M variables, integral after 185 s), and
-CP-SAT alone would not come near it in the rest."""
+integral answer (the 24-layer GPT on 2x4: 1.9M variables, integral after 185 s on one
+machine, more than 340 s on a slower one), and CP-SAT alone would not come near it in
+the rest."""
 LP_SOLVER: Literal["choose", "simplex", "ipm"] = "choose"
 """HiGHS' LP method ("choose" lets it choose)."""
 LP_PRESOLVE_VARIABLES = 50_000
@@ -412,7 +413,7 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
         n_rows += gv
     eq = coo_array(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_rows, n_vars)
-    ).tocsr()
+    ).tocsc()  # HiGHS takes the matrix by columns
     rhs = np.zeros(n_rows)
     rhs[: len(sizes)] = 1.0
     a_ub = b_ub = None
@@ -428,16 +429,16 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
             a_ub = coo_array(
                 (np.concatenate(ub_vals), (np.concatenate(ub_rows), np.concatenate(ub_cols))),
                 shape=(len(memory.rows), n_vars),
-            ).tocsr()
+            ).tocsc()
             b_ub = np.array([float(limit) for _, limit in memory.rows])
     size = (n_vars, n_rows + (0 if a_ub is None else a_ub.shape[0]))
     matrix, lower, upper = eq, rhs, rhs
     if a_ub is not None and b_ub is not None:
-        matrix = vstack([eq, a_ub], format="csr")
+        matrix = vstack([eq, a_ub], format="csc")
         lower = np.concatenate([rhs, np.full(len(b_ub), -np.inf)])
         upper = np.concatenate([rhs, b_ub])
     solved = _run_highs(
-        np.concatenate(objective), matrix.tocsc(), lower, upper,
+        np.concatenate(objective), matrix, lower, upper,
         time_limit=max(MIN_CPSAT_S, options.left() * LP_SHARE), presolve=n_vars >= LP_PRESOLVE_VARIABLES,
     )  # fmt: skip
     if solved is None:
