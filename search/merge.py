@@ -103,7 +103,8 @@ node in its largest (replicated) layout (and the whole-core ILP's plan when it r
 of time)."""
 START_SLACK = 3.0
 """A start is refined only if its first plan costs at most this times the best first
-plan."""
+plan (above it by at most START_SLACK - 1 times its size: a core's costs are relative to
+what the reductions folded away, and may be negative)."""
 WIDE_PASSES = 1
 """Passes over the wide windows (a segment and its two most coupled) after the narrow
 ones (a segment and its most coupled) have converged: one gains what more would (on
@@ -207,10 +208,13 @@ def solve_merged(
     problem: ShardingProblem,
     options: SolveOptions | None = None,
     start: tuple[int, ...] | None = None,
+    memo: WindowMemo | None = None,
 ) -> Solution:
     """O2 (see module doc): a plan for a problem without a memory budget. `start`, a plan
     of the problem (e.g. of the same graph at other costs), replaces the first plans of
-    level 3 and is the whole-core ILP's start: refining it is all that is done."""
+    level 3 and is the whole-core ILP's start: refining it is all that is done. `memo`
+    keeps the windows' answers for the next call (on the same graph at other costs: the
+    windows whose costs did not change are not solved again)."""
     if problem.budget is not None:
         raise ValueError(
             "O2 plans without a memory constraint (the planner meets a budget by §4.4)"
@@ -251,7 +255,7 @@ def solve_merged(
     report.level = 3
     segments = _segments(reduced, core_ids, crit)
     report.sizes["segments"] = float(len(segments))
-    search = _SegmentSearch(problem, reduced, options)
+    search = _SegmentSearch(problem, reduced, options, {} if memo is None else memo)
     report.phases["segments"] = report.phases["refine"] = 0.0
     passes = 0
     starts = []
@@ -276,7 +280,7 @@ def solve_merged(
     lowest = min(cost for cost, _, _ in starts)
     tried: list[tuple[float, str, dict[int, int]]] = []
     for cost, name, first in sorted(starts, key=lambda t: (t[0], t[1])):
-        if cost > lowest * START_SLACK or (tried and options.left() <= 0):
+        if cost > lowest + (START_SLACK - 1) * abs(lowest) or (tried and options.left() <= 0):
             continue
         search.restart(first)
         passes += search.refine(segments, narrow, 1, 1)
@@ -343,16 +347,22 @@ def _segments(reduced: Reduced, core_ids: list[int], crit: Critical) -> list[lis
     return segments
 
 
+WindowMemo = dict[tuple[bytes, tuple[int, ...]], tuple[int, ...]]
+"""(window digest, strategies of the nodes outside it) -> the window's answer. The digest
+covers every cost the window's answer depends on (its nodes', its edges', those to the
+nodes outside it), so the memo is valid across problems."""
+
+
 class _SegmentSearch:
     """Segments of the core solved in order, then refined (see module doc)."""
 
-    def __init__(self, problem: ShardingProblem, reduced: Reduced, options: SolveOptions):
+    def __init__(self, problem: ShardingProblem, reduced: Reduced, options: SolveOptions,
+                 memo: WindowMemo) -> None:  # fmt: skip
         self.problem = problem
         self.r = reduced
         self.options = options
         self.choice: dict[int, int] = {}
-        self.memo: dict[tuple[bytes, tuple[int, ...]], tuple[int, ...]] = {}
-        """(window digest, strategies of the nodes outside it) -> the window's optimum."""
+        self.memo = memo
         self.solved = 0
         self.reused = 0
         self.tick = 0
