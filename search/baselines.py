@@ -49,8 +49,8 @@ from rhino.search.builder import ShardingGraph, build_graph, state_pairs
 from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh
 from rhino.search.plan import Plan
-from rhino.search.planner import PlanRequest, restrict, to_plan, to_problem
-from rhino.search.problem import SolveOptions
+from rhino.search.planner import PlanRequest, plan_combined, restrict
+from rhino.search.problem import ShardingProblem, Solution, SolveOptions
 from rhino.search.solver import solve_ilp
 from rhino.search.spec import Replicate, ShardingSpec, Split
 from rhino.search.strategy import Strategy
@@ -278,16 +278,18 @@ def data_parallel_plan(
     graph = build_graph(module, mesh, cluster, pins=dict(inputs.pins),
                         max_strategies=max_strategies, state=request.state, strides=request.strides)  # fmt: skip
     choices = data_parallel_choices(graph, inputs.split)
-    problem = to_problem(graph, budget_bytes)
-    sub, back = restrict(problem, choices.allowed)
     say(f"solving: {choices.free} of {len(graph.nodes)} decisions free")
-    found = solve_ilp(sub, solve)
-    choice = tuple(back[v][k] for v, k in enumerate(found.choice))
-    ev = problem.evaluate(choice)
-    solution = dataclasses.replace(found, choice=choice, objective=ev.objective,
+
+    def solve_restricted(problem: ShardingProblem) -> Solution:
+        sub, back = restrict(problem, choices.allowed)
+        found = solve_ilp(sub, solve)
+        choice = tuple(back[v][k] for v, k in enumerate(found.choice))
+        ev = problem.evaluate(choice)
+        return dataclasses.replace(found, choice=choice, objective=ev.objective,
                                    bound=min(found.bound, ev.objective), peak_memory=ev.peak_memory)  # fmt: skip
-    say("writing the plan")
-    plan = to_plan(graph, problem, solution, request, time.perf_counter() - start)
+
+    plan = plan_combined(graph, request, solve_restricted, solve.started(), say, {})
+    plan = dataclasses.replace(plan, search_time_s=time.perf_counter() - start)
     notes = [*inputs.notes, f"{choices.bound} of {len(graph.nodes)} decisions held to the batch "
              f"split, {choices.free} left to the search"]  # fmt: skip
     if choices.unmatched:

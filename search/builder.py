@@ -30,8 +30,9 @@ from rhino.hlo.opcode import Opcode
 from rhino.hlo.passes import flatten
 from rhino.hlo.shape import Shape
 from rhino.search.cluster import Cluster
+from rhino.search.comm import GroupKey, latency_by_key
 from rhino.search.mesh import DeviceMesh
-from rhino.search.reshard import reshard_cost
+from rhino.search.reshard import reshard
 from rhino.search.rules import strategies as rule_strategies
 from rhino.search.rules import unmodelled
 from rhino.search.spec import ShardingSpec
@@ -60,6 +61,13 @@ class GraphNode:
     """Position of the last reader (for liveness)."""
     carried: bool = False
     """Is this a while loop's carried value?"""
+    quiet: bool = False
+    """Nothing heavy (a dot, a convolution, a loop, a call) reads its result, even through
+    other instructions (a gradient on its way into the optimizer update): the collectives
+    that make its result do not depend on each other, and XLA combines them
+    (`rhino.search.comm.COMBINE_THRESHOLD_BYTES`)."""
+    tail: bool = False
+    """Quiet and not heavy itself: the conversions of its operands are combined too."""
     kind: int = -1
     """Index of its strategy list in `ShardingGraph.kinds`: instructions alike in
     everything the rules read (repeated layers) share one list, and edge matrices and
@@ -98,6 +106,10 @@ class ShardingGraph:
     carried value it updates, a step's updated state into its parameter."""
     kinds: list[list[Strategy]] = field(default_factory=list)
     """Distinct strategy lists (see `GraphNode.kind`)."""
+    combined: dict[tuple[int, int], dict[GroupKey, np.ndarray]] = field(default_factory=dict)
+    """Edges whose conversions XLA combines with others (into a `tail` node, the step's
+    state edges) -> the latency of those collectives per group key, as matrices like
+    `edges`; `edges` leaves it out (see `rhino.search.combine`)."""
 
     def node(self, name: str) -> GraphNode:
         return self.nodes[self.index[name]]
@@ -133,10 +145,10 @@ def build_graph(
     strided = strided_candidates(list(flat.instructions()), mesh) if strides else {}
     ctx = Context(mesh, cluster, max_strategies, dict(pins or {}), strided)
     graph = ShardingGraph(flat, mesh, cluster)
-    builder = _Builder(graph, ctx)
+    pairs = state_pairs(flat) if state else []
+    builder = _Builder(graph, ctx, reaches_heavy(flat.entry))
     builder.computation(flat.entry, weight=1.0, params=None)
     if state:
-        pairs = state_pairs(flat)
         builder.state_edges(pairs)
         if pairs and "input_output_alias" not in flat.attrs:
             graph.warnings.append(
@@ -210,22 +222,42 @@ def state_pairs(module: Module) -> list[tuple[int, int]]:
     return pairs if len(pairs) >= 1 and root is not None and root.shape.is_tuple else []
 
 
+HEAVY = frozenset({Opcode.DOT, Opcode.CONVOLUTION, Opcode.WHILE, Opcode.CALL,
+                   Opcode.CONDITIONAL, Opcode.CUSTOM_CALL, Opcode.UNKNOWN})  # fmt: skip
+"""Opcodes whose collectives and inputs are on the step's critical path (with what may
+hide one: loops, calls, custom calls and opcodes rhino does not model)."""
+
+
+def reaches_heavy(comp: Computation) -> dict[int, bool]:
+    """id of each instruction of `comp` -> is it, or does anything that reads it, even
+    through other instructions, heavy (`HEAVY`)?"""
+    found: dict[int, bool] = {}
+    for inst in reversed(comp.instructions):
+        found[id(inst)] = inst.opcode in HEAVY or any(found.get(id(u), True) for u in inst.users)
+    return found
+
+
 # a leaf source: (node index, leaf index within that node's results)
 Source = tuple[int, int]
 
 
 class _Builder:
-    def __init__(self, graph: ShardingGraph, ctx: Context) -> None:
+    def __init__(self, graph: ShardingGraph, ctx: Context, heavy: dict[int, bool]) -> None:
         self.graph = graph
         self.ctx = ctx
+        self.heavy = heavy
+        """Entry instruction -> `reaches_heavy` (absent: inside a loop body, taken as heavy)."""
         self.clock = 0
         # instruction -> the sources of its array leaves, in leaf order
         self.leaves: dict[int, list[Source | None]] = {}
         self.warned: set[str] = set()
         self.kind_of: dict[tuple[object, ...], int] = {}
-        # (kind of u, leaf, kind of v, slot) -> unweighted edge matrix; slot is the
-        # operand index v reads, or -1 for v's own result layout (carried values, state)
-        self.matrices: dict[tuple[int, int, int, int], np.ndarray] = {}
+        # (kind of u, leaf, kind of v, slot, combined) -> unweighted edge matrix and its
+        # combined latencies (`_matrix`); slot is the operand index v reads, or -1 for v's
+        # own result layout (carried values, state)
+        self.matrices: dict[
+            tuple[int, int, int, int, bool], tuple[np.ndarray, dict[GroupKey, np.ndarray]]
+        ] = {}
 
     def kind(self, key: tuple[object, ...], make) -> int:  # type: ignore[no-untyped-def]
         """The index of the strategy list for `key`, made by `make()` the first time."""
@@ -276,7 +308,10 @@ class _Builder:
             self.warned.add(inst.opcode_text)
             self.graph.warnings.append(f"opcode {inst.opcode_text} is not modelled: %{inst.name} and others like it are planned replicated")  # fmt: skip
         leaves = inst.shape.leaves()
-        v = self.add_node(GraphNode(inst.name, inst, found, weight, tuple(leaves), kind=kind))
+        quiet = id(inst) in self.heavy and not any(self.heavy.get(id(u), True) for u in inst.users)
+        tail = quiet and not self.heavy[id(inst)]
+        v = self.add_node(GraphNode(inst.name, inst, found, weight, tuple(leaves), quiet=quiet,
+                                    tail=tail, kind=kind))  # fmt: skip
         self.leaves[id(inst)] = [(v, i) for i in range(len(leaves))]
         for j, op in enumerate(inst.operands):
             sources = self.leaves.get(id(op), [])
@@ -286,9 +321,13 @@ class _Builder:
                 self.graph.operand_sources[(v, j)] = sources[0]
             self.edge(sources[0], v, j, weight)
 
-    def edge(self, src: Source | None, v: int, slot: int, weight: float, backward: bool = False) -> None:  # fmt: skip
+    def edge(self, src: Source | None, v: int, slot: int, weight: float, backward: bool = False,
+             combined: bool | None = None) -> None:  # fmt: skip
         """Add the cost of bringing leaf `src` into the layout each strategy of v wants:
-        the layout it reads operand `slot` in, or (slot -1) its own result layout."""
+        the layout it reads operand `slot` in, or (slot -1) its own result layout.
+        `combined`: XLA combines the conversion's collectives with others, so their
+        latency goes to `ShardingGraph.combined`, not the edge's cost; by default when v
+        is `tail`."""
         if src is None:
             return
         u, leaf = src
@@ -296,21 +335,28 @@ class _Builder:
             return  # a loop body passing a carried value through unchanged: no conversion
         nu, nv = self.graph.nodes[u], self.graph.nodes[v]
         nu.last_use = max(nu.last_use, self.clock)
-        key = (nu.kind, leaf, nv.kind, slot)
-        matrix = self.matrices.get(key)
-        if matrix is None:
-            matrix = self.matrices[key] = self._matrix(nu, leaf, nv, slot)
-        matrix = matrix * weight
+        combined = nv.tail if combined is None else combined
+        key = (nu.kind, leaf, nv.kind, slot, combined)
+        found = self.matrices.get(key)
+        if found is None:
+            found = self.matrices[key] = self._matrix(nu, leaf, nv, slot, combined)
         edge = (u, v)
+        matrix, latencies = found[0] * weight, found[1]
         self.graph.edges[edge] = (
             self.graph.edges[edge] + matrix if edge in self.graph.edges else matrix
         )
+        if combined:
+            into = self.graph.combined.setdefault(edge, {})
+            for group, m in latencies.items():
+                into[group] = into[group] + m * weight if group in into else m * weight
         if backward:
             self.graph.backward.add(edge)
 
-    def _matrix(self, nu: GraphNode, leaf: int, nv: GraphNode, slot: int) -> np.ndarray:
+    def _matrix(self, nu: GraphNode, leaf: int, nv: GraphNode, slot: int, combined: bool
+                ) -> tuple[np.ndarray, dict[GroupKey, np.ndarray]]:  # fmt: skip
         """Seconds to bring u's result leaf from each of u's layouts into the one each
-        strategy of v wants (0 where v does not read it)."""
+        strategy of v wants (0 where v does not read it); `combined`: without the latency
+        of the collectives XLA combines, which comes second, per group key."""
         shape = nu.leaf_shapes[leaf]
         # strategies share layouts: price each distinct (source, destination) pair once
         sources: dict[ShardingSpec, int] = {}
@@ -321,11 +367,18 @@ class _Builder:
             dst = sv.outs[0] if slot < 0 else sv.ins[slot] if slot < len(sv.ins) else None
             dst_of.append(-1 if dst is None else targets.setdefault(dst, len(targets)))
         prices = np.zeros((len(sources), len(targets) + 1))  # the last column: no reading
+        latencies: dict[GroupKey, np.ndarray] = {}
         for a, src in enumerate(sources):
             for b, dst in enumerate(targets):
-                prices[a, b] = reshard_cost(shape.dims, shape.element_bytes, src, dst,
-                                            self.graph.mesh, self.graph.cluster)  # fmt: skip
-        return prices[np.ix_(src_of, dst_of)]
+                r = reshard(shape.dims, shape.element_bytes, src, dst, self.graph.mesh,
+                            self.graph.cluster)  # fmt: skip
+                prices[a, b] = r.seconds
+                if combined:
+                    for group, alpha in latency_by_key(r.steps, self.graph.mesh, self.graph.cluster).items():  # fmt: skip
+                        latencies.setdefault(group, np.zeros_like(prices))[a, b] = alpha
+                        prices[a, b] -= alpha
+        pick = np.ix_(src_of, dst_of)
+        return prices[pick], {group: m[pick] for group, m in latencies.items()}
 
     def state_edges(self, pairs: list[tuple[int, int]]) -> None:
         """Output leaf -> parameter edges: the next step reads the update in the parameter's layout."""
@@ -337,7 +390,8 @@ class _Builder:
             if param is None or param.name not in self.graph.index or leaf >= len(outputs):
                 continue
             v = self.graph.index[param.name]
-            self.edge(outputs[leaf], v, -1, 1.0, backward=True)
+            # the step's last conversions, of its outputs only: combined
+            self.edge(outputs[leaf], v, -1, 1.0, backward=True, combined=True)
             self.graph.state.append((param.name, leaf))
 
     def while_loop(self, inst: Instruction, weight: float) -> None:

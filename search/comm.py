@@ -29,8 +29,10 @@ the most messages one device, or one node's NICs, must carry.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh
@@ -141,6 +143,61 @@ def collective_time(
             f"unknown collective {kind!r}; expected one of {sorted(COLLECTIVES)}"
         ) from None
     return cost(nbytes, mesh, axes, cluster)
+
+
+# -- XLA's collective combiners -------------------------------------------------------------
+
+COMBINE_THRESHOLD_BYTES = {
+    "all-reduce": 30 * 2**20,
+    "reduce-scatter": 30 * 2**20,
+    "all-gather": 2**30,
+}
+"""XLA merges collectives of one kind over the same devices that do not depend on each
+other (AllReduceCombiner, ReduceScatterCombiner, AllGatherCombiner) into one op of up to
+this many bytes (its GPU pipeline's defaults; the CPU pipeline combines the same way):
+the merged op pays one latency. The kinds listed are the ones combined."""
+COMBINE_MAX_COUNT = 256
+"""At most this many collectives are merged into one op."""
+
+
+def latency(kind: str, mesh: DeviceMesh, axes: Axes, cluster: Cluster) -> float:
+    """The latency part of a ring collective (what a combined op pays once): rounds x
+    (n - 1) x alpha; 0 for a collective-permute (not combined) and groups of one."""
+    rounds = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1, "all-to-all": 1}.get(kind)
+    axes = _axes(axes)
+    n = mesh.axes_size(axes)
+    if rounds is None or n == 1:
+        return 0.0
+    return rounds * (n - 1) * cluster.group_link(mesh, axes).latency
+
+
+GroupKey = tuple[str, tuple[int, ...]]
+"""(kind, mesh axes): collectives XLA may combine into one op have the same key."""
+
+
+def latency_by_key(
+    steps: Iterable[Any], mesh: DeviceMesh, cluster: Cluster
+) -> dict[GroupKey, float]:
+    """The latency of the steps (ReshardStep or CommStep: .kind, .axes) of the kinds XLA
+    combines, summed per group key (keys with no latency left out)."""
+    found: dict[GroupKey, float] = {}
+    for s in steps:
+        if s.kind in COMBINE_THRESHOLD_BYTES:
+            alpha = latency(s.kind, mesh, s.axes, cluster)
+            if alpha > 0:
+                key = (s.kind, _axes(s.axes))
+                found[key] = found.get(key, 0.0) + alpha
+    return found
+
+
+def combined_ops(kind: str, nbytes: float, count: int) -> int:
+    """How many ops XLA's combiner makes of `count` independent collectives of `kind`
+    moving `nbytes` in all (each op up to the threshold's bytes and COMBINE_MAX_COUNT)."""
+    return max(
+        1,
+        math.ceil(nbytes / COMBINE_THRESHOLD_BYTES[kind]),
+        math.ceil(count / COMBINE_MAX_COUNT),
+    )
 
 
 # -- compute -----------------------------------------------------------------------------------

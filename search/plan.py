@@ -31,6 +31,10 @@ class PlannedCollective:
     count: float = 1.0
     """Executions per step (trip count inside loops)."""
     note: str = ""
+    group: int = -1
+    """Collectives with the same group (>= 0) are combined by XLA into one op (or a few,
+    `rhino.search.comm.combined_ops`): the group's first member carries their latency,
+    the others only their bandwidth time."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,10 @@ class Plan:
     carried: dict[str, str] = field(default_factory=dict)
     """`<while>#<leaf>` -> layout of that loop-carried value."""
     reshards: tuple[PlannedReshard, ...] = ()
+    combined_latency_s: float = 0.0
+    """Latency of the combined collectives' ops (see `PlannedCollective.group`), in
+    `comm_s` and `objective_s` but not in the solver's objective, which leaves the
+    latency of collectives XLA combines out."""
 
     def instruction(self, name: str) -> InstructionPlan | None:
         return next((i for i in self.instructions if i.name == name), None)

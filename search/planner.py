@@ -22,7 +22,9 @@ from rhino.hlo.printer import print_module
 from rhino.search.budget import solve_within_budget
 from rhino.search.builder import ShardingGraph, build_graph
 from rhino.search.cluster import Cluster
-from rhino.search.merge import solve_merged, structure
+from rhino.search.combine import combine, node_latencies, search_groups
+from rhino.search.comm import COMBINE_THRESHOLD_BYTES, GroupKey
+from rhino.search.merge import WindowMemo, solve_merged, structure
 from rhino.search.mesh import DeviceMesh
 from rhino.search.plan import InstructionPlan, Plan, PlannedCollective, PlannedReshard, module_hash
 from rhino.search.problem import (
@@ -86,28 +88,65 @@ def make_plan(
     clock = time.perf_counter()
     graph = build_graph(module, request.mesh, request.cluster, pins=dict(request.pins),
                         max_strategies=request.max_strategies, state=request.state, strides=request.strides)  # fmt: skip
-    problem = to_problem(graph, request.budget_bytes)
     phases["build"] = time.perf_counter() - clock
-    clock = time.perf_counter()
-    say(f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges")
-    solve = solve_merged if request.level == "O2" else solve_ilp
+    memo: WindowMemo = {}  # O2's windows, solved once for every plan made
+    plan = plan_combined(
+        graph, request, lambda p: _solve(graph, p, request, options, memo), options, say, phases
+    )
+    return dataclasses.replace(plan, search_time_s=time.perf_counter() - start)
+
+
+def plan_combined(graph: ShardingGraph, request: PlanRequest, solve: Callable[[ShardingProblem], Solution],
+                  options: SolveOptions, say: Callable[[str], None], phases: dict[str, float]) -> Plan:  # fmt: skip
+    """The plan `solve` finds for the graph, with the search over combined collectives
+    (`rhino.search.combine`); `phases` gets the time spent solving and writing plans."""
+    phases.update(solve=0.0, plan=0.0)
+
+    def plan_with(closed: frozenset[GroupKey]) -> Plan:
+        clock = time.perf_counter()
+        problem = to_problem(graph, request.budget_bytes, closed)
+        keys = ", ".join(f"{k} axis {','.join(map(str, a))}" for k, a in sorted(closed))
+        say(f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges"
+            + (f", {keys} not combined" if closed else ""))  # fmt: skip
+        solution = solve(problem)
+        phases["solve"] += time.perf_counter() - clock
+        clock = time.perf_counter()
+        say("writing the plan")
+        plan = to_plan(graph, problem, solution, request, 0.0)
+        phases["plan"] += time.perf_counter() - clock
+        return dataclasses.replace(plan, solver={**plan.solver, **search_report(solution, {})})
+
+    first = plan_with(frozenset())
+    plan, closed, made = search_groups(first, plan_with, options.left)
+    # the first problem leaves out the latency of every combined collective: its bound
+    # is below every plan's objective_s, whichever problem found the plan
+    combined = {"plans": made + 1, "closed": [f"{k} axis {','.join(map(str, a))}" for k, a in sorted(closed)],
+                "bound_s": min(float(first.solver["bound_s"]), plan.objective_s)}  # type: ignore[arg-type]  # fmt: skip
+    solver = {
+        **plan.solver,
+        "combined": combined,
+        "phases_s": {**phases, **plan.solver["phases_s"]},
+    }  # type: ignore[dict-item]
+    return dataclasses.replace(plan, solver=solver)
+
+
+def _solve(graph: ShardingGraph, problem: ShardingProblem, request: PlanRequest,
+           options: SolveOptions, memo: WindowMemo) -> Solution:  # fmt: skip
+    """The request's level and memory mode on `problem`."""
+    merged = functools.partial(solve_merged, memo=memo)
+    solve = merged if request.level == "O2" else solve_ilp
     if problem.budget is not None and request.memory_mode == "largest":
         solution = solve_largest_sharded(graph, problem, options, solve)  # Rhino §4.4
     elif problem.budget is not None and request.level == "O2":
         # the budget's rows relaxed into node costs: O2 itself never sees a memory row
-        solution = solve_within_budget(problem, options, solve_merged)
+        solution = solve_within_budget(problem, options, merged)
     elif request.level == "O3" and problem.budget is None:
-        solution = solve_whole(problem, options)
+        solution = solve_whole(problem, options, memo)
     else:
         solution = solve(problem, options)
-    phases["solve"] = time.perf_counter() - clock
     if "nodes" not in solution.stats:  # the sizes O2 reports, for every path
         solution = dataclasses.replace(solution, stats={**structure(problem)[1], **solution.stats})
-    say("writing the plan")
-    clock = time.perf_counter()
-    plan = to_plan(graph, problem, solution, request, time.perf_counter() - start)
-    phases["plan"] = time.perf_counter() - clock
-    return dataclasses.replace(plan, solver={**plan.solver, **search_report(solution, phases)})
+    return solution
 
 
 REPORTED_SIZES = ("nodes", "backbone", "critical", "cones", "core_nodes", "core_edges", "memory_rows",
@@ -130,12 +169,14 @@ def search_report(solution: Solution, phases: dict[str, float]) -> dict[str, obj
     }
 
 
-def solve_whole(problem: ShardingProblem, options: SolveOptions) -> Solution:
+def solve_whole(
+    problem: ShardingProblem, options: SolveOptions, memo: WindowMemo | None = None
+) -> Solution:
     """O3 without a budget: the whole-graph ILP, started from O2's plan (given at most
     half the time), so it is never worse than O2. Where O2 itself solved the whole core
     by one ILP (its level 2) that is O3's answer already."""
     warm_options = dataclasses.replace(options, deadline=time.perf_counter() + options.left() / 2)
-    warm = solve_merged(problem, warm_options)
+    warm = solve_merged(problem, warm_options, memo=memo)
     if warm.stats.get("level", 0.0) < 3 and warm.status is SolveStatus.OPTIMAL:
         return dataclasses.replace(warm, stats={**warm.stats, "level": 0.0})
     found = solve_ilp(problem, options, start=warm.choice)
@@ -214,7 +255,10 @@ def restrict(
     return ShardingProblem(nodes, edges, problem.budget, problem.constant_memory), back
 
 
-def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:
+def to_problem(graph: ShardingGraph, budget: float | None,
+               closed: frozenset[GroupKey] = frozenset()) -> ShardingProblem:  # fmt: skip
+    """The graph as a `ShardingProblem`: the latency of collectives XLA combines left out,
+    except for the `closed` keys' (see `rhino.search.combine`)."""
     end = max((n.last_use for n in graph.nodes), default=0) + 1
     entry = graph.module.entry
     root = entry.root
@@ -223,6 +267,7 @@ def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:
     per_kind: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # kind -> (cost, memory)
     work = np.array([max(s.compute for s in n.strategies) * n.weight for n in graph.nodes])
     heavy_work = HEAVY_SHARE * float(work.sum())
+    latencies = node_latencies(graph)
     for v, n in enumerate(graph.nodes):
         if n.kind not in per_kind or n.kind < 0:
             per_kind[n.kind] = (
@@ -230,6 +275,8 @@ def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:
                 np.array([n.memory(k, graph.mesh) for k in range(len(n.strategies))]),
             )
         cost, memory = per_kind[n.kind]
+        for key, alpha in latencies[v].items():  # XLA combines these: to_plan charges them
+            cost = cost if key in closed else cost - alpha
         cost = cost * n.weight
         held = n.inst.opcode.value == "parameter" and n.inst.parent is entry
         live = (0 if held else n.order, end if held or id(n.inst) in outputs else n.last_use)
@@ -240,7 +287,8 @@ def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:
             )
         )
     edges = tuple(
-        ProblemEdge(u, v, m, backward=(u, v) in graph.backward) for (u, v), m in graph.edges.items()
+        ProblemEdge(u, v, _closed_edge(graph, (u, v), m, closed), backward=(u, v) in graph.backward)
+        for (u, v), m in graph.edges.items()
     )
     problem = ShardingProblem(tuple(nodes), edges, budget)
     if budget is not None:
@@ -252,16 +300,30 @@ def to_problem(graph: ShardingGraph, budget: float | None) -> ShardingProblem:
     return problem
 
 
+def _closed_edge(graph: ShardingGraph, edge: tuple[int, int], matrix: np.ndarray,
+                 closed: frozenset[GroupKey]) -> np.ndarray:  # fmt: skip
+    """The edge's cost with the latency of its `closed` keys' collectives put back."""
+    for key, alpha in graph.combined.get(edge, {}).items():
+        if key in closed:
+            matrix = matrix + alpha
+    return matrix
+
+
 def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, request: PlanRequest,
             search_time: float) -> Plan:  # fmt: skip
     mesh = graph.mesh
     instructions = []
     collectives: list[PlannedCollective] = []
     compute = 0.0
-    for n, k in zip(graph.nodes, solution.choice, strict=True):
+    combinable: list[tuple[int, int, int | None]] = []
+    """(index in `collectives`, node it happens at, the edge's producer or None) of each
+    collective XLA combines with others (see `_combine`)."""
+    for v, (n, k) in enumerate(zip(graph.nodes, solution.choice, strict=True)):
         s = n.strategies[k]
         compute += s.compute * n.weight
         for c in s.comm:
+            if n.quiet and c.kind in COMBINE_THRESHOLD_BYTES:
+                combinable.append((len(collectives), v, None))
             collectives.append(
                 PlannedCollective(
                     c.kind, c.axes, c.nbytes, c.seconds, n.name, n.weight, "in the instruction"
@@ -288,9 +350,13 @@ def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, 
             if (u, leaf, path, nv.weight) in converted:
                 continue  # readers wanting the same conversion of one value share it
             converted.add((u, leaf, path, nv.weight))
+            combined = (u, v) in graph.combined
             for step in r.collectives():
+                if combined and step.kind in COMBINE_THRESHOLD_BYTES:
+                    combinable.append((len(collectives), v, u))
                 collectives.append(PlannedCollective(step.kind, tuple(step.axes), step.nbytes, step.seconds, nv.name,
                                                      nv.weight, f"reshard of %{nu.name} {su.outs[leaf]} -> {dst}"))  # fmt: skip
+    collectives, combined_latency_s = combine(graph, collectives, combinable)
     carried = {
         n.name: str(n.strategies[k].outs[0])
         for n, k in zip(graph.nodes, solution.choice, strict=True)
@@ -331,6 +397,7 @@ def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, 
         problem=dict(zip(("nodes", "edges", "pairs"), problem.size, strict=True)),
         carried=carried,
         reshards=tuple(reshards),
+        combined_latency_s=combined_latency_s,
     )
 
 

@@ -57,11 +57,14 @@ def test_a_binding_budget_shards_only_the_largest_parameters(
     sizes = entry_parameters()
     by_size = sorted(sizes, key=lambda name: (-sizes[name], name))  # §4.4's order
     split = sharded(plan)
-    assert split == set(by_size[: len(split)]), f"sharded {sorted(split)}, not a top-k"
-    # ZeRO-like: w1 stays whole for the forward and backward; its Adam moments are split
-    # (the update runs on slices, and the new w1 is all-gathered)
-    assert split == {"adam_m_1___w__.1", "adam_v_1___w__.1"}
+    # ZeRO-like: the weights stay whole for the forward and backward; the largest Adam
+    # moments, w1's, are split (the update runs on slices, the new w1 is all-gathered)
+    assert set(by_size[:2]) == {"adam_m_1___w__.1", "adam_v_1___w__.1"} <= split
+    # ... and the other moments may follow at no latency: XLA combines their updates'
+    # all-gathers with w1's into one op
+    assert all(name.startswith("adam_") for name in split), sorted(split)
     assert {c.kind for c in plan.collectives} == {"all-gather"}
+    assert {c.group for c in plan.collectives} == {0}
     assert plan.objective_s >= plans["free"].objective_s
 
 

@@ -7,11 +7,12 @@ import pytest
 
 from rhino.hlo.parser import parse_file
 from rhino.search import merge
+from rhino.search.builder import build_graph
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
-from rhino.search.planner import PlanRequest, make_plan
+from rhino.search.planner import PlanRequest, make_plan, to_problem
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
-from rhino.search.solver import solve_brute_force, solve_ilp
+from rhino.search.solver import min_peak_memory, solve_brute_force, solve_ilp
 from tests.hlo.corpus import ROOT
 from tests.search.test_solver import random_problem
 from tests.solving import TO_THE_END
@@ -144,14 +145,20 @@ def test_o2_equals_o3_on_the_examples(name: str) -> None:
     assert o3.solver["merge_level"] == 0
     for p in (o2, o3):
         assert set(p.solver["phases_s"]) >= {"build", "solve", "plan"}
-        # one objective: what the plan reports never exceeds what the ILP optimized
+        # one objective: what the plan reports never exceeds what the ILP optimized plus
+        # the latency of the ops XLA combines collectives into, which the ILP leaves out
         # (readers wanting the same conversion of a value share it in the plan)
-        assert p.objective_s <= p.solver["objective_s"] * (1 + 1e-9)
+        assert p.objective_s <= (p.solver["objective_s"] + p.combined_latency_s) * (1 + 1e-9)
 
 
 def test_o2_meets_a_budget_by_sharding_the_largest_parameters() -> None:
     free = plan("gpt_tiny.hlo", "1x8", "O2", budget_bytes=None)
-    budget = free.peak_memory_bytes * 0.6
+    graph = build_graph(
+        parse_file(EXAMPLES / "gpt_tiny.hlo"), parse_mesh("1x8"), load_cluster("m8")
+    )
+    smallest = min_peak_memory(to_problem(graph, None))[0]
+    assert smallest < free.peak_memory_bytes
+    budget = (smallest + free.peak_memory_bytes) / 2  # binds, and some plan fits
     tight = plan("gpt_tiny.hlo", "1x8", "O2", budget_bytes=budget)
     assert tight.peak_memory_bytes <= budget
     assert tight.objective_s >= free.objective_s * (1 - 1e-9)

@@ -11,6 +11,7 @@ from rhino.search.cluster import load_cluster, load_cluster_text
 from rhino.search.mesh import parse_mesh
 from rhino.search.plan import Plan
 from rhino.search.planner import PlanRequest, make_plan
+from rhino.search.spec import parse_spec
 from tests.hlo.corpus import ROOT
 
 DATA = ROOT / "tests" / "data"
@@ -159,7 +160,8 @@ def test_scanned_gpt_plans_with_its_loop_carries() -> None:
     assert not any("#" in n for n in names)  # carried values are decisions, not instructions
     # ... reported with their layouts: one per carried leaf of the scan's while loop
     assert plan.carried and all("#" in k and v for k, v in plan.carried.items())
-    assert plan.objective_s <= plan.solver["objective_s"] * (1 + 1e-9)  # shared conversions
+    # shared conversions; the latency of combined collectives is the plan's, not the ILP's
+    assert plan.objective_s <= (plan.solver["objective_s"] + plan.combined_latency_s) * (1 + 1e-9)
 
 
 def test_gpt_block_shards_attention_by_heads_and_the_mlp_megatron_style() -> None:
@@ -169,8 +171,12 @@ def test_gpt_block_shards_attention_by_heads_and_the_mlp_megatron_style() -> Non
     prefix = "params__layers___0___"
     for name in ("attn____wq__.1", "attn____wk__.1", "attn____wv__.1", "mlp____fc1____w__.1"):
         assert layout(plan, prefix + name) == "RS1"  # column split
-    for name in ("attn____wo__.1", "mlp____fc2____w__.1"):
-        assert layout(plan, prefix + name) == "RS0"  # row split
+    assert layout(plan, prefix + "mlp____fc2____w__.1") == "RS0"  # row split
+    # Megatron row-splits the attention's output projection too; rhino may do better:
+    # its gradient's all-reduce is combined with the others, the activations' is not
+    pins = ((prefix + "attn____wo__.1", parse_spec("RS0", 2)),)
+    megatron = plan_for(DATA / "gpt_block.hlo", "1x8", pins=pins)
+    assert plan.objective_s <= megatron.objective_s
 
 
 def test_state_paired_by_shape_is_said_and_an_alias_is_taken_as_given() -> None:
