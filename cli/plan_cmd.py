@@ -224,6 +224,12 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
         )
         phases = ", ".join(f"{k} {v:.2f} s" for k, v in solver["phases_s"].items())
         t.add_row("  phases", phases)
+    combined = solver.get("combined")
+    if combined and plan.combined_latency_s:
+        groups = len({c.group for c in plan.collectives if c.group >= 0})
+        closed = ", ".join(combined["closed"]) or "none"
+        t.add_row("  combined", f"{groups} groups of collectives XLA merges, {format_seconds(plan.combined_latency_s)} "
+                                f"of latency; {combined['plans']} plans made, not combined: {closed}")  # fmt: skip
     found = solver.get("budget_search")
     if found:
         if found.get("solves", 1) <= 1:
