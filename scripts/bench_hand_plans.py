@@ -78,6 +78,11 @@ CASES: dict[str, tuple[str, str, dict[str, int]]] = {
     "unet tiny": ("unet", "tiny", {}),
     "wresnet tiny": ("wresnet", "tiny", {}),
     "gpt hidden512 2 layers": ("gpt", "hidden512", {"layers": 2}),
+    "vgg19 tiny": ("vgg19", "tiny", {}),
+    "unet small": ("unet", "small", {}),
+    "dnabert small": ("dnabert", "small", {}),
+    "gpt medium 2 layers": ("gpt", "medium", {"layers": 2}),
+    "moe 8e-380m 2 layers": ("moe", "8e-380m", {"layers": 2}),
 }
 FIDELITY = 0.05
 """XLA's bytes may differ from the plan's prediction by this share."""

@@ -72,8 +72,9 @@ def test_all_reduce_goes_on_the_cheap_axis() -> None:
         for axes in ((0,), (1,), (0, 1))
     }
     assert volume[(0,)] > 0, "tensor parallelism needs some collective"
-    assert volume[(0, 1)] == 0
-    assert volume[(1,)] < 0.05 * volume[(0,)], volume  # the big reductions use the cheap axis
+    # the big reductions use the cheap axis (the loss, a scalar summed over a batch split
+    # on both axes, may be all-reduced over both)
+    assert volume[(1,)] + volume[(0, 1)] < 0.05 * volume[(0,)], volume
     biggest = max(plan.collectives, key=lambda c: c.nbytes)
     assert biggest.axes == (0,) and biggest.kind in ("all-reduce", "reduce-scatter")
 
