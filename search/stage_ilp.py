@@ -302,13 +302,13 @@ def _build(problem: StageProblem, windows: Windows) -> tuple[cp_model.CpModel, l
     n, lo, hi = len(problem.names), windows.lo, windows.hi
     # (one)
     x: list[Choice] = []
-    B: list[cp_model.LinearExprT] = []
+    B: list[cp_model.LinearExpr | int] = []
     for i in range(n):
         if lo[i] == hi[i]:
             x.append({lo[i]: 1})
             B.append(lo[i])
             continue
-        row = {t: model.new_bool_var(f"x[{i}][{t}]") for t in range(lo[i], hi[i] + 1)}
+        row: Choice = {t: model.new_bool_var(f"x[{i}][{t}]") for t in range(lo[i], hi[i] + 1)}
         model.add_exactly_one(row.values())
         x.append(row)
         B.append(sum(t * v for t, v in row.items()))
@@ -322,7 +322,7 @@ def _build(problem: StageProblem, windows: Windows) -> tuple[cp_model.CpModel, l
 
 
 def _edges(model: cp_model.CpModel, problem: StageProblem, windows: Windows, x: list[Choice],
-           B: list[cp_model.LinearExprT], i: int) -> list[cp_model.LinearExprT]:  # fmt: skip
+           B: list[cp_model.LinearExpr | int], i: int) -> list[cp_model.LinearExprT]:  # fmt: skip
     """(order), (cut) and (receive) for the edges out of i; its objective terms."""
     lo, hi = windows.lo, windows.hi
     R: dict[int, cp_model.IntVar | int] = {}
