@@ -201,7 +201,20 @@ def tighten(problem: StageProblem) -> Windows:
             hi[i] = min(hi[i], hi[j])
     for i in range(n):
         if lo[i] > hi[i]:
-            raise InfeasibleError(_unbalanced(problem, i))
+            raise InfeasibleError(_unbalanced(problem, f"%{problem.names[i]} has no stage left"))
+    fixed = [0.0] * d
+    for i in range(n):
+        if lo[i] == hi[i]:
+            fixed[lo[i]] += c[i]
+    for t, load in enumerate(fixed):
+        if load > cap * (1 + 1e-9):
+            raise InfeasibleError(
+                _unbalanced(
+                    problem,
+                    f"the instructions that can only go to "
+                    f"stage {t} compute {format_seconds(load)}",
+                )
+            )
     return Windows(tuple(lo), tuple(hi))
 
 
@@ -227,14 +240,14 @@ def _closure_compute(preds: list[list[int]], order: range, c: np.ndarray) -> np.
     return total
 
 
-def _unbalanced(problem: StageProblem, i: int) -> str:
+def _unbalanced(problem: StageProblem, why: str) -> str:
     total = sum(problem.compute)
     biggest = max(range(len(problem.names)), key=lambda k: problem.compute[k])
     share = problem.compute[biggest] / total if total else 0.0
     return (
         f"no {problem.stages}-stage plan keeps every stage within 1 + epsilon "
         f"{problem.epsilon:g} of the average ({format_seconds(problem.capacity)} a stage): "
-        f"%{problem.names[i]} has no stage left (largest instruction %{problem.names[biggest]} "
+        f"{why} (largest instruction %{problem.names[biggest]} "
         f"is {share:.1%} of the compute; raise --epsilon or use fewer stages)"
     )
 
@@ -269,9 +282,7 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
              "tighten_s": tightened_s}  # fmt: skip
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     if status == cp_model.INFEASIBLE:
-        raise InfeasibleError(
-            _unbalanced(problem, 0).replace(" has no stage left", " cannot be placed")
-        )
+        raise InfeasibleError(_unbalanced(problem, "the solver proved that no plan meets it"))
     if not found and hint is None:
         raise InfeasibleError(f"the stage ILP found no plan within {options.time_limit_s:g} s "
                               f"(status {solver.status_name(status)}); raise --time-limit")  # fmt: skip
@@ -373,9 +384,7 @@ def _add_balance(model: cp_model.CpModel, problem: StageProblem, x: list[Choice]
         if sum(units[i] for i, row in enumerate(x) if t in row) <= cap:
             continue  # holds whatever the choice
         if all(isinstance(term, int) for term in terms):
-            raise InfeasibleError(
-                _unbalanced(problem, 0).replace(" has no stage left", "'s stage is full")
-            )
+            continue  # fixed instructions only: `tighten` checked their load
         model.add(sum(terms) <= cap)
 
 
