@@ -208,13 +208,8 @@ def tighten(problem: StageProblem) -> Windows:
             fixed[lo[i]] += c[i]
     for t, load in enumerate(fixed):
         if load > cap * (1 + 1e-9):
-            raise InfeasibleError(
-                _unbalanced(
-                    problem,
-                    f"the instructions that can only go to "
-                    f"stage {t} compute {format_seconds(load)}",
-                )
-            )
+            why = f"the instructions that can only go to stage {t} are {load / c.sum():.1%} of the compute"
+            raise InfeasibleError(_unbalanced(problem, why))
     return Windows(tuple(lo), tuple(hi))
 
 
@@ -246,7 +241,8 @@ def _unbalanced(problem: StageProblem, why: str) -> str:
     share = problem.compute[biggest] / total if total else 0.0
     return (
         f"no {problem.stages}-stage plan keeps every stage within 1 + epsilon "
-        f"{problem.epsilon:g} of the average ({format_seconds(problem.capacity)} a stage): "
+        f"{problem.epsilon:g} of the average (at most {(1 + problem.epsilon) / problem.stages:.1%} "
+        "of the compute a stage): "
         f"{why} (largest instruction %{problem.names[biggest]} "
         f"is {share:.1%} of the compute; raise --epsilon or use fewer stages)"
     )

@@ -217,3 +217,58 @@ def forward_graph(split: StepSplit, flops_per_second: dict[str, float]) -> Forwa
 def _dtype(inst: Instruction) -> str:
     leaves = inst.shape.leaves()
     return leaves[0].dtype if leaves else "f32"
+
+
+# -- mirroring the forward plan ---------------------------------------------------------
+
+
+def mirror(split: StepSplit, forward_stage: dict[str, int], stages: int) -> tuple[int, ...]:
+    """A stage for every instruction of `split.order`, given the forward instructions'
+    stages (every forward, non-free one): see `rhino.search.pipeline` for the rules."""
+    order, index, roles = split.order, split.index, split.roles
+    stage: list[int | None] = [forward_stage.get(inst.name) for inst in order]
+    holds: dict[int, int] = {}  # forward instruction -> the latest stage holding its result
+    for k, inst in enumerate(order):
+        if roles[k] is Role.FORWARD and stage[k] is not None:
+            readers = [stage[index[u.name]] for u in inst.users if u.name in forward_stage]
+            holds[k] = max([stage[k] or 0, *(r for r in readers if r is not None)])
+    for k, inst in enumerate(order):
+        if stage[k] is not None or inst.name in split.free:
+            continue
+        if roles[k] is Role.BACKWARD:
+            stage[k] = _backward_stage(inst, index, stage, holds, roles)
+        elif roles[k] is Role.UPDATE:
+            stage[k] = _update_stage(inst, index, stage)
+    loss_stage = stage[index[split.loss]]
+    for k in range(len(order) - 1, -1, -1):  # unplaced: with their earliest reader
+        if stage[k] is None:
+            if roles[k] is Role.OUTPUT:
+                stage[k] = loss_stage if loss_stage is not None else stages - 1
+                continue
+            readers = [stage[index[u.name]] for u in order[k].users]
+            stage[k] = min((r for r in readers if r is not None), default=0)
+    return tuple(s if s is not None else 0 for s in stage)
+
+
+def _backward_stage(inst: Instruction, index: dict[str, int], stage: list[int | None],
+                    holds: dict[int, int], roles: tuple[Role, ...]) -> int | None:  # fmt: skip
+    anchor: int | None = None
+    ceiling: int | None = None
+    for op in inst.operands:
+        k = index[op.name]
+        if k in holds:
+            anchor = holds[k] if anchor is None else max(anchor, holds[k])
+        elif roles[k] is Role.BACKWARD and stage[k] is not None:
+            s = stage[k]
+            ceiling = s if ceiling is None else min(ceiling, s)
+    if anchor is None:
+        return ceiling
+    return anchor if ceiling is None else min(anchor, ceiling)
+
+
+def _update_stage(inst: Instruction, index: dict[str, int], stage: list[int | None]) -> int | None:
+    placed = [(op.shape.byte_size, stage[index[op.name]]) for op in inst.operands
+              if stage[index[op.name]] is not None]  # fmt: skip
+    if not placed:
+        return None
+    return min(placed, key=lambda t: (-t[0], t[1]))[1]
