@@ -12,10 +12,12 @@ Mirroring (stage of a non-forward instruction, in topological order):
     backward  the latest stage holding one of its forward operands (the operand's own
               stage or a stage that received it), but no later than any backward operand's
               stage: gradients only flow to earlier stages
-    update    the stage of its largest placed operand (ties: the earliest stage); one
-              whose operands are all unplaced (moments, the step count) goes where its
-              first reader is, like a state parameter
-    free      wherever its earliest reader is (every reader recomputes it)
+    update    one that reads a weight: the weight's stage (the new weight is made where
+              the weight lives); then, latest first, the earliest stage of its update
+              readers (the moments follow their weight); else the stage of its largest
+              placed operand (ties: the earliest stage)
+    free      wherever its earliest reader is (every reader recomputes it); so do state
+              parameters and anything still unplaced
     output    the loss's stage
 """
 

@@ -233,12 +233,9 @@ def mirror(split: StepSplit, forward_stage: dict[str, int], stages: int) -> tupl
             readers = [stage[index[u.name]] for u in inst.users if u.name in forward_stage]
             holds[k] = max([stage[k] or 0, *(r for r in readers if r is not None)])
     for k, inst in enumerate(order):
-        if stage[k] is not None or inst.name in split.free:
-            continue
-        if roles[k] is Role.BACKWARD:
+        if stage[k] is None and roles[k] is Role.BACKWARD and inst.name not in split.free:
             stage[k] = _backward_stage(inst, index, stage, holds, roles)
-        elif roles[k] is Role.UPDATE:
-            stage[k] = _update_stage(inst, index, stage)
+    _place_updates(split, stage)
     loss_stage = stage[index[split.loss]]
     for k in range(len(order) - 1, -1, -1):  # unplaced: with their earliest reader
         if stage[k] is None:
@@ -266,9 +263,27 @@ def _backward_stage(inst: Instruction, index: dict[str, int], stage: list[int | 
     return anchor if ceiling is None else min(anchor, ceiling)
 
 
-def _update_stage(inst: Instruction, index: dict[str, int], stage: list[int | None]) -> int | None:
-    placed = [(op.shape.byte_size, stage[index[op.name]]) for op in inst.operands
-              if stage[index[op.name]] is not None]  # fmt: skip
-    if not placed:
-        return None
-    return min(placed, key=lambda t: (-t[0], t[1]))[1]
+def _place_updates(split: StepSplit, stage: list[int | None]) -> None:
+    """Update instructions: one that reads a weight goes to the weight's stage; then,
+    latest first, one whose update readers are placed goes to the earliest of theirs; the
+    rest to the stage of their largest placed operand (ties: the earliest stage)."""
+    order, index, roles = split.order, split.index, split.roles
+    updates = [
+        k for k in range(len(order)) if roles[k] is Role.UPDATE and order[k].name not in split.free
+    ]
+    for k in updates:
+        weights = [stage[index[op.name]] for op in order[k].operands if op.name in split.weights]
+        if weights:
+            stage[k] = min(s for s in weights if s is not None)
+    for k in reversed(updates):
+        if stage[k] is None:
+            readers = [
+                stage[index[u.name]] for u in order[k].users if roles[index[u.name]] is Role.UPDATE
+            ]
+            stage[k] = min((r for r in readers if r is not None), default=None)
+    for k in updates:
+        if stage[k] is None:
+            placed = [(op.shape.byte_size, stage[index[op.name]]) for op in order[k].operands
+                      if stage[index[op.name]] is not None]  # fmt: skip
+            if placed:
+                stage[k] = min(placed, key=lambda t: (-t[0], t[1] or 0))[1]

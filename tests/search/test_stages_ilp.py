@@ -1,0 +1,116 @@
+"""The stage ILP against brute force, bound tightening's soundness, and the baselines."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from rhino.hlo.errors import InfeasibleError
+from rhino.search.problem import SolveOptions, SolveStatus
+from rhino.search.stage_baselines import best_split, equal_count
+from rhino.search.stage_ilp import StageProblem, solve_brute_force, solve_stages, tighten
+
+OPTIONS = SolveOptions(time_limit_s=30)
+
+
+def random_problem(seed: int, n: int = 8, d: int = 3, eps: float = 0.3) -> StageProblem:
+    r = random.Random(seed)
+    consumers = []
+    for i in range(n):
+        later = list(range(i + 1, n))
+        consumers.append(tuple(sorted(r.sample(later, min(len(later), r.randint(0, 3))))))
+    return StageProblem(
+        names=tuple(f"v{i}" for i in range(n)),
+        compute=tuple(float(r.randint(1, 10)) for _ in range(n)),
+        bytes=tuple(r.randint(1, 100) for _ in range(n)),
+        consumers=tuple(consumers),
+        stages=d,
+        epsilon=eps,
+    )
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_ilp_equals_brute_force(seed: int) -> None:
+    problem = random_problem(seed, d=2 + seed % 2)
+    best = solve_brute_force(problem)
+    assert best is not None
+    for tightening in (True, False):
+        plan = solve_stages(problem, OPTIONS, tightening=tightening)
+        assert plan.status is SolveStatus.OPTIMAL
+        assert plan.cut_bytes == best[1]
+        assert problem.evaluate(plan.stage).cut_bytes == plan.cut_bytes
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_tightened_windows_hold_every_balanced_plan(seed: int) -> None:
+    problem = random_problem(seed, n=7, d=3, eps=0.4)
+    windows = tighten(problem)
+    for plan in itertools.product(range(problem.stages), repeat=len(problem.names)):
+        try:
+            problem.evaluate(plan)
+        except InfeasibleError:
+            continue
+        for i, s in enumerate(plan):
+            assert windows.lo[i] <= s <= windows.hi[i]
+
+
+def test_bytes_are_counted_once_per_receiving_stage() -> None:
+    # a -> b, a -> c with b, c on stage 1: a's 100 bytes are sent once; d on stage 2 again
+    problem = StageProblem(("a", "b", "c", "d"), (1.0, 1.0, 1.0, 1.0), (100, 1, 1, 1),
+                           ((1, 2, 3), (), (3,), ()), 3, 2.0)  # fmt: skip
+    assert problem.evaluate((0, 1, 1, 2)).cut_bytes == 100 + 100 + 1
+    assert problem.evaluate((0, 1, 1, 1)).cut_bytes == 100
+
+
+def test_evaluate_refuses_a_backward_edge_and_an_unbalanced_stage() -> None:
+    problem = StageProblem(("a", "b"), (1.0, 1.0), (8, 8), ((1,), ()), 2, 0.0)
+    with pytest.raises(InfeasibleError, match="reads %a from the later stage 1"):
+        problem.evaluate((1, 0))
+    with pytest.raises(InfeasibleError, match="stage 0 computes"):
+        problem.evaluate((0, 0))
+    assert problem.measure((0, 0)).imbalance == pytest.approx(1.0)
+    assert problem.evaluate((0, 1)).cut_bytes == 8
+
+
+def test_an_instruction_larger_than_a_stage_is_refused_with_numbers() -> None:
+    problem = StageProblem(("a", "b", "c"), (8.0, 1.0, 1.0), (1, 1, 1), ((1,), (2,), ()), 2, 0.1)
+    with pytest.raises(InfeasibleError, match=r"largest instruction %a is 80.0% of the compute"):
+        solve_stages(problem, OPTIONS)
+
+
+def test_a_balanced_hint_is_kept_when_it_is_optimal() -> None:
+    problem = random_problem(3)
+    best = solve_brute_force(problem)
+    assert best is not None
+    plan = solve_stages(problem, OPTIONS, hint=best[0])
+    assert plan.cut_bytes == best[1]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_best_split_is_the_best_balanced_split_of_the_order(seed: int) -> None:
+    problem = random_problem(seed, n=9, d=3, eps=0.5)
+    n, best = len(problem.names), None
+    for cuts in itertools.combinations(range(1, n), problem.stages - 1):
+        plan = tuple(sum(k >= c for c in cuts) for k in range(n))
+        try:
+            cut = problem.evaluate(plan).cut_bytes
+        except InfeasibleError:
+            continue
+        best = cut if best is None else min(best, cut)
+    found = best_split(problem)
+    assert (found.evaluation.cut_bytes if found.stage and found.evaluation else None) == best
+    if best is not None:
+        assert found.within
+        ilp = solve_stages(problem, OPTIONS)
+        assert ilp.cut_bytes <= best  # ranges of one order are among the ILP's plans
+
+
+def test_equal_count_splits_the_order_evenly() -> None:
+    problem = random_problem(1, n=10, d=4)
+    found = equal_count(problem)
+    assert found.stage is not None
+    sizes = [found.stage.count(s) for s in range(4)]
+    assert max(sizes) - min(sizes) <= 1
+    assert list(found.stage) == sorted(found.stage)
