@@ -275,7 +275,7 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
     stats = {"variables": float(len(model.proto.variables)),
              "constraints": float(len(model.proto.constraints)),
              "fixed": float(windows.fixed), "window_choices": float(windows.choices),
-             "tighten_s": tightened_s}  # fmt: skip
+             "tighten_s": tightened_s, "cpsat_s": solver.wall_time}  # fmt: skip
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     if status == cp_model.INFEASIBLE:
         raise InfeasibleError(_unbalanced(problem, "the solver proved that no plan meets it"))
