@@ -200,6 +200,8 @@ def tighten(problem: StageProblem) -> Windows:
         for j in problem.consumers[i]:
             hi[i] = min(hi[i], hi[j])
     for i in range(n):
+        if c[i] > cap * (1 + 1e-9):
+            raise InfeasibleError(_unbalanced(problem, f"%{problem.names[i]} alone is more"))
         if lo[i] > hi[i]:
             raise InfeasibleError(_unbalanced(problem, f"%{problem.names[i]} has no stage left"))
     fixed = [0.0] * d
