@@ -201,7 +201,9 @@ def tighten(problem: StageProblem) -> Windows:
             hi[i] = min(hi[i], hi[j])
     for i in range(n):
         if c[i] > cap * (1 + 1e-9):
-            raise InfeasibleError(_unbalanced(problem, f"%{problem.names[i]} alone is more"))
+            share = c[i] / c.sum()
+            why = f"%{problem.names[i]} alone is {share:.1%} of the compute"
+            raise InfeasibleError(_unbalanced(problem, why))
         if lo[i] > hi[i]:
             raise InfeasibleError(_unbalanced(problem, f"%{problem.names[i]} has no stage left"))
     fixed = [0.0] * d
