@@ -242,13 +242,13 @@ def _closure_compute(preds: list[list[int]], order: range, c: np.ndarray) -> np.
 def _unbalanced(problem: StageProblem, why: str) -> str:
     total = sum(problem.compute)
     biggest = max(range(len(problem.names)), key=lambda k: problem.compute[k])
+    name = f"%{problem.names[biggest]}"
     share = problem.compute[biggest] / total if total else 0.0
+    largest = "" if name in why else f"largest instruction {name} is {share:.1%} of the compute; "
     return (
         f"no {problem.stages}-stage plan keeps every stage within 1 + epsilon "
         f"{problem.epsilon:g} of the average (at most {(1 + problem.epsilon) / problem.stages:.1%} "
-        "of the compute a stage): "
-        f"{why} (largest instruction %{problem.names[biggest]} "
-        f"is {share:.1%} of the compute; raise --epsilon or use fewer stages)"
+        f"of the compute a stage): {why} ({largest}raise --epsilon or use fewer stages)"
     )
 
 
