@@ -75,10 +75,10 @@ def gantt_svg(timeline: Timeline, title: str) -> str:
 
 
 def _gantt_png(timeline: Timeline, path: str, title: str) -> None:
-    import matplotlib
+    import matplotlib  # type: ignore[import-not-found]  # optional: checked before the run
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found]
 
     stages = len(timeline.peak_microbatches)
     fig, ax = plt.subplots(figsize=(12, 0.6 * stages + 1.2))
@@ -99,14 +99,14 @@ def write_dot(plan: PipelinePlan, module: Module, path: str) -> None:
     instructions (recomputed wherever read) are left out."""
     lines = [f'digraph "{plan.module}" {{', "  node [style=filled, fontsize=10];"]
     kept = {str(i["name"]) for i in plan.instructions if not i["free"]}
-    for inst in plan.instructions:
-        name = str(inst["name"])
+    for info in plan.instructions:
+        name = str(info["name"])
         if name not in kept:
             continue
-        colour = STAGE_COLOURS[int(str(inst["stage"])) % len(STAGE_COLOURS)]
-        shape = ROLE_SHAPES.get(str(inst["role"]), "box")
+        colour = STAGE_COLOURS[int(str(info["stage"])) % len(STAGE_COLOURS)]
+        shape = ROLE_SHAPES.get(str(info["role"]), "box")
         lines.append(f'  "{name}" [fillcolor="{colour}", shape={shape}, '
-                     f'tooltip="{inst["opcode"]} stage {inst["stage"]}"];')  # fmt: skip
+                     f'tooltip="{info["opcode"]} stage {info["stage"]}"];')  # fmt: skip
     for inst in module.entry.instructions:
         for op in dict.fromkeys(inst.operands):
             if op.name in kept and inst.name in kept:

@@ -255,9 +255,10 @@ def _backward_stage(inst: Instruction, index: dict[str, int], stage: list[int | 
         k = index[op.name]
         if k in holds:
             anchor = holds[k] if anchor is None else max(anchor, holds[k])
-        elif roles[k] is Role.BACKWARD and stage[k] is not None:
+        elif roles[k] is Role.BACKWARD:
             s = stage[k]
-            ceiling = s if ceiling is None else min(ceiling, s)
+            if s is not None:
+                ceiling = s if ceiling is None else min(ceiling, s)
     if anchor is None:
         return ceiling
     return anchor if ceiling is None else min(anchor, ceiling)
