@@ -34,7 +34,7 @@ from rhino.hlo.ir import Module
 from rhino.search.cluster import Cluster, Link
 from rhino.search.pipeline_schedule import StageTimes, Timeline, simulate
 from rhino.search.problem import SolveOptions
-from rhino.search.stage_baselines import Baseline, best_split, equal_count
+from rhino.search.stage_baselines import Baseline, best_split, best_split_late, equal_count
 from rhino.search.stage_ilp import StagePlan, StageProblem, solve_stages
 from rhino.search.stages import Role, StepSplit, forward_graph, mirror, split_step
 
@@ -151,8 +151,8 @@ def plan_pipeline(module: Module, request: PipelineRequest,
     graph = forward_graph(split, rates)
     problem = StageProblem(graph.names, graph.compute, graph.bytes, graph.consumers,
                            request.stages, request.epsilon)  # fmt: skip
-    say("baselines: equal counts, best split of the order")
-    baselines = [equal_count(problem), best_split(problem)]
+    say("baselines: equal counts, best splits of the program order and the late order")
+    baselines = [equal_count(problem), best_split(problem), best_split_late(problem)]
     hint = _best_balanced(baselines)
     say(f"stage ILP: {len(graph.names)} instructions, {problem.edges} edges")
     found = solve_stages(problem, request.options, tightening=request.tightening,

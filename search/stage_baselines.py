@@ -4,6 +4,9 @@ stage ILP must never do worse than.
     equal_count   d ranges of (nearly) equal instruction counts, balance ignored
     best_split    Alpa's way: the ranges found by dynamic programming; here the ones
                   with the least cut bytes among those meeting the ILP's balance row
+    best_split_late  the same DP over the as-late-as-possible order: every instruction
+                  right before its first reader, so a side branch (the one-hot of the
+                  labels, computed first, read by the loss) sits beside its reader
 
 The DP, over the problem's order v_0 .. v_{n-1} (ranges are half-open [i, j)):
     recv(i, j)   bytes of the results made before i and read inside [i, j), each once
@@ -31,7 +34,7 @@ from rhino.search.stage_ilp import StageEvaluation, StageProblem
 @dataclass(frozen=True)
 class Baseline:
     name: str
-    """"equal_count" or "best_split"."""
+    """One of "equal_count", "best_split", "best_split_late"."""
     stage: tuple[int, ...] | None
     """The plan, or None when no split of the order meets the balance."""
     evaluation: StageEvaluation | None
@@ -50,6 +53,44 @@ def equal_count(problem: StageProblem) -> Baseline:
 def best_split(problem: StageProblem) -> Baseline:
     """The consecutive ranges of the order with the least cut bytes among those whose
     every range computes at most `problem.capacity` (the DP of the module docstring)."""
+    stage = _dp(problem)
+    return (
+        Baseline("best_split", None, None)
+        if stage is None
+        else _baseline(problem, "best_split", stage)
+    )
+
+
+def best_split_late(problem: StageProblem) -> Baseline:
+    """`best_split` over `late_order(problem)` instead of the problem's order."""
+    order = late_order(problem)
+    position = {v: k for k, v in enumerate(order)}
+    reordered = StageProblem(
+        tuple(problem.names[v] for v in order), tuple(problem.compute[v] for v in order),
+        tuple(problem.bytes[v] for v in order),
+        tuple(tuple(sorted(position[j] for j in problem.consumers[v])) for v in order),
+        problem.stages, problem.epsilon,
+    )  # fmt: skip
+    stage = _dp(reordered)
+    if stage is None:
+        return Baseline("best_split_late", None, None)
+    return _baseline(
+        problem, "best_split_late", tuple(stage[position[v]] for v in range(len(order)))
+    )
+
+
+def late_order(problem: StageProblem) -> tuple[int, ...]:
+    """A topological order that puts every instruction as late as it can go: by the
+    length of its longest path to a sink, longest first (ties: the problem's order)."""
+    n = len(problem.names)
+    height = [0] * n
+    for v in range(n - 1, -1, -1):
+        height[v] = max((height[j] + 1 for j in problem.consumers[v]), default=0)
+    return tuple(sorted(range(n), key=lambda v: (-height[v], v)))
+
+
+def _dp(problem: StageProblem) -> tuple[int, ...] | None:
+    """The DP's stage per instruction, or None when no split meets the balance."""
     n, d = len(problem.names), problem.stages
     cap = problem.capacity * (1 + 1e-9)
     prefix = np.concatenate([[0.0], np.cumsum(problem.compute)])
@@ -70,14 +111,14 @@ def best_split(problem: StageProblem) -> Baseline:
             target[better] = cand[better]
             parent[s, i + 1 : end + 1][better] = i
     if not math.isfinite(f[d, n]):
-        return Baseline("best_split", None, None)
+        return None
     stage = [0] * n
     j = n
     for s in range(d, 0, -1):
         i = int(parent[s, j])
         stage[i:j] = [s - 1] * (j - i)
         j = i
-    return _baseline(problem, "best_split", tuple(stage))
+    return tuple(stage)
 
 
 def _recv_rows(problem: StageProblem) -> Iterator[tuple[int, np.ndarray]]:
