@@ -34,13 +34,13 @@ Examples:
     default=0.1,
     show_default=True,
     type=float,
-    help="Balance tolerance: a stage's forward compute is at most (1 + epsilon) x the average.",
+    help="Balance tolerance: every stage's forward compute is within (1 +- epsilon) x the average.",
 )
 @click.option("--microbatches", default=8, show_default=True, type=int,
               help="Micro-batches per step, for the schedules.")  # fmt: skip
 @click.option("--cluster", default="m8", show_default=True,
               help="Cluster name (configs/clusters) or YAML file.")  # fmt: skip
-@click.option("--time-limit", default=30.0, show_default=True, type=float,
+@click.option("--time-limit", default=20.0, show_default=True, type=float,
               help="Stage ILP time limit in seconds (the best plan so far when hit).")  # fmt: skip
 @click.option("--no-tightening", is_flag=True,
               help="Solve the stage ILP without bound tightening (slower; for comparison).")  # fmt: skip
@@ -95,7 +95,7 @@ def render(file: str, plan: PipelinePlan) -> None:
     t.add_row("cut (forward)", f"{format_bytes(plan.cut_bytes)} per step "
               f"(bound {format_bytes(plan.bound_bytes)}, gap {plan.gap:.2%}, {plan.status}, "
               f"from {plan.method})")  # fmt: skip
-    t.add_row("imbalance", f"{plan.imbalance:+.1%} largest stage over the average "
+    t.add_row("imbalance", f"{plan.imbalance:.1%}: the stage farthest from the average "
               f"(epsilon {plan.epsilon:g})")  # fmt: skip
     for name, sched in plan.schedules.items():
         peaks = sched["peak_activation_bytes"]
@@ -114,11 +114,11 @@ def render(file: str, plan: PipelinePlan) -> None:
     )
     for col in ("plan", "cut bytes", "imbalance", "within epsilon"):
         base.add_column(col)
-    base.add_row("rhino (ILP)", format_bytes(plan.cut_bytes), f"{plan.imbalance:+.1%}", "yes")
+    base.add_row("rhino (ILP)", format_bytes(plan.cut_bytes), f"{plan.imbalance:.1%}", "yes")
     for b in plan.baselines:
         cut, imb = b["cut_bytes"], b["imbalance"]
         base.add_row(str(b["name"]), "-" if cut is None else format_bytes(float(str(cut))),
-                     "-" if imb is None else f"{float(str(imb)):+.1%}",
+                     "-" if imb is None else f"{float(str(imb)):.1%}",
                      "yes" if b["within_balance"] else "no")  # fmt: skip
     out.print(base)
 

@@ -101,7 +101,7 @@ class PipelinePlan:
     method: str
     """"ilp", or the baseline the solver did not beat."""
     imbalance: float
-    """Forward compute of the largest stage over the average, minus one."""
+    """Forward compute of the stage farthest from the average, relative to the average."""
     tightening: bool
     search_time_s: float
     solver: dict[str, float]
@@ -152,8 +152,8 @@ def plan_pipeline(module: Module, request: PipelineRequest,
     problem = StageProblem(graph.names, graph.compute, graph.bytes, graph.consumers,
                            request.stages, request.epsilon)  # fmt: skip
     say("baselines: equal counts, best splits of the program order and the late order")
-    baselines = [equal_count(problem), best_split(problem), best_split_late(problem)]
-    hint = _best_balanced(baselines)
+    baselines = all_baselines(problem)
+    hint = best_balanced(baselines)
     say(f"stage ILP: {len(graph.names)} instructions, {problem.edges} edges")
     found = solve_stages(problem, request.options, tightening=request.tightening,
                          hint=hint.stage if hint else None)  # fmt: skip
@@ -164,7 +164,13 @@ def plan_pipeline(module: Module, request: PipelineRequest,
                    time.perf_counter() - started)  # fmt: skip
 
 
-def _best_balanced(baselines: list[Baseline]) -> Baseline | None:
+def all_baselines(problem: StageProblem) -> list[Baseline]:
+    """Equal counts, and the DP's best split of the program order and of the late order."""
+    return [equal_count(problem), best_split(problem), best_split_late(problem)]
+
+
+def best_balanced(baselines: list[Baseline]) -> Baseline | None:
+    """The baseline with the least cut bytes among those that meet the balance."""
     balanced = [b for b in baselines if b.within and b.evaluation is not None]
     return min(balanced, key=lambda b: b.evaluation.cut_bytes if b.evaluation else 0, default=None)
 

@@ -92,24 +92,25 @@ def late_order(problem: StageProblem) -> tuple[int, ...]:
 def _dp(problem: StageProblem) -> tuple[int, ...] | None:
     """The DP's stage per instruction, or None when no split meets the balance."""
     n, d = len(problem.names), problem.stages
-    cap = problem.capacity * (1 + 1e-9)
+    cap, floor = problem.capacity * (1 + 1e-9), problem.floor * (1 - 1e-9)
     prefix = np.concatenate([[0.0], np.cumsum(problem.compute)])
     f = np.full((d + 1, n + 1), math.inf)
     parent = np.full((d + 1, n + 1), -1, dtype=np.int64)
     f[0, 0] = 0.0
     for i, row in _recv_rows(problem):
         end = int(np.searchsorted(prefix, prefix[i] + cap, side="right")) - 1  # last j
-        if end <= i:
+        first = max(i + 1, int(np.searchsorted(prefix, prefix[i] + floor, side="left")))
+        if end < first:
             continue
-        recv = row[: end - i]  # recv(i, j) for j = i+1 .. end
+        recv = row[first - i - 1 : end - i]  # recv(i, j) for j = first .. end
         for s in range(1, d + 1):
             if not math.isfinite(f[s - 1, i]):
                 continue
             cand = f[s - 1, i] + recv
-            target = f[s, i + 1 : end + 1]
+            target = f[s, first : end + 1]
             better = cand < target
             target[better] = cand[better]
-            parent[s, i + 1 : end + 1][better] = i
+            parent[s, first : end + 1][better] = i
     if not math.isfinite(f[d, n]):
         return None
     stage = [0] * n
@@ -140,5 +141,5 @@ def _recv_rows(problem: StageProblem) -> Iterator[tuple[int, np.ndarray]]:
 
 def _baseline(problem: StageProblem, name: str, stage: tuple[int, ...]) -> Baseline:
     found = problem.measure(stage)
-    within = max(found.stage_compute) <= problem.capacity * (1 + 1e-9)
+    within = found.imbalance <= problem.epsilon * (1 + 1e-9) + 1e-12
     return Baseline(name, stage, found, within)

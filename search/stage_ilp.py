@@ -4,7 +4,7 @@ Data
     V, E          forward instructions and their producer -> consumer edges
     c[i]          seconds of instruction i;  C = sum_i c[i]
     b[i]          bytes of i's result
-    d             stages;  cap = (1 + eps) * C / d
+    d             stages;  cap = (1 + eps) * C / d,  floor = max(0, 1 - eps) * C / d
     [lo[i], hi[i]]  the window of stages i may take (bound tightening, below)
 Variables
     B[i] in [lo[i], hi[i]]    stage of i
@@ -17,21 +17,25 @@ Model
     (order)      B[j] >= B[i]                                             for every (i, j)
     (cut)        F[i,j] <= B[j] - B[i] <= M F[i,j],  M = hi[j] - lo[i]    for every (i, j)
     (receive)    R[i][t] >= F[i,j] + x[j][t] - 1                         for every (i, j), t
-    (balance)    sum_i c[i] x[i][t] <= cap                                for every t
+    (balance)    floor <= sum_i c[i] x[i][t] <= cap                       for every t
 
 The paper counts b[i] F[i,j] per edge, so a tensor read by two instructions of one later
 stage is counted twice; here it is counted once per (producer, receiving stage), which is
 what is sent. The paper has no balance row (its bounds alone keep stages balanced); here
-it is explicit, and the bounds are implied by it, so tightening never cuts off a plan:
+it is explicit and two-sided: without `floor`, a loose epsilon lets stages go empty (a
+"4-stage" plan on 8 device groups cuts fewer bytes and idles half of them).
 
 Bound tightening. With A[i] the compute of i's ancestors and D[i] of its descendants,
-every ancestor sits at a stage <= B[i] and every descendant at >= B[i], so by (balance)
-    (B[i] + 1) cap >= A[i] + c[i]       and       (d - B[i]) cap >= D[i] + c[i]
-    lo[i] = ceil((A[i] + c[i]) / cap) - 1,      hi[i] = d - ceil((D[i] + c[i]) / cap)
-then lo grows along edges and hi shrinks against them (B[j] >= B[i]). Instructions
-whose window is one stage are fixed before the solver runs; the others keep their
-window as their domain. The balance row is scaled to integers rounding every c[i] up,
-so a plan the solver accepts meets the float balance that `evaluate` checks.
+every ancestor sits at a stage <= B[i] and every descendant at >= B[i]; stages after
+B[i] hold no ancestor of i and stages before it no descendant. So by (balance)
+    (B[i] + 1) cap >= A[i] + c[i]                (d - B[i]) cap >= D[i] + c[i]
+    (d - 1 - B[i]) floor <= C - A[i] - c[i]      B[i] floor <= C - D[i] - c[i]
+which give lo[i] and hi[i]; then lo grows along edges and hi shrinks against them
+(B[j] >= B[i]). The bounds are implied by the model, so tightening never cuts off a
+plan. Instructions whose window is one stage are fixed before the solver runs; the
+others keep their window as their domain. The balance rows are scaled to integers
+rounding every c[i] up for the cap and down for the floor, so a plan the solver accepts
+meets the float balance that `evaluate` checks.
 """
 
 from __future__ import annotations
@@ -83,6 +87,11 @@ class StageProblem:
         return (1.0 + self.epsilon) * sum(self.compute) / self.stages
 
     @property
+    def floor(self) -> float:
+        """Least compute a stage must hold (seconds)."""
+        return max(0.0, 1.0 - self.epsilon) * sum(self.compute) / self.stages
+
+    @property
     def edges(self) -> int:
         return sum(len(cs) for cs in self.consumers)
 
@@ -108,18 +117,28 @@ class StageProblem:
                     received.add((i, stage[j]))
         cut = sum(self.bytes[i] for i, _ in received)
         average = sum(self.compute) / d
-        imbalance = max(per_stage) / average - 1.0 if average > 0 else 0.0
+        imbalance = (
+            max(max(per_stage) / average - 1.0, 1.0 - min(per_stage) / average)
+            if average > 0
+            else 0.0
+        )
         return StageEvaluation(cut, tuple(per_stage), imbalance)
 
     def evaluate(self, stage: tuple[int, ...] | list[int]) -> StageEvaluation:
-        """`measure`, and raise InfeasibleError when a stage holds more than `capacity`."""
+        """`measure`, and raise InfeasibleError when a stage holds more than `capacity`
+        or less than `floor`."""
         found = self.measure(stage)
-        cap = self.capacity
+        cap, floor = self.capacity, self.floor
         for s, load in enumerate(found.stage_compute):
             if load > cap * (1 + 1e-9):
                 raise InfeasibleError(
                     f"stage {s} computes {format_seconds(load)} > {format_seconds(cap)} "
                     f"(1 + epsilon {self.epsilon:g} times the average)"
+                )
+            if load < floor * (1 - 1e-9):
+                raise InfeasibleError(
+                    f"stage {s} computes {format_seconds(load)} < {format_seconds(floor)} "
+                    f"(1 - epsilon {self.epsilon:g} times the average)"
                 )
         return found
 
@@ -131,7 +150,8 @@ class StageEvaluation:
     stage_compute: tuple[float, ...]
     """Seconds of compute on each stage."""
     imbalance: float
-    """Largest stage over the average, minus one (0.1: 10% above the average)."""
+    """The stage farthest from the average, relative to it (0.1: a stage 10% above or
+    below the average; a plan meets the balance when this is at most epsilon)."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +213,11 @@ def tighten(problem: StageProblem) -> Windows:
     lo = [max(0, _ceil((ancestors[i] + c[i]) / cap) - 1) if cap > 0 else 0 for i in range(n)]
     hi = [min(d - 1, d - _ceil((descendants[i] + c[i]) / cap)) if cap > 0 else d - 1
           for i in range(n)]  # fmt: skip
+    floor, total = problem.floor, float(c.sum())
+    if floor > 0:
+        for i in range(n):
+            lo[i] = max(lo[i], d - 1 - _floor((total - ancestors[i] - c[i]) / floor))
+            hi[i] = min(hi[i], _floor((total - descendants[i] - c[i]) / floor))
     for i in range(n):
         for j in problem.consumers[i]:
             lo[j] = max(lo[j], lo[i])
@@ -210,15 +235,26 @@ def tighten(problem: StageProblem) -> Windows:
     for i in range(n):
         if lo[i] == hi[i]:
             fixed[lo[i]] += c[i]
-    for t, load in enumerate(fixed):
-        if load > cap * (1 + 1e-9):
-            why = f"the instructions that can only go to stage {t} are {load / c.sum():.1%} of the compute"
+    possible = [0.0] * d
+    for i in range(n):
+        for t in range(lo[i], hi[i] + 1):
+            possible[t] += c[i]
+    for t in range(d):
+        if fixed[t] > cap * (1 + 1e-9):
+            why = f"the instructions that can only go to stage {t} are {fixed[t] / c.sum():.1%} of the compute"
+            raise InfeasibleError(_unbalanced(problem, why))
+        if possible[t] < problem.floor * (1 - 1e-9):
+            why = f"the instructions that can go to stage {t} are {possible[t] / c.sum():.1%} of the compute"
             raise InfeasibleError(_unbalanced(problem, why))
     return Windows(tuple(lo), tuple(hi))
 
 
 def _ceil(x: float) -> int:
     return math.ceil(x - 1e-9)
+
+
+def _floor(x: float) -> int:
+    return math.floor(x + 1e-9)
 
 
 def _closure_compute(preds: list[list[int]], order: range, c: np.ndarray) -> np.ndarray:
@@ -246,9 +282,10 @@ def _unbalanced(problem: StageProblem, why: str) -> str:
     share = problem.compute[biggest] / total if total else 0.0
     largest = "" if name in why else f"largest instruction {name} is {share:.1%} of the compute; "
     return (
-        f"no {problem.stages}-stage plan keeps every stage within 1 + epsilon "
-        f"{problem.epsilon:g} of the average (at most {(1 + problem.epsilon) / problem.stages:.1%} "
-        f"of the compute a stage): {why} ({largest}raise --epsilon or use fewer stages)"
+        f"no {problem.stages}-stage plan keeps every stage within epsilon {problem.epsilon:g} of "
+        f"the average ({max(0.0, 1 - problem.epsilon) / problem.stages:.1%} to "
+        f"{(1 + problem.epsilon) / problem.stages:.1%} of the compute a stage): {why} "
+        f"({largest}raise --epsilon or use fewer stages)"
     )
 
 
@@ -286,7 +323,7 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
     if not found and hint is None:
         raise InfeasibleError(f"the stage ILP found no plan within {options.time_limit_s:g} s "
                               f"(status {solver.status_name(status)}); raise --time-limit")  # fmt: skip
-    bound = solver.best_objective_bound if found else 0.0
+    bound = max(0.0, solver.best_objective_bound) if found else 0.0
     chosen, method = hint, "hint"
     if found:
         chosen = tuple(_value(solver, x[i]) for i in range(len(problem.names)))
@@ -378,14 +415,18 @@ def _add_balance(model: cp_model.CpModel, problem: StageProblem, x: list[Choice]
         return
     scale = 2.0 ** math.floor(math.log2(BALANCE_UNITS / total))
     cap = math.floor(problem.capacity * scale * (1 + 1e-12))
-    units = [math.ceil(c * scale) for c in problem.compute]
+    floor = math.ceil(problem.floor * scale * (1 - 1e-12))
+    up = [math.ceil(c * scale) for c in problem.compute]
+    down = [math.floor(c * scale) for c in problem.compute]
     for t in range(problem.stages):
-        terms = [units[i] * row[t] for i, row in enumerate(x) if t in row and units[i]]
-        if sum(units[i] for i, row in enumerate(x) if t in row) <= cap:
-            continue  # holds whatever the choice
-        if all(isinstance(term, int) for term in terms):
+        on = [i for i, row in enumerate(x) if t in row]
+        if all(isinstance(x[i][t], int) for i in on):
             continue  # fixed instructions only: `tighten` checked their load
-        model.add(sum(terms) <= cap)
+        if sum(up[i] for i in on) > cap:
+            model.add(sum(up[i] * x[i][t] for i in on if up[i]) <= cap)
+        fixed = sum(down[i] for i in on if isinstance(x[i][t], int))
+        if floor > fixed:
+            model.add(sum(down[i] * x[i][t] for i in on if down[i]) >= floor)
 
 
 def _add_hint(model: cp_model.CpModel, x: list[Choice], hint: tuple[int, ...]) -> None:
