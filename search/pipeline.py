@@ -143,12 +143,9 @@ def plan_pipeline(module: Module, request: PipelineRequest,
     started = time.perf_counter()
     say("splitting forward, backward and update")
     split = split_step(module, request.loss)
-    assert request.cluster is not None or True
-    cluster = request.cluster
-    check_request(request, len(forward_graph(split, {"f32": 1.0}).names))
-    assert cluster is not None
-    rates = dict(cluster.flops)
+    rates = dict(request.cluster.flops) if request.cluster else {"f32": 1.0}
     graph = forward_graph(split, rates)
+    check_request(request, len(graph.names))
     problem = StageProblem(graph.names, graph.compute, graph.bytes, graph.consumers,
                            request.stages, request.epsilon)  # fmt: skip
     say("baselines: equal counts, best splits of the program order and the late order")
