@@ -11,6 +11,7 @@ from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.search.pipeline import PipelinePlan
 from rhino.search.pipeline_schedule import Timeline
+from rhino.search.units import format_seconds
 
 STAGE_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
                  "#ff9da7", "#9c755f", "#bab0ac")  # fmt: skip
@@ -60,8 +61,8 @@ def gantt_svg(timeline: Timeline, title: str) -> str:
         parts.append(
             f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row - 8}" '
             f'fill="{KIND_COLOURS[e.kind]}" stroke="white" stroke-width="0.5">'
-            f"<title>stage {e.stage} {label}: {e.start_s * 1e3:.3f} to {e.end_s * 1e3:.3f} ms"
-            "</title></rect>"
+            f"<title>stage {e.stage} {label}: {format_seconds(e.start_s)} to "
+            f"{format_seconds(e.end_s)}</title></rect>"
         )
         if w > 18:
             parts.append(f'<text x="{x + w / 2:.2f}" y="{y + row / 2:.1f}" fill="white" '
@@ -69,7 +70,7 @@ def gantt_svg(timeline: Timeline, title: str) -> str:
     axis_y = top + stages * row + 16
     parts.append(f'<text x="{left}" y="{axis_y}">0</text>')
     parts.append(f'<text x="{left + width}" y="{axis_y}" text-anchor="end">'
-                 f"{timeline.step_s * 1e3:.3f} ms</text>")  # fmt: skip
+                 f"{format_seconds(timeline.step_s)}</text>")  # fmt: skip
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
