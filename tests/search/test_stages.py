@@ -131,3 +131,24 @@ def test_plan_json_is_versioned(plan, tmp_path: Path) -> None:  # type: ignore[n
     assert doc["format"] == PLAN_FORMAT and doc["version"] == PLAN_VERSION
     assert len(doc["instructions"]) == len(plan.instructions)
     assert set(doc["schedules"]) == {"1f1b", "gpipe"}
+
+
+@pytest.mark.parametrize(("file", "stages", "epsilon"),
+                         [("unet_tiny.hlo", 4, 0.2), ("moe_tiny.hlo", 2, 0.1), ("dnabert_tiny.hlo", 2, 0.1)])  # fmt: skip
+def test_zoo_plans_keep_the_flow_and_beat_every_balanced_baseline(file: str, stages: int,
+                                                                  epsilon: float) -> None:  # fmt: skip
+    module = parse_file(EXAMPLES / file)
+    request = PipelineRequest(stages, epsilon, 4, load_cluster("m8"), SolveOptions(time_limit_s=60))
+    plan = plan_pipeline(module, request)
+    info = {i["name"]: i for i in plan.instructions}
+    for inst in module.entry.instructions:
+        for op in inst.operands:
+            src, me = info[op.name], info[inst.name]
+            if not src["free"] and src["role"] == me["role"] == "forward":
+                assert me["stage"] >= src["stage"]
+            if not src["free"] and src["role"] == me["role"] == "backward":
+                assert me["stage"] <= src["stage"]
+    assert plan.imbalance <= epsilon + 1e-9
+    for b in plan.baselines:
+        if b["within_balance"]:
+            assert plan.cut_bytes <= b["cut_bytes"]
