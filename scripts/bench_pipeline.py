@@ -61,7 +61,8 @@ def feasible_epsilon(module: Any, d: int, epsilon: float) -> float:
     """`epsilon`, raised by 0.1 until bound tightening leaves every instruction a stage."""
     from rhino.hlo.errors import InfeasibleError
     from rhino.search.cluster import load_cluster
-    from rhino.search.stage_ilp import StageProblem, tighten
+    from rhino.search.stage_ilp import tighten
+    from rhino.search.stage_problem import StageProblem
     from rhino.search.stages import forward_graph, split_step
 
     graph = forward_graph(split_step(module), dict(load_cluster("m8").flops))
@@ -82,7 +83,8 @@ def run(name: str, d: int, epsilon: float, time_limit: float) -> dict[str, Any]:
     from rhino.search.cluster import load_cluster
     from rhino.search.pipeline import PipelineRequest, all_baselines, best_balanced, plan_pipeline
     from rhino.search.problem import SolveOptions
-    from rhino.search.stage_ilp import StageProblem, solve_stages
+    from rhino.search.stage_ilp import solve_stages
+    from rhino.search.stage_problem import StageProblem
     from rhino.search.stages import forward_graph, split_step
 
     path = model_path(name)

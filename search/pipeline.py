@@ -35,7 +35,8 @@ from rhino.search.cluster import Cluster, Link
 from rhino.search.pipeline_schedule import StageTimes, Timeline, simulate
 from rhino.search.problem import SolveOptions
 from rhino.search.stage_baselines import Baseline, best_split, best_split_late, equal_count
-from rhino.search.stage_ilp import StagePlan, StageProblem, solve_stages
+from rhino.search.stage_ilp import StagePlan, solve_stages
+from rhino.search.stage_problem import StageProblem
 from rhino.search.stages import Role, StepSplit, forward_graph, mirror, split_step
 
 PLAN_FORMAT = "rhino.pipeline"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rhino.search.stage_ilp import StageEvaluation, StageProblem
+from rhino.search.stage_problem import StageEvaluation, StageProblem
 
 
 @dataclass(frozen=True)

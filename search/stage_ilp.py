@@ -50,108 +50,11 @@ from ortools.sat.python import cp_model
 
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.problem import SolveOptions, SolveStatus
-from rhino.search.units import format_seconds
+from rhino.search.stage_problem import StageProblem
+from rhino.search.stage_reduce import Reduction, reduce_problem
 
 BALANCE_UNITS = 2.0**30
 """The balance row's integer scale: the total compute is about this many units."""
-
-
-@dataclass(frozen=True)
-class StageProblem:
-    """Place every forward instruction on one of `stages` stages."""
-
-    names: tuple[str, ...]
-    """Instruction names, in a topological order (operands first)."""
-    compute: tuple[float, ...]
-    """Seconds of each instruction."""
-    bytes: tuple[int, ...]
-    """Bytes of each instruction's result."""
-    consumers: tuple[tuple[int, ...], ...]
-    """Indices of each instruction's consumers (all later in the order)."""
-    stages: int
-    """Number of stages d."""
-    epsilon: float
-    """Balance tolerance: a stage's compute is at most (1 + epsilon) x the average."""
-
-    def __post_init__(self) -> None:
-        n = len(self.names)
-        if not (len(self.compute) == len(self.bytes) == len(self.consumers) == n):
-            raise ValueError("names, compute, bytes and consumers differ in length")
-        for i, cs in enumerate(self.consumers):
-            if any(j <= i or j >= n for j in cs):
-                raise ValueError(f"{self.names[i]}: consumers {cs} not after it in the order")
-
-    @property
-    def capacity(self) -> float:
-        """Most compute a stage may hold (seconds)."""
-        return (1.0 + self.epsilon) * sum(self.compute) / self.stages
-
-    @property
-    def floor(self) -> float:
-        """Least compute a stage must hold (seconds)."""
-        return max(0.0, 1.0 - self.epsilon) * sum(self.compute) / self.stages
-
-    @property
-    def edges(self) -> int:
-        return sum(len(cs) for cs in self.consumers)
-
-    def measure(self, stage: tuple[int, ...] | list[int]) -> StageEvaluation:
-        """Cut bytes and per-stage compute of `stage`; raises on a broken precedence or
-        stage number, not on imbalance (see `evaluate`)."""
-        if len(stage) != len(self.names):
-            raise ValueError(f"plan has {len(stage)} stages for {len(self.names)} instructions")
-        d = self.stages
-        per_stage = [0.0] * d
-        received: set[tuple[int, int]] = set()
-        for i, s in enumerate(stage):
-            if not 0 <= s < d:
-                raise InfeasibleError(f"%{self.names[i]}: stage {s} is not in 0..{d - 1}")
-            per_stage[s] += self.compute[i]
-            for j in self.consumers[i]:
-                if stage[j] < s:
-                    raise InfeasibleError(
-                        f"%{self.names[j]} on stage {stage[j]} reads %{self.names[i]} "
-                        f"from the later stage {s}"
-                    )
-                if stage[j] != s:
-                    received.add((i, stage[j]))
-        cut = sum(self.bytes[i] for i, _ in received)
-        average = sum(self.compute) / d
-        imbalance = (
-            max(max(per_stage) / average - 1.0, 1.0 - min(per_stage) / average)
-            if average > 0
-            else 0.0
-        )
-        return StageEvaluation(cut, tuple(per_stage), imbalance)
-
-    def evaluate(self, stage: tuple[int, ...] | list[int]) -> StageEvaluation:
-        """`measure`, and raise InfeasibleError when a stage holds more than `capacity`
-        or less than `floor`."""
-        found = self.measure(stage)
-        cap, floor = self.capacity, self.floor
-        for s, load in enumerate(found.stage_compute):
-            if load > cap * (1 + 1e-9):
-                raise InfeasibleError(
-                    f"stage {s} computes {format_seconds(load)} > {format_seconds(cap)} "
-                    f"(1 + epsilon {self.epsilon:g} times the average)"
-                )
-            if load < floor * (1 - 1e-9):
-                raise InfeasibleError(
-                    f"stage {s} computes {format_seconds(load)} < {format_seconds(floor)} "
-                    f"(1 - epsilon {self.epsilon:g} times the average)"
-                )
-        return found
-
-
-@dataclass(frozen=True)
-class StageEvaluation:
-    cut_bytes: int
-    """Bytes sent between stages, once per (producer, receiving stage)."""
-    stage_compute: tuple[float, ...]
-    """Seconds of compute on each stage."""
-    imbalance: float
-    """The stage farthest from the average, relative to it (0.1: a stage 10% above or
-    below the average; a plan meets the balance when this is at most epsilon)."""
 
 
 @dataclass(frozen=True)
@@ -294,26 +197,23 @@ def _unbalanced(problem: StageProblem, why: str) -> str:
 
 def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
                  tightening: bool = True, hint: tuple[int, ...] | None = None) -> StagePlan:  # fmt: skip
-    """The ILP of the module docstring on CP-SAT. `hint` (a plan meeting the balance,
-    e.g. the best baseline) starts the search, and is kept when the solver finds nothing
-    better within the time limit."""
+    """The ILP of the module docstring on CP-SAT, over the problem's exact reduction
+    (`stage_reduce`). `hint` (a plan meeting the balance, e.g. the best baseline) starts
+    the search, and is kept when the solver finds nothing better within the time limit."""
     options = options or SolveOptions()
     start = time.perf_counter()
-    windows = tighten(problem) if tightening else full_windows(problem)
+    reduction = reduce_problem(problem)
+    work = reduction.problem
+    windows = tighten(work) if tightening else full_windows(work)
     tightened_s = time.perf_counter() - start
-    model, x = _build(problem, windows)
-    if hint is not None:
-        _add_hint(model, x, hint)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = options.time_limit_s
-    if options.work_limit is not None:
-        solver.parameters.max_deterministic_time = options.work_limit
-    solver.parameters.num_workers = max(1, options.threads)
-    solver.parameters.random_seed = options.seed
-    solver.parameters.interleave_search = True  # deterministic with several workers
-    solver.parameters.relative_gap_limit = options.relative_gap
+    model, x = _build(work, windows)
+    start_plan = _restricted_hint(reduction, hint)
+    if start_plan is not None:
+        _add_hint(model, x, start_plan)
+    solver = _solver(options)
     status = solver.solve(model)
-    stats = {"variables": float(len(model.proto.variables)),
+    stats = {"nodes": float(len(problem.names)), "reduced_nodes": float(len(work.names)),
+             "variables": float(len(model.proto.variables)),
              "constraints": float(len(model.proto.constraints)),
              "fixed": float(windows.fixed), "window_choices": float(windows.choices),
              "tighten_s": tightened_s, "cpsat_s": solver.wall_time}  # fmt: skip
@@ -326,7 +226,7 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
     bound = max(0.0, solver.best_objective_bound) if found else 0.0
     chosen, method = hint, "hint"
     if found:
-        chosen = tuple(_value(solver, x[i]) for i in range(len(problem.names)))
+        chosen = reduction.expand(tuple(_value(solver, row) for row in x))
         method = "ilp"
         if (
             hint is not None
@@ -339,6 +239,30 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
     return StagePlan(chosen, cut, min(float(cut), bound),
                      SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE, method,
                      time.perf_counter() - start, stats)  # fmt: skip
+
+
+def _solver(options: SolveOptions) -> cp_model.CpSolver:
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = options.time_limit_s
+    if options.work_limit is not None:
+        solver.parameters.max_deterministic_time = options.work_limit
+    solver.parameters.num_workers = max(1, options.threads)
+    solver.parameters.random_seed = options.seed
+    solver.parameters.interleave_search = True  # deterministic with several workers
+    solver.parameters.relative_gap_limit = options.relative_gap
+    return solver
+
+
+def _restricted_hint(reduction: Reduction, hint: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The hint on the reduced problem, when it still meets precedence and balance there."""
+    if hint is None:
+        return None
+    restricted = reduction.restrict(hint)
+    try:
+        reduction.problem.evaluate(restricted)
+    except InfeasibleError:
+        return None
+    return restricted
 
 
 Choice = dict[int, cp_model.IntVar | int]

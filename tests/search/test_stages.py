@@ -13,7 +13,7 @@ from rhino.hlo.parser import parse_file
 from rhino.search.cluster import load_cluster
 from rhino.search.pipeline import PLAN_FORMAT, PLAN_VERSION, PipelineRequest, plan_pipeline
 from rhino.search.problem import SolveOptions
-from rhino.search.stage_ilp import StageProblem
+from rhino.search.stage_problem import StageProblem
 from rhino.search.stages import Role, forward_graph, split_step
 from tests.hlo.corpus import ROOT
 

@@ -10,7 +10,9 @@ import pytest
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.problem import SolveOptions, SolveStatus
 from rhino.search.stage_baselines import best_split, best_split_late, equal_count, late_order
-from rhino.search.stage_ilp import StageProblem, solve_brute_force, solve_stages, tighten
+from rhino.search.stage_ilp import solve_brute_force, solve_stages, tighten
+from rhino.search.stage_problem import StageProblem
+from rhino.search.stage_reduce import reduce_problem
 
 OPTIONS = SolveOptions(time_limit_s=30)
 
@@ -41,6 +43,41 @@ def test_ilp_equals_brute_force(seed: int) -> None:
         assert plan.status is SolveStatus.OPTIMAL
         assert plan.cut_bytes == best[1]
         assert problem.evaluate(plan.stage).cut_bytes == plan.cut_bytes
+
+
+def sparse_problem(seed: int, n: int = 9, d: int = 3, eps: float = 0.4) -> StageProblem:
+    """Like `random_problem`, with most instructions computing nothing and few readers."""
+    r = random.Random(seed)
+    consumers = []
+    for i in range(n):
+        later = list(range(i + 1, n))
+        consumers.append(tuple(sorted(r.sample(later, min(len(later), r.choice([1, 1, 1, 2, 3]))))))
+    compute = [float(r.choice([0, 0, 1, 3, 5])) for _ in range(n)]
+    compute[-1] = compute[-1] or 1.0
+    return StageProblem(tuple(f"v{i}" for i in range(n)), tuple(compute),
+                        tuple(r.randint(1, 100) for _ in range(n)), tuple(consumers), d, eps)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_reduction_keeps_the_optimum_and_expands_to_equal_cut(seed: int) -> None:
+    problem = sparse_problem(seed)
+    reduction = reduce_problem(problem)
+    assert len(reduction.problem.names) <= len(problem.names)
+    best, reduced_best = solve_brute_force(problem), solve_brute_force(reduction.problem)
+    assert (best is None) == (reduced_best is None)
+    if best is not None and reduced_best is not None:
+        assert reduced_best[1] == best[1]
+        assert problem.evaluate(reduction.expand(reduced_best[0])).cut_bytes == best[1]
+        assert solve_stages(problem, OPTIONS).cut_bytes == best[1]
+
+
+def test_reduction_folds_a_zero_compute_chain() -> None:
+    # w (a weight, no compute) -> t (a transpose, no compute) -> dot -> loss
+    problem = StageProblem(("w", "t", "dot", "loss"), (0.0, 0.0, 4.0, 1.0), (16, 16, 8, 4),
+                           ((1,), (2,), (3,), ()), 2, 1.0)  # fmt: skip
+    reduction = reduce_problem(problem)
+    assert reduction.problem.names == ("dot", "loss")
+    assert reduction.node_of == (0, 0, 0, 1)
 
 
 @pytest.mark.parametrize("seed", range(30))
