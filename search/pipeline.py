@@ -2,9 +2,10 @@
 
     split_step        forward / backward / update / state / output roles (stages.py)
     forward_graph     the forward instructions, compute in seconds, result bytes
-    StageProblem      the stage ILP with its balance row (stage_ilp.py)
+    StageProblem      the stage problem with its balance rows (stage_problem.py)
     baselines         consecutive ranges of the order: equal counts, and the DP's best
-    solve_stages      the ILP, started from the better balanced baseline, best one kept
+    solve_stages      the ILP (stage_ilp.py) over the exact reduction (stage_reduce.py),
+                      started from the best balanced baseline, the better one kept
     mirror            every other instruction gets a stage from the forward plan
     report            per stage compute, memory, sends; 1F1B and GPipe simulated
 
