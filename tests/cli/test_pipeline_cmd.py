@@ -91,3 +91,12 @@ def test_help_has_examples() -> None:
     r = invoke("pipeline", "--help")
     assert r.exit_code == 0
     assert "Examples:" in r.output and "--stages 4" in r.output
+
+
+def test_a_graph_without_a_loss_exits_2(tmp_path: Path) -> None:
+    hlo = tmp_path / "inference.hlo"
+    hlo.write_text("HloModule m\n\nENTRY e {\n  p = f32[4]{0} parameter(0)\n"
+                   "  ROOT n = f32[4]{0} negate(p)\n}\n")  # fmt: skip
+    r = invoke("pipeline", str(hlo), "--stages", "2")
+    assert r.exit_code == 2, r.output
+    assert "cannot find the loss of %n" in r.output and "--loss" in r.output
