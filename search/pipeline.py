@@ -101,7 +101,7 @@ class PipelinePlan:
     gap: float
     status: str
     method: str
-    """"ilp", or the baseline the solver did not beat."""
+    """"ilp", or "hint" when the best baseline was not beaten (then it is the plan)."""
     imbalance: float
     """Forward compute of the stage farthest from the average, relative to the average."""
     tightening: bool

@@ -35,7 +35,8 @@ which give lo[i] and hi[i]; then lo grows along edges and hi shrinks against the
 plan. Instructions whose window is one stage are fixed before the solver runs; the
 others keep their window as their domain. The balance rows are scaled to integers
 rounding every c[i] up for the cap and down for the floor, so a plan the solver accepts
-meets the float balance that `evaluate` checks.
+meets the float balance that `evaluate` checks. The model is built over the problem's
+exact reduction (`rhino.search.stage_reduce`), and its answer expanded back.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class StagePlan:
     """Best lower bound on the cut bytes the solver proved."""
     status: SolveStatus
     method: str
-    """"ilp", or the baseline the ILP did not beat."""
+    """"ilp", or "hint" when the start plan was not beaten (then it is the answer)."""
     solve_time_s: float
     stats: dict[str, float] = field(default_factory=dict)
 
