@@ -104,9 +104,13 @@ def render(file: str, plan: PipelinePlan) -> None:
                   f"(p-1)/(m+p-1) = {float(str(sched['bubble_fraction'])):.1%}, peak activations "
                   f"{format_bytes(max(peaks, default=0))} (stage {peaks.index(max(peaks))})")  # fmt: skip
     solver = plan.solver
-    t.add_row("search", f"{plan.search_time_s:.2f} s; bound tightening "
-              f"{'on' if plan.tightening else 'off'}: {int(solver.get('fixed', 0))} fixed, "
-              f"{int(solver.get('variables', 0))} variables")  # fmt: skip
+    t.add_row(
+        "search",
+        f"{plan.search_time_s:.2f} s; {int(solver.get('nodes', 0))} forward instructions, "
+        f"{int(solver.get('reduced_nodes', 0))} after exact reductions, "
+        f"{int(solver.get('fixed', 0))} of them fixed by bound tightening "
+        f"({'on' if plan.tightening else 'off'}), {int(solver.get('variables', 0))} variables",
+    )
     out.print(t)
     out.print(_stage_table(plan))
     base = Table(
@@ -125,7 +129,9 @@ def render(file: str, plan: PipelinePlan) -> None:
 
 def _stage_table(plan: PipelinePlan) -> Table:
     table = Table(
-        title="stages (compute per step; activations per micro-batch)", title_justify="left"
+        title="stages: fwd/bwd/upd forward, backward, update compute per step; opt. optimizer "
+        "state; act./mb activations stored per micro-batch",
+        title_justify="left",
     )
     for col in ("stage", "fwd", "bwd", "upd", "weights", "opt.", "act./mb", "peak 1F1B",
                 "sends (to stage: bytes)"):  # fmt: skip
