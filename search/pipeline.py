@@ -77,7 +77,8 @@ class StageReport:
     sent_bytes: dict[str, int]
     """Bytes per step this stage sends to each other stage ("2": to stage 2)."""
     sent_forward_bytes: int
-    """Bytes per step of forward tensors sent to later stages (the ILP's objective)."""
+    """Bytes per step of forward tensors sent to later stages: the ILP's cut, and any a
+    backward instruction on a later stage reads that no forward one there does."""
     sent_backward_bytes: int
     """Bytes per step sent to earlier stages (gradients, and activations a backward
     instruction reads on another stage)."""
