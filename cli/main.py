@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from rhino.cli.parse_cmd import parse_command
+from rhino.cli.pipeline_cmd import pipeline_command
 from rhino.cli.plan_cmd import plan_command
 from rhino.cli.run_cmd import run_command
 from rhino.cli.sweep_cmd import sweep_command
@@ -19,6 +20,7 @@ def cli() -> None:
     Examples:
       rhino parse examples/gpt_tiny.hlo
       rhino plan model.hlo --mesh 2x8 --opt O2
+      rhino pipeline examples/gpt_tiny.hlo --stages 4
       rhino run model.hlo --plan plan.json
       rhino sweep configs/sweeps/examples.yaml
     """
@@ -26,6 +28,7 @@ def cli() -> None:
 
 cli.add_command(parse_command)
 cli.add_command(plan_command)
+cli.add_command(pipeline_command)
 cli.add_command(run_command)
 cli.add_command(sweep_command)
 

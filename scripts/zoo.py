@@ -24,7 +24,7 @@ from typing import Any
 import click
 import jax
 from jax._src import config as jax_config
-from zoo_models import dnabert, gpt, mlp, moe, unet, vgg, wresnet
+from zoo_models import dnabert, encdec, gpt, mlp, moe, unet, vgg, wresnet
 from zoo_models.common import ModelSpec, ZooError, abstract_args, make_train_step
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,6 +57,9 @@ FAMILIES: dict[str, Family] = {
         Family("wresnet", "Wide-ResNet, bottleneck blocks, BN", wresnet.CONFIGS, wresnet.build),
         Family("unet", "UNet, skip connections by concat", unet.CONFIGS, unet.build),
         Family("dnabert", "BERT encoder, long sequences, MLM", dnabert.CONFIGS, dnabert.build),
+        Family(
+            "encdec", "Encoder-decoder transformer, cross-attention", encdec.CONFIGS, encdec.build
+        ),
         Family("vgg19", "VGG19 with a huge classifier", vgg.CONFIGS, vgg.build),
     )
 }

@@ -1,0 +1,145 @@
+"""`rhino pipeline`: pipeline stages of a training step (Rhino §5), with a schedule."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from rhino.cli.common import debug_option, emit_json, handle_errors, json_option, status, stdout
+from rhino.cli.pipeline_draw import check_picture_path, write_dot, write_gantt
+from rhino.hlo.errors import ConfigError
+from rhino.hlo.parser import parse_file
+from rhino.hlo.verify import verify
+from rhino.search.cluster import load_cluster
+from rhino.search.pipeline import PipelinePlan, PipelineRequest, plan_pipeline
+from rhino.search.problem import SolveOptions
+from rhino.search.units import format_bytes, format_seconds
+
+EPILOG = """
+\b
+Examples:
+  rhino pipeline examples/gpt_tiny.hlo --stages 4
+  rhino pipeline examples/unet_tiny.hlo --stages 4 --epsilon 0.2 --out stages.json
+  rhino pipeline model.hlo --stages 8 --microbatches 16 --cluster h100x8 --time-limit 60
+  rhino pipeline examples/gpt_tiny.hlo --stages 2 --gantt schedule.svg --dot stages.dot
+  rhino pipeline model.hlo --stages 4 --json | jq .cut_bytes
+"""
+
+
+@click.command("pipeline", epilog=EPILOG)
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--stages", required=True, type=int, help="Number of pipeline stages d.")
+@click.option(
+    "--epsilon",
+    default=0.1,
+    show_default=True,
+    type=float,
+    help="Balance tolerance: every stage's forward compute is within (1 +- epsilon) x the average.",
+)
+@click.option("--microbatches", default=8, show_default=True, type=int,
+              help="Micro-batches per step, for the schedules.")  # fmt: skip
+@click.option("--cluster", default="m8", show_default=True,
+              help="Cluster name (configs/clusters) or YAML file.")  # fmt: skip
+@click.option("--time-limit", default=20.0, show_default=True, type=float,
+              help="Stage ILP time limit in seconds (the best plan so far when hit).")  # fmt: skip
+@click.option("--no-tightening", is_flag=True,
+              help="Solve the stage ILP without bound tightening (slower; for comparison).")  # fmt: skip
+@click.option("--loss", help="Name of the loss instruction (default: found from the graph).")
+@click.option("--out", type=click.Path(dir_okay=False, writable=True),
+              help="Write the stage plan (versioned JSON) here.")  # fmt: skip
+@click.option("--gantt", type=click.Path(dir_okay=False, writable=True),
+              help="Draw the 1F1B schedule (stages x time) to this .svg (or .png) file.")  # fmt: skip
+@click.option("--dot", type=click.Path(dir_okay=False, writable=True),
+              help="Write the graph coloured by stage as Graphviz DOT to this file.")  # fmt: skip
+@json_option
+@debug_option
+@handle_errors
+def pipeline_command(file: str, stages: int, epsilon: float, microbatches: int, cluster: str,
+                     time_limit: float, no_tightening: bool, loss: str | None, out: str | None,
+                     gantt: str | None, dot: str | None, as_json: bool, debug: bool) -> None:  # fmt: skip
+    """Split a single-device training step into pipeline stages: forward instructions
+    placed by an ILP that minimizes the bytes sent between stages at balanced compute
+    (Rhino §5, with bound tightening), backward and update mirrored onto the stage of
+    what they differentiate or update; report per-stage compute, memory and sends, and
+    the step time under 1F1B and GPipe."""
+    if stages < 1:
+        raise ConfigError(f"--stages {stages}: need at least 1 stage")
+    if time_limit <= 0:
+        raise ConfigError(f"--time-limit {time_limit:g}: expected a positive number of seconds")
+    if gantt:
+        check_picture_path(gantt)
+    request = PipelineRequest(stages, epsilon, microbatches, load_cluster(cluster),
+                              SolveOptions(time_limit_s=time_limit), not no_tightening, loss)  # fmt: skip
+    with status(f"pipelining {file} into {stages} stages", enabled=not as_json) as update:
+        module = parse_file(file)
+        verify(module)
+        plan = plan_pipeline(module, request, progress=update)
+    if out:
+        plan.write(out)
+    if gantt:
+        write_gantt(plan.timelines["1f1b"], gantt,
+                    f"{plan.module}: {stages} stages, {microbatches} micro-batches, 1F1B")  # fmt: skip
+    if dot:
+        write_dot(plan, module, dot)
+    if as_json:
+        emit_json("pipeline", plan.to_json())
+    else:
+        render(file, plan)
+
+
+def render(file: str, plan: PipelinePlan) -> None:
+    out = stdout
+    out.print(f"[bold]{plan.module}[/] ({file}) in {plan.stages} stages, {plan.microbatches} "
+              f"micro-batches ({plan.cluster})")  # fmt: skip
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_row("cut (forward)", f"{format_bytes(plan.cut_bytes)} per step "
+              f"(bound {format_bytes(plan.bound_bytes)}, gap {plan.gap:.2%}, {plan.status}, "
+              f"from {plan.method})")  # fmt: skip
+    t.add_row("imbalance", f"{plan.imbalance:.1%}: the stage farthest from the average "
+              f"(epsilon {plan.epsilon:g})")  # fmt: skip
+    for name, sched in plan.schedules.items():
+        peaks = sched["peak_activation_bytes"]
+        assert isinstance(peaks, list)
+        t.add_row(f"step ({name})", f"{format_seconds(float(str(sched['step_s'])))}, bubble "
+                  f"(p-1)/(m+p-1) = {float(str(sched['bubble_fraction'])):.1%}, peak activations "
+                  f"{format_bytes(max(peaks, default=0))} (stage {peaks.index(max(peaks))})")  # fmt: skip
+    solver = plan.solver
+    t.add_row(
+        "search",
+        f"{plan.search_time_s:.2f} s; {int(solver.get('nodes', 0))} forward instructions, "
+        f"{int(solver.get('reduced_nodes', 0))} after exact reductions, "
+        f"{int(solver.get('fixed', 0))} of them fixed by bound tightening "
+        f"({'on' if plan.tightening else 'off'}), {int(solver.get('variables', 0))} variables",
+    )
+    out.print(t)
+    out.print(_stage_table(plan))
+    base = Table(
+        title="baselines (consecutive ranges of a topological order)", title_justify="left"
+    )
+    for col in ("plan", "cut bytes", "imbalance", "within epsilon"):
+        base.add_column(col)
+    base.add_row("rhino (ILP)", format_bytes(plan.cut_bytes), f"{plan.imbalance:.1%}", "yes")
+    for b in plan.baselines:
+        cut, imb = b["cut_bytes"], b["imbalance"]
+        base.add_row(str(b["name"]), "-" if cut is None else format_bytes(float(str(cut))),
+                     "-" if imb is None else f"{float(str(imb)):.1%}",
+                     "yes" if b["within_balance"] else "no")  # fmt: skip
+    out.print(base)
+
+
+def _stage_table(plan: PipelinePlan) -> Table:
+    table = Table(
+        title="stages: fwd/bwd/upd forward, backward, update compute per step; opt. optimizer "
+        "state; act./mb activations stored per micro-batch",
+        title_justify="left",
+    )
+    for col in ("stage", "fwd", "bwd", "upd", "weights", "opt.", "act./mb", "peak 1F1B",
+                "sends (to stage: bytes)"):  # fmt: skip
+        table.add_column(col, justify="left" if col.startswith("sends") else "right")
+    for r in plan.stage_reports:
+        sends = "\n".join(f"{k}: {format_bytes(v)}" for k, v in r.sent_bytes.items()) or "-"
+        table.add_row(str(r.stage), format_seconds(r.forward_s), format_seconds(r.backward_s),
+                      format_seconds(r.update_s), format_bytes(r.parameter_bytes),
+                      format_bytes(r.optimizer_bytes), format_bytes(r.activation_bytes),
+                      format_bytes(r.peak_activation_bytes["1f1b"]), sends)  # fmt: skip
+    return table

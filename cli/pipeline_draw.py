@@ -1,0 +1,116 @@
+"""Pictures of a pipeline plan: the schedule as a Gantt chart (SVG, or PNG through
+matplotlib when it is installed) and the graph coloured by stage (Graphviz DOT text)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from rhino.hlo.errors import ConfigError
+from rhino.hlo.ir import Module
+from rhino.search.pipeline import PipelinePlan
+from rhino.search.pipeline_schedule import Timeline
+from rhino.search.units import format_seconds
+
+STAGE_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+                 "#ff9da7", "#9c755f", "#bab0ac")  # fmt: skip
+KIND_COLOURS = {"F": "#4e79a7", "B": "#e15759", "U": "#59a14f"}
+ROLE_SHAPES = {"forward": "box", "backward": "ellipse", "update": "diamond", "state": "note",
+               "output": "doubleoctagon"}  # fmt: skip
+
+
+def check_picture_path(path: str) -> None:
+    """Refuse, before any work, a picture rhino cannot write."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".svg":
+        return
+    if suffix == ".png":
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ConfigError(f"--gantt {path}: writing PNG needs matplotlib, which is not "
+                              "installed (pip install matplotlib), or write .svg instead")  # fmt: skip
+        return
+    raise ConfigError(f"--gantt {path}: expected a .svg or .png file name")
+
+
+def write_gantt(timeline: Timeline, path: str, title: str) -> None:
+    """Stages top to bottom, time left to right; F, B and the update U per micro-batch."""
+    if Path(path).suffix.lower() == ".png":
+        _gantt_png(timeline, path, title)
+    else:
+        Path(path).write_text(gantt_svg(timeline, title), encoding="utf-8")
+
+
+def gantt_svg(timeline: Timeline, title: str) -> str:
+    stages = len(timeline.peak_microbatches)
+    left, top, row, width = 80, 40, 36, 1000
+    scale = width / timeline.step_s if timeline.step_s > 0 else 0.0
+    height = top + stages * row + 40
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 20}" height="{height}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<text x="{left}" y="20" font-size="14">{escape(title)}</text>',
+    ]
+    for s in range(stages):
+        y = top + s * row
+        parts.append(f'<text x="8" y="{y + row / 2 + 4:.1f}">stage {s}</text>')
+    for e in timeline.events:
+        x, w = left + e.start_s * scale, max(0.5, (e.end_s - e.start_s) * scale)
+        y = top + e.stage * row + 4
+        label = "U" if e.kind == "U" else f"{e.kind}{e.microbatch}"
+        parts.append(
+            f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row - 8}" '
+            f'fill="{KIND_COLOURS[e.kind]}" stroke="white" stroke-width="0.5">'
+            f"<title>stage {e.stage} {label}: {format_seconds(e.start_s)} to "
+            f"{format_seconds(e.end_s)}</title></rect>"
+        )
+        if w > 18:
+            parts.append(f'<text x="{x + w / 2:.2f}" y="{y + row / 2:.1f}" fill="white" '
+                         f'text-anchor="middle">{label}</text>')  # fmt: skip
+    axis_y = top + stages * row + 16
+    parts.append(f'<text x="{left}" y="{axis_y}">0</text>')
+    parts.append(f'<text x="{left + width}" y="{axis_y}" text-anchor="end">'
+                 f"{format_seconds(timeline.step_s)}</text>")  # fmt: skip
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def _gantt_png(timeline: Timeline, path: str, title: str) -> None:
+    import matplotlib  # type: ignore[import-not-found]  # optional: checked before the run
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found]
+
+    stages = len(timeline.peak_microbatches)
+    fig, ax = plt.subplots(figsize=(12, 0.6 * stages + 1.2))
+    for e in timeline.events:
+        ax.barh(e.stage, (e.end_s - e.start_s) * 1e3, left=e.start_s * 1e3,
+                color=KIND_COLOURS[e.kind], edgecolor="white")  # fmt: skip
+    ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_dot(plan: PipelinePlan, module: Module, path: str) -> None:
+    """The ENTRY computation as DOT: node colour = stage, node shape = role; free
+    instructions (recomputed wherever read) are left out."""
+    lines = [f'digraph "{plan.module}" {{', "  node [style=filled, fontsize=10];"]
+    kept = {str(i["name"]) for i in plan.instructions if not i["free"]}
+    for info in plan.instructions:
+        name = str(info["name"])
+        if name not in kept:
+            continue
+        colour = STAGE_COLOURS[int(str(info["stage"])) % len(STAGE_COLOURS)]
+        shape = ROLE_SHAPES.get(str(info["role"]), "box")
+        lines.append(f'  "{name}" [fillcolor="{colour}", shape={shape}, '
+                     f'tooltip="{info["opcode"]} stage {info["stage"]}"];')  # fmt: skip
+    for inst in module.entry.instructions:
+        for op in dict.fromkeys(inst.operands):
+            if op.name in kept and inst.name in kept:
+                lines.append(f'  "{op.name}" -> "{inst.name}";')
+    lines.append("}")
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")

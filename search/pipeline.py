@@ -1,0 +1,316 @@
+"""`rhino pipeline`: a training step split into pipeline stages, as a versioned plan.
+
+    split_step        forward / backward / update / state / output roles (stages.py)
+    forward_graph     the forward instructions, compute in seconds, result bytes
+    StageProblem      the stage problem with its balance rows (stage_problem.py)
+    baselines         consecutive ranges of the order: equal counts, and the DP's best
+    solve_stages      the ILP (stage_ilp.py) over the exact reduction (stage_reduce.py),
+                      started from the best balanced baseline, the better one kept
+    mirror            every other instruction gets a stage from the forward plan
+    report            per stage compute, memory, sends; 1F1B and GPipe simulated
+
+Mirroring (stage of a non-forward instruction, in topological order):
+    backward  the latest stage holding one of its forward operands (the operand's own
+              stage or a stage that received it), but no later than any backward operand's
+              stage: gradients only flow to earlier stages
+    update    one that reads a weight: the weight's stage (the new weight is made where
+              the weight lives); then, latest first, the earliest stage of its update
+              readers (the moments follow their weight); else the stage of its largest
+              placed operand (ties: the earliest stage)
+    free      wherever its earliest reader is (every reader recomputes it); so do state
+              parameters and anything still unplaced
+    output    the loss's stage
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rhino.hlo.errors import ConfigError
+from rhino.hlo.ir import Module
+from rhino.search.cluster import Cluster, Link
+from rhino.search.pipeline_schedule import StageTimes, Timeline, simulate
+from rhino.search.problem import SolveOptions
+from rhino.search.stage_baselines import Baseline, best_split, best_split_late, equal_count
+from rhino.search.stage_ilp import StagePlan, solve_stages
+from rhino.search.stage_problem import StageProblem
+from rhino.search.stages import Role, StepSplit, forward_graph, mirror, split_step
+
+PLAN_FORMAT = "rhino.pipeline"
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PipelineRequest:
+    stages: int
+    epsilon: float = 0.1
+    microbatches: int = 8
+    cluster: Cluster | None = None
+    """Device rates and links; required."""
+    options: SolveOptions = field(default_factory=SolveOptions)
+    tightening: bool = True
+    loss: str | None = None
+    """Name of the loss instruction (found from the graph when None)."""
+
+
+@dataclass(frozen=True)
+class StageReport:
+    stage: int
+    forward_s: float
+    """Compute of the whole batch's forward on this stage (seconds)."""
+    backward_s: float
+    update_s: float
+    instructions: dict[str, int]
+    """Instructions per role on this stage."""
+    parameter_bytes: int
+    """Weights on this stage."""
+    optimizer_bytes: int
+    """Optimizer state on this stage (moments, step count)."""
+    activation_bytes: float
+    """Bytes one micro-batch's stored forward activations take (read by the backward)."""
+    peak_activation_bytes: dict[str, float]
+    """Schedule -> most activation bytes held at once."""
+    sent_bytes: dict[str, int]
+    """Bytes per step this stage sends to each other stage ("2": to stage 2)."""
+    sent_forward_bytes: int
+    """Bytes per step of forward tensors sent to later stages: the ILP's cut, and any a
+    backward instruction on a later stage reads that no forward one there does."""
+    sent_backward_bytes: int
+    """Bytes per step sent to earlier stages (gradients, and activations a backward
+    instruction reads on another stage)."""
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """The stage plan: what `rhino pipeline --out` writes and the runtime executes."""
+
+    format: str
+    version: int
+    module: str
+    stages: int
+    epsilon: float
+    microbatches: int
+    cluster: str
+    loss: str
+    cut_bytes: int
+    """Forward bytes sent between stages per step (the ILP's objective)."""
+    bound_bytes: float
+    gap: float
+    status: str
+    method: str
+    """"ilp", or "hint" when the best baseline was not beaten (then it is the plan)."""
+    imbalance: float
+    """Forward compute of the stage farthest from the average, relative to the average."""
+    tightening: bool
+    search_time_s: float
+    solver: dict[str, float]
+    stage_reports: list[StageReport]
+    schedules: dict[str, dict[str, object]]
+    baselines: list[dict[str, object]]
+    instructions: list[dict[str, object]]
+    """Every ENTRY instruction: name, opcode, role, stage, free (recomputed wherever read)."""
+    timelines: dict[str, Timeline] = field(default_factory=dict, compare=False)
+
+    def to_json(self) -> dict[str, object]:
+        doc = asdict(self)
+        doc.pop("timelines")
+        return doc
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
+
+
+def check_request(request: PipelineRequest, forward_instructions: int) -> None:
+    if request.stages < 1:
+        raise ConfigError(f"--stages {request.stages}: need at least 1 stage")
+    if request.stages > forward_instructions:
+        raise ConfigError(f"--stages {request.stages}: more stages than the {forward_instructions} "
+                          "forward instructions to place")  # fmt: skip
+    if not 0 <= request.epsilon <= 100:
+        raise ConfigError(f"--epsilon {request.epsilon:g}: expected a tolerance between 0 and 100 "
+                          "(0.1: a stage computes at most 10% more than the average)")  # fmt: skip
+    if request.microbatches < 1:
+        raise ConfigError(f"--microbatches {request.microbatches}: need at least 1")
+    if request.cluster is None:
+        raise ConfigError("a pipeline plan needs a cluster (device rates and links)")
+
+
+def plan_pipeline(module: Module, request: PipelineRequest,
+                  progress: Callable[[str], None] | None = None) -> PipelinePlan:  # fmt: skip
+    """The stage plan of `module` for `request` (see the module docstring)."""
+    say = progress or (lambda _text: None)
+    started = time.perf_counter()
+    say("splitting forward, backward and update")
+    split = split_step(module, request.loss)
+    rates = dict(request.cluster.flops) if request.cluster else {"f32": 1.0}
+    graph = forward_graph(split, rates)
+    check_request(request, len(graph.names))
+    problem = StageProblem(graph.names, graph.compute, graph.bytes, graph.consumers,
+                           request.stages, request.epsilon)  # fmt: skip
+    say("baselines: equal counts, best splits of the program order and the late order")
+    baselines = all_baselines(problem)
+    hint = best_balanced(baselines)
+    say(f"stage ILP: {len(graph.names)} instructions, {problem.edges} edges")
+    found = solve_stages(problem, request.options, tightening=request.tightening,
+                         hint=hint.stage if hint else None)  # fmt: skip
+    forward_stage = dict(zip(graph.names, found.stage, strict=True))
+    stage = mirror(split, forward_stage, request.stages)
+    say("simulating 1F1B and GPipe")
+    return _report(module, request, split, problem, found, baselines, stage,
+                   time.perf_counter() - started)  # fmt: skip
+
+
+def all_baselines(problem: StageProblem) -> list[Baseline]:
+    """Equal counts, and the DP's best split of the program order and of the late order."""
+    return [equal_count(problem), best_split(problem), best_split_late(problem)]
+
+
+def best_balanced(baselines: list[Baseline]) -> Baseline | None:
+    """The baseline with the least cut bytes among those that meet the balance."""
+    balanced = [b for b in baselines if b.within and b.evaluation is not None]
+    return min(balanced, key=lambda b: b.evaluation.cut_bytes if b.evaluation else 0, default=None)
+
+
+def _report(module: Module, request: PipelineRequest, split: StepSplit, problem: StageProblem,
+            found: StagePlan, baselines: list[Baseline], stage: tuple[int, ...],
+            search_s: float) -> PipelinePlan:  # fmt: skip
+    assert request.cluster is not None
+    d, m = request.stages, request.microbatches
+    traffic = _traffic(split, stage)
+    times = _stage_times(split, stage, request.cluster, traffic, d, m)
+    timelines = {name: simulate(name, times, m) for name in ("1f1b", "gpipe")}
+    reports = _stage_reports(split, stage, request.cluster, traffic, times, timelines, d)
+    evaluation = problem.evaluate(found.stage)
+    schedules: dict[str, dict[str, object]] = {
+        name: {"step_s": t.step_s, "bubble_fraction": (d - 1) / (m + d - 1),
+               "busy_fraction": t.busy_fraction, "peak_microbatches": list(t.peak_microbatches),
+               "peak_activation_bytes": list(t.peak_activation_bytes)}
+        for name, t in timelines.items()
+    }  # fmt: skip
+    return PipelinePlan(
+        format=PLAN_FORMAT, version=PLAN_VERSION, module=module.name, stages=d,
+        epsilon=request.epsilon, microbatches=m, cluster=request.cluster.name, loss=split.loss,
+        cut_bytes=found.cut_bytes, bound_bytes=found.bound, gap=found.gap,
+        status=found.status.value, method=found.method, imbalance=evaluation.imbalance,
+        tightening=request.tightening, search_time_s=search_s, solver=dict(found.stats),
+        stage_reports=reports, schedules=schedules,
+        baselines=[_baseline_doc(b) for b in baselines],
+        instructions=[{"name": inst.name, "opcode": inst.opcode_text,
+                       "role": split.roles[k].value, "stage": stage[k],
+                       "free": inst.name in split.free} for k, inst in enumerate(split.order)],
+        timelines=timelines,
+    )  # fmt: skip
+
+
+def _baseline_doc(b: Baseline) -> dict[str, object]:
+    e = b.evaluation
+    return {"name": b.name, "cut_bytes": e.cut_bytes if e else None,
+            "imbalance": e.imbalance if e else None, "within_balance": b.within}  # fmt: skip
+
+
+@dataclass
+class _Traffic:
+    """Bytes received per (producer, receiving stage), split by what they are."""
+
+    sent: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(from, to) -> bytes per step."""
+    per_microbatch: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(from, to) -> bytes per step of tensors that depend on the batch."""
+    forward: list[int] = field(default_factory=list)
+    """Per stage: forward tensors sent to later stages, bytes per step."""
+    stored: list[int] = field(default_factory=list)
+    """Per stage: forward activations its backward reads, bytes per step."""
+
+
+def _traffic(split: StepSplit, stage: tuple[int, ...]) -> _Traffic:
+    d = max(stage) + 1 if stage else 1
+    out = _Traffic(forward=[0] * d, stored=[0] * d)
+    roles, index = split.roles, split.index
+    stored: set[tuple[int, int]] = set()
+    for k, inst in enumerate(split.order):
+        if inst.name in split.free or roles[k] is Role.OUTPUT:
+            continue
+        size = inst.shape.byte_size
+        targets = set()
+        for user in inst.users:
+            u = index[user.name]
+            if roles[u] is Role.OUTPUT:
+                continue
+            if stage[u] != stage[k]:
+                targets.add(stage[u])
+            batch = inst.name in split.per_microbatch
+            if roles[k] is Role.FORWARD and roles[u] is Role.BACKWARD and batch:
+                stored.add((k, stage[u]))
+        for t in sorted(targets):
+            pair = (stage[k], t)
+            out.sent[pair] = out.sent.get(pair, 0) + size
+            if inst.name in split.per_microbatch:
+                out.per_microbatch[pair] = out.per_microbatch.get(pair, 0) + size
+            if roles[k] is Role.FORWARD and t > stage[k]:
+                out.forward[stage[k]] += size
+    for k, t in stored:
+        out.stored[t] += split.order[k].shape.byte_size
+    return out
+
+
+def _link(cluster: Cluster, a: int, b: int) -> Link:
+    """Stage s runs on device s: one node holds devices_per_node consecutive stages."""
+    same = a // cluster.devices_per_node == b // cluster.devices_per_node
+    return cluster.intra_node if same else cluster.inter_node
+
+
+def _role_seconds(split: StepSplit, stage: tuple[int, ...], cluster: Cluster,
+                  d: int) -> dict[Role, list[float]]:  # fmt: skip
+    seconds = {role: [0.0] * d for role in Role}
+    for k, inst in enumerate(split.order):
+        leaves = inst.shape.leaves()
+        rate = cluster.flops_for(leaves[0].dtype if leaves else "f32")
+        seconds[split.roles[k]][stage[k]] += split.flops[k] / rate
+    return seconds
+
+
+def _stage_times(split: StepSplit, stage: tuple[int, ...], cluster: Cluster, traffic: _Traffic,
+                 d: int, m: int) -> StageTimes:  # fmt: skip
+    """Per micro-batch: compute is the batch's over m; tensors that do not depend on the
+    batch are sent once per step, their time spread over the m micro-batches."""
+    seconds = _role_seconds(split, stage, cluster, d)
+    send = {}
+    for (a, b), size in traffic.sent.items():
+        link = _link(cluster, a, b)
+        send[(a, b)] = size / m / link.bandwidth + link.latency
+    return StageTimes(
+        forward_s=tuple(s / m for s in seconds[Role.FORWARD]),
+        backward_s=tuple(s / m for s in seconds[Role.BACKWARD]),
+        update_s=tuple(seconds[Role.UPDATE]),
+        send_s=send,
+        activation_bytes=tuple(b / m for b in traffic.stored),
+    )
+
+
+def _stage_reports(split: StepSplit, stage: tuple[int, ...], cluster: Cluster, traffic: _Traffic,
+                   times: StageTimes, timelines: dict[str, Timeline], d: int) -> list[StageReport]:  # fmt: skip
+    seconds = _role_seconds(split, stage, cluster, d)
+    counts = [{role.value: 0 for role in Role} for _ in range(d)]
+    weights, state = [0] * d, [0] * d
+    for k, inst in enumerate(split.order):
+        counts[stage[k]][split.roles[k].value] += 1
+        if inst.name in split.weights:
+            weights[stage[k]] += inst.shape.byte_size
+        elif split.roles[k] is Role.STATE:
+            state[stage[k]] += inst.shape.byte_size
+    reports = []
+    for s in range(d):
+        sent = {str(b): size for (a, b), size in sorted(traffic.sent.items()) if a == s}
+        backward = sum(size for (a, b), size in traffic.sent.items() if a == s and b < s)
+        reports.append(StageReport(
+            stage=s, forward_s=seconds[Role.FORWARD][s], backward_s=seconds[Role.BACKWARD][s],
+            update_s=seconds[Role.UPDATE][s], instructions=counts[s], parameter_bytes=weights[s],
+            optimizer_bytes=state[s], activation_bytes=times.activation_bytes[s],
+            peak_activation_bytes={n: t.peak_activation_bytes[s] for n, t in timelines.items()},
+            sent_bytes=sent, sent_forward_bytes=traffic.forward[s], sent_backward_bytes=backward,
+        ))  # fmt: skip
+    return reports

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import importlib.util
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rhino.cli.main import cli
+from tests.hlo.corpus import ROOT
+
+GPT = str(ROOT / "examples" / "gpt_tiny.hlo")
+MLP = str(ROOT / "examples" / "mlp.hlo")
+
+
+def invoke(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_human_report() -> None:
+    r = invoke("pipeline", GPT, "--stages", "2")
+    assert r.exit_code == 0, r.output
+    for fragment in ("2 stages", "cut (forward)", "step (1f1b)", "step (gpipe)", "bubble",
+                     "equal_count", "best_split", "rhino (ILP)"):  # fmt: skip
+        assert fragment in r.output
+
+
+def test_json_and_plan_file(tmp_path: Path) -> None:
+    out = tmp_path / "stages.json"
+    r = invoke("pipeline", GPT, "--stages", "4", "--microbatches", "4", "--json", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["schema"] == "rhino.pipeline/1"
+    plan = json.loads(out.read_text())
+    assert plan["format"] == "rhino.pipeline" and plan["version"] == 1
+    assert plan["cut_bytes"] == doc["cut_bytes"]
+    assert len(plan["stage_reports"]) == 4
+    assert {i["stage"] for i in plan["instructions"]} == {0, 1, 2, 3}
+    assert plan["schedules"]["1f1b"]["bubble_fraction"] == pytest.approx(3 / 7)
+
+
+def test_gantt_svg_and_dot(tmp_path: Path) -> None:
+    svg, dot = tmp_path / "g.svg", tmp_path / "g.dot"
+    r = invoke("pipeline", GPT, "--stages", "2", "--microbatches", "3", "--gantt", str(svg),
+               "--dot", str(dot))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    tree = ET.parse(svg)
+    rects = [e for e in tree.iter() if e.tag.endswith("rect")]
+    assert len(rects) == 2 * 3 * 2 + 2  # F and B per stage and micro-batch, one update each
+    text = dot.read_text()
+    assert text.startswith("digraph") and "->" in text and "#f28e2b" in text  # stage 1's colour
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None, reason="matplotlib here")
+def test_png_without_matplotlib_is_refused(tmp_path: Path) -> None:
+    r = invoke("pipeline", GPT, "--stages", "2", "--gantt", str(tmp_path / "g.png"))
+    assert r.exit_code == 2
+    assert "needs matplotlib" in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--stages", "0"], "--stages 0: need at least 1 stage"),
+        (["--stages", "500"], "more stages than the 23 forward instructions"),
+        (["--stages", "2", "--epsilon", "-0.5"], "--epsilon -0.5: expected a tolerance"),
+        (["--stages", "2", "--microbatches", "0"], "--microbatches 0: need at least 1"),
+        (["--stages", "2", "--gantt", "g.pdf"], "expected a .svg or .png"),
+        (["--stages", "2", "--loss", "nope"], "no instruction %nope"),
+        (["--stages", "2"], "%dot_general.5 alone is 78.5% of the compute"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(args: list[str], message: str) -> None:
+    r = invoke("pipeline", MLP, *args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert "Traceback" not in r.output
+
+
+def test_malformed_file_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.hlo"
+    bad.write_text("HloModule m\nENTRY e {\n  p = f32[2 parameter(0)\n}\n")
+    r = invoke("pipeline", str(bad), "--stages", "2")
+    assert r.exit_code == 2
+    assert "bad.hlo:3:" in r.output
+
+
+def test_help_has_examples() -> None:
+    r = invoke("pipeline", "--help")
+    assert r.exit_code == 0
+    assert "Examples:" in r.output and "--stages 4" in r.output
+
+
+def test_a_graph_without_a_loss_exits_2(tmp_path: Path) -> None:
+    hlo = tmp_path / "inference.hlo"
+    hlo.write_text("HloModule m\n\nENTRY e {\n  p = f32[4]{0} parameter(0)\n"
+                   "  ROOT n = f32[4]{0} negate(p)\n}\n")  # fmt: skip
+    r = invoke("pipeline", str(hlo), "--stages", "2")
+    assert r.exit_code == 2, r.output
+    assert "cannot find the loss of %n" in r.output and "--loss" in r.output

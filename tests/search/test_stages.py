@@ -1,0 +1,154 @@
+"""The training step split into roles, and the backward and update mirrored onto stages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rhino.hlo.ir import Module
+from rhino.hlo.opcode import Opcode
+from rhino.hlo.parser import parse_file
+from rhino.search.cluster import load_cluster
+from rhino.search.pipeline import PLAN_FORMAT, PLAN_VERSION, PipelineRequest, plan_pipeline
+from rhino.search.problem import SolveOptions
+from rhino.search.stage_problem import StageProblem
+from rhino.search.stages import Role, forward_graph, split_step
+from tests.hlo.corpus import ROOT
+
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(scope="module")
+def gpt() -> Module:
+    return parse_file(EXAMPLES / "gpt_tiny.hlo")
+
+
+def test_roles_of_a_training_step(gpt: Module) -> None:
+    split = split_step(gpt)
+    root = gpt.entry.root
+    assert root is not None and root.operands[0].name == split.loss
+    assert split.role(root.name) is Role.OUTPUT
+    # the README's layout: 37 weights, their two Adam moments, the step count, 2 batch inputs
+    assert len(split.weights) == 37
+    assert split.count(Role.STATE) == 2 * 37 + 1
+    # every new weight and moment is computed by the update
+    for out in root.operands[1:]:
+        assert split.role(out.name) is Role.UPDATE, out.name
+    # forward is closed under operands; nothing forward reads a backward or update result
+    for k, inst in enumerate(split.order):
+        if split.roles[k] is Role.FORWARD:
+            assert all(split.role(op.name) is Role.FORWARD for op in inst.operands)
+
+
+def test_roles_agree_with_the_jvp_names(gpt: Module) -> None:
+    # the names are only a hint rhino does not read; JAX names transposed (backward) ops so
+    transposed = [i.name for i in split_step(gpt).order if i.name.startswith("transpose_jvp")]
+    assert transposed
+    split = split_step(gpt)
+    assert all(split.role(name) is Role.BACKWARD for name in transposed)
+
+
+def test_free_instructions_are_computed_from_constants_alone(gpt: Module) -> None:
+    split = split_step(gpt)
+    for inst in split.order:
+        if inst.name in split.free:
+            assert inst.opcode is not Opcode.PARAMETER
+            assert all(op.name in split.free for op in inst.operands)
+
+
+def test_a_named_loss_that_does_not_exist_is_refused(gpt: Module) -> None:
+    with pytest.raises(Exception, match="no instruction %nope"):
+        split_step(gpt, "nope")
+
+
+def test_forward_graph_lists_consumers_later_in_the_order(gpt: Module) -> None:
+    graph = forward_graph(split_step(gpt), {"f32": 1e12})
+    assert len(graph.names) > 300
+    for i, cs in enumerate(graph.consumers):
+        assert all(j > i for j in cs)
+    assert sum(graph.compute) > 0
+
+
+@pytest.fixture(scope="module")
+def plan(gpt: Module):  # type: ignore[no-untyped-def]
+    request = PipelineRequest(4, 0.1, 8, load_cluster("m8"), SolveOptions(time_limit_s=60))
+    return plan_pipeline(gpt, request)
+
+
+def test_every_entry_instruction_has_a_stage_and_role(gpt: Module, plan) -> None:  # type: ignore[no-untyped-def]
+    names = [i["name"] for i in plan.instructions]
+    assert sorted(names) == sorted(i.name for i in gpt.entry.instructions)
+    assert all(0 <= int(i["stage"]) < 4 for i in plan.instructions)
+    assert {i["role"] for i in plan.instructions} == {r.value for r in Role}
+
+
+def test_mirrored_plan_sends_forward_up_and_gradients_down(gpt: Module, plan) -> None:  # type: ignore[no-untyped-def]
+    info = {i["name"]: i for i in plan.instructions}
+    split = split_step(gpt)
+    for inst in gpt.entry.instructions:
+        me = info[inst.name]
+        for op in inst.operands:
+            src = info[op.name]
+            if src["free"]:
+                continue
+            if me["role"] == src["role"] == "forward":
+                assert me["stage"] >= src["stage"]
+            if me["role"] == src["role"] == "backward":
+                assert me["stage"] <= src["stage"], (op.name, inst.name)
+            if me["role"] == "update" and op.name in split.weights:
+                assert me["stage"] == src["stage"]  # the update runs where the weight lives
+
+
+def test_reported_cut_is_the_forward_stages_evaluated_again(gpt: Module, plan) -> None:  # type: ignore[no-untyped-def]
+    graph = forward_graph(split_step(gpt), dict(load_cluster("m8").flops))
+    problem = StageProblem(graph.names, graph.compute, graph.bytes, graph.consumers, 4, 0.1)
+    stage = {i["name"]: i["stage"] for i in plan.instructions}
+    found = problem.evaluate(tuple(stage[n] for n in graph.names))
+    assert found.cut_bytes == plan.cut_bytes
+    assert found.imbalance == pytest.approx(plan.imbalance)
+    assert plan.imbalance <= 0.1 + 1e-9
+    for b in plan.baselines:
+        if b["within_balance"]:
+            assert plan.cut_bytes <= b["cut_bytes"]
+
+
+def test_stage_reports_add_up(gpt: Module, plan) -> None:  # type: ignore[no-untyped-def]
+    split = split_step(gpt)
+    params = sum(gpt.entry.get(w).shape.byte_size for w in split.weights)  # type: ignore[union-attr]
+    assert sum(r.parameter_bytes for r in plan.stage_reports) == params
+    assert sum(r.optimizer_bytes for r in plan.stage_reports) == 2 * params + 4
+    assert sum(r.sent_forward_bytes for r in plan.stage_reports) >= plan.cut_bytes
+    first = plan.stage_reports[0].peak_activation_bytes
+    assert first["gpipe"] == pytest.approx(2 * first["1f1b"])  # 8 micro-batches held, not 4
+
+
+def test_plan_json_is_versioned(plan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "stages.json"
+    plan.write(path)
+    doc = json.loads(path.read_text())
+    assert doc["format"] == PLAN_FORMAT and doc["version"] == PLAN_VERSION
+    assert len(doc["instructions"]) == len(plan.instructions)
+    assert set(doc["schedules"]) == {"1f1b", "gpipe"}
+
+
+@pytest.mark.parametrize(("file", "stages", "epsilon"),
+                         [("unet_tiny.hlo", 4, 0.2), ("moe_tiny.hlo", 2, 0.1), ("dnabert_tiny.hlo", 2, 0.1)])  # fmt: skip
+def test_zoo_plans_keep_the_flow_and_beat_every_balanced_baseline(file: str, stages: int,
+                                                                  epsilon: float) -> None:  # fmt: skip
+    module = parse_file(EXAMPLES / file)
+    request = PipelineRequest(stages, epsilon, 4, load_cluster("m8"), SolveOptions(time_limit_s=60))
+    plan = plan_pipeline(module, request)
+    info = {i["name"]: i for i in plan.instructions}
+    for inst in module.entry.instructions:
+        for op in inst.operands:
+            src, me = info[op.name], info[inst.name]
+            if not src["free"] and src["role"] == me["role"] == "forward":
+                assert me["stage"] >= src["stage"]
+            if not src["free"] and src["role"] == me["role"] == "backward":
+                assert me["stage"] <= src["stage"]
+    assert plan.imbalance <= epsilon + 1e-9
+    for b in plan.baselines:
+        if b["within_balance"]:
+            assert plan.cut_bytes <= b["cut_bytes"]
