@@ -14,8 +14,10 @@ with nothing shared with the solvers: it is the independent judge of every answe
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,9 @@ from typing import Any
 import numpy as np
 
 from rhino.hlo.errors import RhinoError
-from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem
+from rhino.search import local, window
+from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
+from rhino.search.solver import solve_ilp
 
 FORBIDDEN = 10**18
 """A cost of this much or more forbids the strategy (or pair of strategies)."""
@@ -192,3 +196,65 @@ def check(instance: Instance, choice: list[int] | tuple[int, ...]) -> Check:
 def answer_line(choice: list[int] | tuple[int, ...]) -> str:
     """The contest's answer: `[s0, s1, ...]`."""
     return "[" + ", ".join(str(int(k)) for k in choice) + "]"
+
+
+SMALL_NODES = 5_000
+"""Up to this many nodes, the exact solver (reductions, LP, CP-SAT) runs on the whole
+problem first (its LP is tight on these problems and gives the lower bound); above, the
+windows of `rhino.search.window` have all the time."""
+ILP_SHARE = 0.6
+"""On a small problem, the whole-problem solve's share of the time."""
+
+
+@dataclass(frozen=True)
+class Solved:
+    """An answer to an instance, judged by `check`."""
+
+    choice: tuple[int, ...]
+    check: Check
+    bound: float
+    """A proven lower bound on the cost of any feasible plan."""
+    phases: dict[str, float]
+    """Seconds per phase (model, start, ilp, windows, check)."""
+    windows: int = 0
+    """Windows solved by the large neighbourhood search."""
+
+
+def solve(instance: Instance, options: SolveOptions) -> Solved:
+    """The cheapest feasible plan found within the options' time limit (every phase
+    counted): every node at its smallest usage, single moves that keep the limit, then
+    on a small problem the exact solver from there, then windows until the deadline.
+    InfeasibleError when no plan fits the limit."""
+    options = options.started()
+    phases: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - clock
+        clock = now
+
+    problem = to_problem(instance)
+    g = local.build(problem)
+    bound = local.lower_bound(g)
+    lap("model")
+    search = local.Search(g, local.fitting_start(g), options.deadline or 0.0)
+    search.descend()
+    x = search.x
+    lap("start")
+    if g.size <= SMALL_NODES and options.left() > 0:
+        solved = solve_ilp(problem, dataclasses.replace(options, deadline=time.perf_counter() + options.left() * ILP_SHARE),
+                           start=tuple(int(k) for k in x))  # fmt: skip
+        bound = max(bound, solved.bound)
+        if solved.objective < local.true_cost(g, x):
+            x = np.array(solved.choice, dtype=np.int64)
+        lap("ilp")
+    found = window.lns(g, x, options.deadline or 0.0, seed=options.seed, threads=options.threads)
+    lap("windows")
+    choice = tuple(int(k) for k in found.choice)
+    judged = check(instance, choice)
+    lap("check")
+    if not judged.feasible:  # a bug in a solver, never a plan to hand out
+        raise AssertionError(f"the solver's plan is infeasible: {judged.reason}")
+    return Solved(choice, judged, min(bound, float(judged.cost)), phases, found.windows)

@@ -1,0 +1,333 @@
+"""A fast primal method for large problems under a memory budget: local search that
+never leaves the budget, steered by Lagrangian prices on the memory rows.
+
+Data
+    c[v][k]         node cost (+inf: forbidden); C[u,v][k,l] edge cost (+inf: forbidden)
+    m[v][k]         bytes v holds under k at every point p of its live range P(v)
+    B               the budget
+The rows (memory):   L_p(x) = sum_{v: p in P(v)} m[v][x_v] <= B      for every point p
+Points are the steps where some interval starts (between two starts the live set only
+shrinks, so the peak is always at one).
+
+Relaxing the rows with prices lam_p >= 0 gives the penalized objective
+    f_lam(x) = sum_v c[v][x_v] + sum_(u,v) C[u,v][x_u, x_v] + sum_v m[v][x_v] * Lam_v
+    Lam_v = sum_{p in P(v)} lam_p
+and the search is a descent on f_lam over plans that keep every row (a move that would
+break one is not taken):
+    single    v takes the k minimizing c[v][k] + m[v][k] Lam_v + sum_w C[v,w][k, x_w]
+    pair      (u, v) of an edge take the best (k, l) together (a reshard that only pays
+              when both ends change)
+Prices start at zero (the true cost). When the descent stops, points that blocked
+improving moves get a price (the median gain per byte of the moves they blocked), so
+nodes that gain little from their memory give it up to nodes that gain more; a descent
+at zero prices then collects the gain. Prices decay each round; the best plan at the
+true cost is kept. Everything starts from a plan that fits: every node at its smallest
+allowed usage, settled by a descent at zero prices.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rhino.hlo.errors import InfeasibleError
+from rhino.search.problem import ShardingProblem
+
+EPS = 1e-9
+"""Relative improvement below which a move is not taken."""
+DECAY = 0.5
+"""Prices are multiplied by this each round."""
+CHECK_EVERY = 512
+"""Moves between two looks at the clock."""
+
+
+@dataclass
+class Graph:
+    """A problem laid out for the local search: nodes' costs with the edges to nodes that
+    have one strategy folded in, the other edges in both orientations per node."""
+
+    cost: list[np.ndarray]
+    usage: list[np.ndarray]
+    lo: np.ndarray
+    """Node v covers points lo[v] <= p < hi[v]."""
+    hi: np.ndarray
+    points: int
+    limit: float
+    """Budget per point (bytes; +inf for none), less the constant memory."""
+    adj: list[list[tuple[np.ndarray, int]]]
+    """Node -> (matrix [k_v, k_w], w) per neighbour w with a choice."""
+    edges: list[tuple[int, int, np.ndarray]]
+    fixed_edges: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
+    """Edges folded into costs (kept for the true cost)."""
+
+    @property
+    def size(self) -> int:
+        return len(self.cost)
+
+
+def build(problem: ShardingProblem) -> Graph:
+    """The problem as a `Graph` (parallel edges summed; edges that touch a node with one
+    strategy folded into the other end's cost)."""
+    nodes = problem.nodes
+    cost = [n.cost.astype(np.float64).copy() for n in nodes]
+    usage = [n.memory.astype(np.float64) for n in nodes]
+    first = np.array([n.live[0] if n.live is not None else -1 for n in nodes], dtype=np.int64)
+    last = np.array([n.live[1] if n.live is not None else 2**62 for n in nodes], dtype=np.int64)
+    spans = first <= last
+    starts = np.unique(first[spans])
+    lo = np.searchsorted(starts, first)
+    hi = np.searchsorted(starts, last, "right")
+    lo[~spans] = hi[~spans] = 0
+    merged: dict[tuple[int, int], np.ndarray] = {}
+    for e in problem.edges:
+        key, m = ((e.u, e.v), e.cost) if e.u < e.v else ((e.v, e.u), e.cost.T)
+        merged[key] = merged[key] + m if key in merged else m.astype(np.float64)
+    adj: list[list[tuple[np.ndarray, int]]] = [[] for _ in nodes]
+    edges, fixed = [], []
+    for (u, v), m in merged.items():
+        if len(cost[u]) == 1 or len(cost[v]) == 1:
+            if len(cost[u]) == 1:
+                cost[v] = cost[v] + m[0, :]
+            else:
+                cost[u] = cost[u] + m[:, 0]
+            fixed.append((u, v, m))
+            continue
+        edges.append((u, v, m))
+        adj[u].append((m, v))
+        adj[v].append((np.ascontiguousarray(m.T), u))
+    _forbid_unmatched(cost, adj)
+    budget = math.inf if problem.budget is None else float(problem.budget)
+    limit = budget * (1 + 1e-12) - problem.constant_memory
+    return Graph(cost, usage, lo, hi, len(starts), limit, adj, edges, fixed)
+
+
+def _forbid_unmatched(cost: list[np.ndarray], adj: list[list[tuple[np.ndarray, int]]]) -> None:
+    """Forbid (cost +inf, in place) every strategy that is forbidden against each allowed
+    strategy of some neighbour, until none is left; InfeasibleError when a node has no
+    strategy left."""
+    queue = deque(range(len(cost)))
+    queued = np.ones(len(cost), dtype=bool)
+    while queue:
+        v = queue.popleft()
+        queued[v] = False
+        allowed = np.isfinite(cost[v])
+        for m, w in adj[v]:
+            allowed &= np.isfinite(m[:, np.isfinite(cost[w])]).any(axis=1)
+        if not allowed.any():
+            raise InfeasibleError(f"node {v}: every strategy is forbidden (alone or against a neighbour)")
+        if allowed.all() or np.isfinite(cost[v]).sum() == allowed.sum():
+            continue
+        cost[v] = np.where(allowed, cost[v], np.inf)
+        for _, w in adj[v]:
+            if not queued[w]:
+                queued[w] = True
+                queue.append(w)
+
+
+def true_cost(g: Graph, x: np.ndarray) -> float:
+    total = sum(float(c[k]) for c, k in zip(g.cost, x.tolist(), strict=True))
+    return total + sum(float(m[x[u], x[v]]) for u, v, m in g.edges)
+
+
+def levels(g: Graph, x: np.ndarray) -> np.ndarray:
+    """Usage at every point under x."""
+    held = np.array([g.usage[v][k] for v, k in enumerate(x.tolist())])
+    delta = np.zeros(g.points + 1)
+    np.add.at(delta, g.lo, held)
+    np.add.at(delta, g.hi, -held)
+    return np.cumsum(delta)[: g.points]
+
+
+def lower_bound(g: Graph) -> float:
+    """A valid lower bound: each edge counted with one end (the lower-numbered), which
+    takes its cheapest strategy given the edge's best partner."""
+    total = 0.0
+    extra = [np.zeros(len(c)) for c in g.cost]
+    for u, _, m in g.edges:
+        extra[u] += m.min(axis=1)
+    for c, e in zip(g.cost, extra, strict=True):
+        total += float((c + e).min())
+    return total
+
+
+def fitting_start(g: Graph) -> np.ndarray:
+    """`smallest_start`, checked against the budget: InfeasibleError (with the numbers)
+    when even it does not fit, so no plan does."""
+    x = smallest_start(g)
+    level = levels(g, x)
+    if len(level) and level.max() > g.limit:
+        raise InfeasibleError(
+            f"no plan fits the usage limit: with every node at its smallest usage the "
+            f"peak is {level.max():.0f} > {g.limit:.0f} (at point {int(np.argmax(level))})"
+        )
+    return x
+
+
+def smallest_start(g: Graph) -> np.ndarray:
+    """Every node at its smallest usage among allowed strategies (cheapest of those)."""
+    x = np.zeros(g.size, dtype=np.int64)
+    for v, (c, m) in enumerate(zip(g.cost, g.usage, strict=True)):
+        allowed = np.isfinite(c)
+        if not allowed.any():
+            raise InfeasibleError(f"node {v}: every strategy is forbidden")
+        low = m[allowed].min()
+        pick = np.flatnonzero(allowed & (m == low))
+        x[v] = pick[np.argmin(c[pick])]
+    return x
+
+
+class Search:
+    """The state of the local search: a plan that fits, its levels, and prices."""
+
+    def __init__(self, g: Graph, x: np.ndarray, deadline: float) -> None:
+        self.g = g
+        self.x = x.copy()
+        self.level = levels(g, x)
+        self.deadline = deadline
+        self.lam = np.zeros(g.points)
+        self.node_price = np.zeros(g.size)
+        self.blocked: list[tuple[int, float, float]] = []
+        """(point index, gain, bytes) of improving moves the budget stopped."""
+        self.moves = 0
+        self.hard = True
+        """Do moves keep the budget? (False: the prices alone speak for memory.)"""
+
+    def out_of_time(self) -> bool:
+        return time.perf_counter() >= self.deadline
+
+    def set_prices(self, lam: np.ndarray) -> None:
+        self.lam = lam
+        prefix = np.concatenate([[0.0], np.cumsum(lam)])
+        self.node_price = prefix[self.g.hi] - prefix[self.g.lo]
+
+    def local(self, v: int, skip: int = -1) -> np.ndarray:
+        """Penalized cost of each strategy of v given its neighbours (edge to `skip` left out)."""
+        g, x = self.g, self.x
+        total = g.cost[v] + g.usage[v] * self.node_price[v]
+        for m, w in g.adj[v]:
+            if w != skip:
+                total = total + m[:, x[w]]
+        return total
+
+    def room(self, v: int) -> float:
+        lo, hi = self.g.lo[v], self.g.hi[v]
+        return self.g.limit - float(self.level[lo:hi].max()) if hi > lo else math.inf
+
+    def apply(self, v: int, k: int) -> None:
+        g = self.g
+        grow = g.usage[v][k] - g.usage[v][self.x[v]]
+        if grow:
+            self.level[g.lo[v] : g.hi[v]] += grow
+        self.x[v] = k
+        self.moves += 1
+
+    def single(self, v: int) -> bool:
+        """v's best strategy that fits; True when it moved."""
+        total = self.local(v)
+        cur = int(self.x[v])
+        better = total < _threshold(float(total[cur]))
+        if not better.any():
+            return False
+        grow = self.g.usage[v] - self.g.usage[v][cur]
+        if self.hard and (grow[better] > 0).any():
+            room = self.room(v)
+            fits = better & (grow <= room)
+            best = int(np.argmin(np.where(better, total, np.inf)))
+            if not fits[best] and math.isfinite(total[best]):
+                self._block(v, float(total[cur] - total[best]), float(grow[best]))
+            better = fits
+            if not better.any():
+                return False
+        k = int(np.argmin(np.where(better, total, np.inf)))
+        self.apply(v, k)
+        return True
+
+    def _block(self, v: int, gain: float, grow: float) -> None:
+        g = self.g
+        lo, hi = g.lo[v], g.hi[v]
+        p = lo + int(np.argmax(self.level[lo:hi]))
+        self.blocked.append((p, gain, grow))
+
+    def descend(self, order: np.ndarray | None = None) -> None:
+        """Single moves until none improves (or the deadline): a queue of nodes, a node
+        queued again when a neighbour moves."""
+        g = self.g
+        movable = [v for v in range(g.size) if len(g.cost[v]) > 1]
+        queue = deque(movable if order is None else order.tolist())
+        queued = np.zeros(g.size, dtype=bool)
+        queued[list(queue)] = True
+        steps = 0
+        while queue:
+            v = queue.popleft()
+            queued[v] = False
+            steps += 1
+            if steps % CHECK_EVERY == 0 and self.out_of_time():
+                return
+            if self.single(v):
+                for _, w in g.adj[v]:
+                    if not queued[w]:
+                        queued[w] = True
+                        queue.append(w)
+
+    def pairs(self) -> int:
+        """One pass of pair moves over the edges; how many moved."""
+        moved = 0
+        for i, (u, v, m) in enumerate(self.g.edges):
+            if i % 64 == 0 and self.out_of_time():
+                break
+            moved += self.pair(u, v, m)
+        return moved
+
+    def pair(self, u: int, v: int, m: np.ndarray) -> bool:
+        x = self.x
+        lu, lv = self.local(u, skip=v), self.local(v, skip=u)
+        table = lu[:, None] + m + lv[None, :]
+        cur = float(table[x[u], x[v]])
+        flat = table.ravel()
+        order = np.argsort(flat, kind="stable")[:8]
+        for idx in order.tolist():
+            if not flat[idx] < _threshold(cur):
+                return False
+            k, l = divmod(idx, table.shape[1])
+            if k == x[u] or l == x[v]:
+                continue  # a single move: the descent's job
+            if self._try_pair(u, int(k), v, int(l)):
+                return True
+        return False
+
+    def _try_pair(self, u: int, k: int, v: int, l: int) -> bool:
+        """Move u to k and v to l if both ranges stay within the budget."""
+        old_u, old_v = int(self.x[u]), int(self.x[v])
+        self.apply(u, k)
+        self.apply(v, l)
+        if not self.hard or (self.room(u) >= 0 and self.room(v) >= 0):
+            return True
+        self.apply(v, old_v)
+        self.apply(u, old_u)
+        self.moves -= 4
+        return False
+
+    def blocked_prices(self) -> np.ndarray | None:
+        """Prices from the moves the budget blocked: at each blocking point, the median
+        gain per byte of its blocked moves; None when nothing was blocked."""
+        if not self.blocked:
+            return None
+        points = np.array([p for p, _, _ in self.blocked])
+        ratio = np.array([gain / max(grow, 1.0) for _, gain, grow in self.blocked])
+        lam = np.zeros(self.g.points)
+        for p in np.unique(points).tolist():
+            lam[p] = float(np.median(ratio[points == p]))
+        self.blocked.clear()
+        return lam
+
+
+def _threshold(current: float) -> float:
+    """What a move must get below to count as better than `current` (any finite value
+    beats a forbidden one)."""
+    return current - EPS * (abs(current) + 1.0) if math.isfinite(current) else math.inf
+
+
