@@ -1,4 +1,4 @@
-"""The `rhino` command: parse | plan | pipeline | run | sweep."""
+"""The `rhino` command: parse | plan | pipeline | run | solve | sweep."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import click
 from rhino.cli.parse_cmd import parse_command
 from rhino.cli.plan_cmd import plan_command
 from rhino.cli.run_cmd import run_command
+from rhino.cli.solve_cmd import solve_command
 from rhino.cli.sweep_cmd import sweep_command
 
 
@@ -21,12 +22,14 @@ def cli() -> None:
       rhino plan model.hlo --mesh 2x8 --opt O2
       rhino run model.hlo --plan plan.json
       rhino sweep configs/sweeps/examples.yaml
+      rhino solve asplos-2025-iopddl-A.json.gz --time-limit 60
     """
 
 
 cli.add_command(parse_command)
 cli.add_command(plan_command)
 cli.add_command(run_command)
+cli.add_command(solve_command)
 cli.add_command(sweep_command)
 
 
