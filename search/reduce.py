@@ -503,7 +503,9 @@ def memory_rows(r: Reduced) -> MemoryRows:
     group_rhs = np.full(len(kept), np.inf)
     np.minimum.at(group_rhs, group, rhs[binding])
     members = _members(kept, timed, t_lo, t_hi)
-    return MemoryRows(terms, always, [(m, int(b)) for m, b in zip(members, group_rhs.tolist(), strict=True)])
+    return MemoryRows(
+        terms, always, [(m, int(b)) for m, b in zip(members, group_rhs.tolist(), strict=True)]
+    )
 
 
 def _spans(live: tuple[int, int] | None) -> bool:

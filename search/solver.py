@@ -251,10 +251,16 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         if memory.fits(smallest):
             fallback = smallest
         if lp_hint is not None and memory.fits(lp_hint):  # the LP's rounding, if it fits
-            if fallback is None or problem.evaluate(lp_hint).objective < problem.evaluate(fallback).objective:
+            if (
+                fallback is None
+                or problem.evaluate(lp_hint).objective < problem.evaluate(fallback).objective
+            ):
                 fallback = tuple(lp_hint)
         if start_choice is not None and memory.fits(start_choice):  # a plan that fits
-            if fallback is None or problem.evaluate(start_choice).objective < problem.evaluate(fallback).objective:
+            if (
+                fallback is None
+                or problem.evaluate(start_choice).objective < problem.evaluate(fallback).objective
+            ):
                 fallback = start_choice
     if lp_size[0] > CPSAT_MAX_VARIABLES and fallback is not None:
         # CP-SAT would spend minutes and gigabytes building the model and not come near
@@ -328,6 +334,8 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
     solver.parameters.relative_gap_limit = options.relative_gap
     status = solver.solve(model)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    if status == cp_model.INFEASIBLE:  # proven: a fallback here breaks a forbidden pair
+        raise InfeasibleError("no plan fits the memory budget and avoids every forbidden choice")
     if not found and fallback is None:
         if status == cp_model.INFEASIBLE:
             raise InfeasibleError("no plan fits the memory budget")  # check_budget says more
