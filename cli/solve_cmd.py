@@ -20,8 +20,10 @@ Examples:
   rhino solve problem.json | tail -1 > answer.txt      # the contest's answer line
 """
 
-SAFETY_S = 0.5
-"""Ended this much before the time limit (the answer still has to be written)."""
+SAFETY_S = 1.0
+SAFETY_SHARE = 0.02
+"""The search ends SAFETY_S plus this share of the limit before it (the answer still has
+to be checked and written)."""
 
 
 @click.command("solve", epilog=EPILOG)
@@ -34,12 +36,14 @@ SAFETY_S = 0.5
 @json_option
 @debug_option
 @handle_errors
-def solve_command(file: str, time_limit: float, threads: int, seed: int, as_json: bool, debug: bool) -> None:
+def solve_command(
+    file: str, time_limit: float, threads: int, seed: int, as_json: bool, debug: bool
+) -> None:
     """Solve an IOPDDL problem (.json or .json.gz): one strategy per node, minimum cost,
     usage within the limit at every time. Prints cost, lower bound, peak usage against
     the limit and time per phase, and last the answer line [s0, s1, ...]."""
     begin = time.perf_counter()
-    deadline = begin + max(0.1, time_limit - SAFETY_S)
+    deadline = begin + max(0.1, time_limit * (1 - SAFETY_SHARE) - SAFETY_S)
     with status("reading", enabled=not as_json):
         instance = load(file)
     read_s = time.perf_counter() - begin
@@ -55,11 +59,16 @@ def solve_command(file: str, time_limit: float, threads: int, seed: int, as_json
                             "feasible": c.feasible, "windows": solved.windows, "time_s": total,
                             "phases_s": phases, "choice": list(solved.choice)})  # fmt: skip
         return
-    table = Table(title=f"{instance.name}: {instance.size[0]} nodes, {instance.size[1]} edges", show_header=False)
+    table = Table(
+        title=f"{instance.name}: {instance.size[0]} nodes, {instance.size[1]} edges",
+        show_header=False,
+    )
     gap = (c.cost - solved.bound) / c.cost if c.cost else 0.0
     table.add_row("cost", f"{c.cost}")
     table.add_row("lower bound", f"{solved.bound:.0f} (gap {gap:.2%})")
-    table.add_row("peak usage", f"{c.peak} of {instance.limit} ({c.peak / max(instance.limit, 1):.1%})")
+    table.add_row(
+        "peak usage", f"{c.peak} of {instance.limit} ({c.peak / max(instance.limit, 1):.1%})"
+    )
     table.add_row("time", f"{total:.1f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
     table.add_row("windows", str(solved.windows))
     stdout.print(table)

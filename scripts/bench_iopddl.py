@@ -30,7 +30,7 @@ from rich.table import Table
 DATA = Path("/work/shared/iopddl")
 LIMITS = {"ABCDE": 60, "FGHIJ": 120, "KLMNO": 180, "PQRST": 240, "UVWXY": 300}
 """Contest time limits (seconds on 8 cores) by instance letter."""
-STARTUP_S = 2.0
+STARTUP_S = 3.0
 """Of the halved limit, left for starting the process (imports) before the solver's clock."""
 
 
@@ -95,7 +95,9 @@ def main(data: str, only: tuple[str, ...], threads: int, out: str) -> None:
         results.append(row)
         console.print(f"{letter}: {row.get('cost', '-')} points {row['points']:.3f} wall {wall:.1f} s",
                       row.get("error", ""))  # fmt: skip
-    table = Table(title=f"rhino solve on IOPDDL, contest limits halved ({revision('search', 'cli')})")
+    table = Table(
+        title=f"rhino solve on IOPDDL, contest limits halved ({revision('search', 'cli')})"
+    )
     for column in ("inst", "limit s", "wall s", "cost", "best (contest)", "points", "bound",
                    "published bound", "feasible"):  # fmt: skip
         table.add_column(column, justify="right")

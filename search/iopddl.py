@@ -24,9 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from rhino.hlo.errors import RhinoError
+from rhino.hlo.errors import InfeasibleError, RhinoError
 from rhino.search import local, window
-from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
+from rhino.search.problem import (
+    ProblemEdge,
+    ProblemNode,
+    ShardingProblem,
+    SolveOptions,
+    SolveStatus,
+)
 from rhino.search.solver import solve_ilp
 
 FORBIDDEN = 10**18
@@ -115,12 +121,17 @@ def parse(doc: Any, where: str = "<problem>") -> Instance:
         edge_costs = tuple(np.array(c, dtype=np.float64) for c in edges.get("costs", []))
         limit = int(p["usage_limit"])
     except (TypeError, ValueError, OverflowError) as e:
-        raise IopddlFormatError(f"{where}: a value is not a number of the expected shape: {e}") from e
+        raise IopddlFormatError(
+            f"{where}: a value is not a number of the expected shape: {e}"
+        ) from e
     for v in range(n):
         need(costs[v].ndim == 1 and len(costs[v]) > 0, f"node {v}: no strategies")
         need(usages[v].shape == costs[v].shape,
              f"node {v}: {len(costs[v])} costs but {usages[v].size} usages")  # fmt: skip
-    need(len(edge_costs) == len(pairs), f"edges: {len(pairs)} node pairs, {len(edge_costs)} cost lists")
+    need(
+        len(edge_costs) == len(pairs),
+        f"edges: {len(pairs)} node pairs, {len(edge_costs)} cost lists",
+    )
     need(bool(((pairs >= 0) & (pairs < n)).all()), f"edges: a node index outside 0..{n - 1}")
     for i, (u, v) in enumerate(pairs.tolist()):
         expected = len(costs[u]) * len(costs[v])
@@ -142,14 +153,21 @@ def to_problem(instance: Instance) -> ShardingProblem:
     constraint), live [s, e) becomes the inclusive steps (s, e - 1), the budget is the
     limit. Costs stay in the file's units."""
     nodes = tuple(
-        ProblemNode(str(v), tuple(map(str, range(len(c)))), _forbid(c), u.astype(np.float64),
-                    (int(s), int(e) - 1))  # fmt: skip
+        ProblemNode(
+            str(v),
+            tuple(map(str, range(len(c)))),
+            _forbid(c),
+            u.astype(np.float64),
+            (int(s), int(e) - 1),
+        )  # fmt: skip
         for v, (c, u, (s, e)) in enumerate(
             zip(instance.costs, instance.usages, instance.intervals.tolist(), strict=True)
         )
     )
     edges = tuple(
-        ProblemEdge(int(u), int(v), _forbid(c).reshape(len(instance.costs[u]), len(instance.costs[v])))
+        ProblemEdge(
+            int(u), int(v), _forbid(c).reshape(len(instance.costs[u]), len(instance.costs[v]))
+        )
         for (u, v), c in zip(instance.edges.tolist(), instance.edge_costs, strict=True)
     )
     return ShardingProblem(nodes, edges, float(instance.limit))
@@ -223,7 +241,8 @@ class Solved:
 def solve(instance: Instance, options: SolveOptions) -> Solved:
     """The cheapest feasible plan found within the options' time limit (every phase
     counted): every node at its smallest usage, single moves that keep the limit, then
-    on a small problem the exact solver from there, then windows until the deadline.
+    on a small problem the exact solver from there, then (unless it proved its plan
+    optimal) windows until the deadline.
     InfeasibleError when no plan fits the limit."""
     options = options.started()
     phases: dict[str, float] = {}
@@ -239,10 +258,11 @@ def solve(instance: Instance, options: SolveOptions) -> Solved:
     g = local.build(problem)
     bound = local.lower_bound(g)
     lap("model")
-    search = local.Search(g, local.fitting_start(g), options.deadline or 0.0)
+    search = local.Search(g, local.legal_start(g), options.deadline or 0.0)
     search.descend()
     x = search.x
     lap("start")
+    proven = False
     if g.size <= SMALL_NODES and options.left() > 0:
         solved = solve_ilp(problem, dataclasses.replace(options, deadline=time.perf_counter() + options.left() * ILP_SHARE),
                            start=tuple(int(k) for k in x))  # fmt: skip
@@ -250,11 +270,21 @@ def solve(instance: Instance, options: SolveOptions) -> Solved:
         if solved.objective < local.true_cost(g, x):
             x = np.array(solved.choice, dtype=np.int64)
         lap("ilp")
-    found = window.lns(g, x, options.deadline or 0.0, seed=options.seed, threads=options.threads)
-    lap("windows")
-    choice = tuple(int(k) for k in found.choice)
+        proven = solved.status == SolveStatus.OPTIMAL
+    windows = 0
+    if not proven:
+        found = window.lns(
+            g, x, options.deadline or 0.0, seed=options.seed, threads=options.threads
+        )
+        x, windows = found.choice, found.windows
+        lap("windows")
+    choice = tuple(int(k) for k in x)
     judged = check(instance, choice)
     lap("check")
+    if judged.feasible is False and judged.peak <= instance.limit and judged.cost >= FORBIDDEN:
+        raise InfeasibleError(
+            "no plan found that avoids every forbidden strategy and pair within the time limit"
+        )
     if not judged.feasible:  # a bug in a solver, never a plan to hand out
         raise AssertionError(f"the solver's plan is infeasible: {judged.reason}")
-    return Solved(choice, judged, min(bound, float(judged.cost)), phases, found.windows)
+    return Solved(choice, judged, min(bound, float(judged.cost)), phases, windows)

@@ -118,7 +118,9 @@ def _forbid_unmatched(cost: list[np.ndarray], adj: list[list[tuple[np.ndarray, i
         for m, w in adj[v]:
             allowed &= np.isfinite(m[:, np.isfinite(cost[w])]).any(axis=1)
         if not allowed.any():
-            raise InfeasibleError(f"node {v}: every strategy is forbidden (alone or against a neighbour)")
+            raise InfeasibleError(
+                f"node {v}: every strategy is forbidden (alone or against a neighbour)"
+            )
         if allowed.all() or np.isfinite(cost[v]).sum() == allowed.sum():
             continue
         cost[v] = np.where(allowed, cost[v], np.inf)
@@ -167,16 +169,97 @@ def fitting_start(g: Graph) -> np.ndarray:
     return x
 
 
+def tied(g: Graph) -> list[list[int]]:
+    """Node -> the nodes it is tied to (itself included): the component of the edges
+    that allow one strategy per row and per column (a one-to-one map: the two ends must
+    move together, so a window takes all of them or none)."""
+    root = list(range(g.size))
+
+    def find(a: int) -> int:
+        while root[a] != a:
+            root[a] = root[root[a]]
+            a = root[a]
+        return a
+
+    for u, v, m in g.edges:
+        if _one_to_one(m):
+            root[find(u)] = find(v)
+    groups: dict[int, list[int]] = {}
+    for v in range(g.size):
+        groups.setdefault(find(v), []).append(v)
+    return [groups[find(v)] for v in range(g.size)]
+
+
+def _one_to_one(m: np.ndarray) -> bool:
+    finite = np.isfinite(m)
+    return m.shape[0] == m.shape[1] and bool(
+        (finite.sum(axis=0) == 1).all() and (finite.sum(axis=1) == 1).all()
+    )
+
+
+def follow_ties(g: Graph, x: np.ndarray) -> np.ndarray:
+    """x with every node tied to another (see `tied`) set by its tie from the first node
+    of its group, breadth first: a plan that keeps the one-to-one edges where it can."""
+    x = x.copy()
+    links: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(g.size)]
+    for u, v, m in g.edges:
+        if _one_to_one(m):
+            links[u].append((np.argmax(np.isfinite(m), axis=1), v))  # u's k -> v's l
+            links[v].append((np.argmax(np.isfinite(m), axis=0), u))
+    done = np.zeros(g.size, dtype=bool)
+    for r in range(g.size):
+        if done[r] or not links[r]:
+            continue
+        done[r] = True
+        queue = deque([r])
+        while queue:
+            a = queue.popleft()
+            for to, b in links[a]:
+                if not done[b]:
+                    done[b] = True
+                    x[b] = to[x[a]]
+                    queue.append(b)
+    return x
+
+
+def legal_start(g: Graph) -> np.ndarray:
+    """`fitting_start`, then, if it takes a forbidden pair, the ties followed
+    (`follow_ties`) if that fits, then single moves that minimize
+    usage among plans without one (edges cost 0, or +inf where forbidden; node cost is
+    usage), so the search starts from a plan, not from a forbidden choice."""
+    x = fitting_start(g)
+    forbidden = any(not np.isfinite(m[x[u], x[v]]) for u, v, m in g.edges)
+    if not forbidden:
+        return x
+    followed = follow_ties(g, x)
+    if levels(g, followed).max(initial=0.0) <= g.limit:
+        x = followed
+        if all(np.isfinite(m[x[u], x[v]]) for u, v, m in g.edges):
+            return x
+    zero_one = Graph(
+        [np.where(np.isfinite(c), m, np.inf) for c, m in zip(g.cost, g.usage, strict=True)],
+        g.usage, g.lo, g.hi, g.points, g.limit,
+        [[(np.where(np.isfinite(m), 0.0, np.inf), w) for m, w in row] for row in g.adj],
+        [(u, v, np.where(np.isfinite(m), 0.0, np.inf)) for u, v, m in g.edges],
+    )  # fmt: skip
+    s = Search(zero_one, x, deadline=math.inf)
+    s.hard = False
+    s.descend()
+    level = levels(g, s.x)
+    return s.x if level.max(initial=0.0) <= g.limit else x
+
+
 def smallest_start(g: Graph) -> np.ndarray:
-    """Every node at its smallest usage among allowed strategies (cheapest of those)."""
+    """Every node at its smallest usage among allowed strategies (the first of those:
+    nodes that an edge forces to take the same strategy, a tensor and its copy, have
+    the same usages and so take the same one)."""
     x = np.zeros(g.size, dtype=np.int64)
     for v, (c, m) in enumerate(zip(g.cost, g.usage, strict=True)):
         allowed = np.isfinite(c)
         if not allowed.any():
             raise InfeasibleError(f"node {v}: every strategy is forbidden")
         low = m[allowed].min()
-        pick = np.flatnonzero(allowed & (m == low))
-        x[v] = pick[np.argmin(c[pick])]
+        x[v] = int(np.flatnonzero(allowed & (m == low))[0])
     return x
 
 
@@ -329,5 +412,3 @@ def _threshold(current: float) -> float:
     """What a move must get below to count as better than `current` (any finite value
     beats a forbidden one)."""
     return current - EPS * (abs(current) + 1.0) if math.isfinite(current) else math.inf
-
-

@@ -23,14 +23,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from rhino.hlo.errors import InfeasibleError
-from rhino.search.local import Graph, Search, true_cost
-from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
+from rhino.search.local import Graph, Search, tied, true_cost
+from rhino.search.problem import (
+    ProblemEdge,
+    ProblemNode,
+    ShardingProblem,
+    SolveOptions,
+    SolveStatus,
+)
 from rhino.search.solver import solve_ilp
 
 WINDOW_NODES = 300
 """Nodes in a window."""
 WINDOW_TIME_S = 2.0
 """Time limit of one window's solve."""
+WINDOW_MAX_STRATEGIES = 128
+"""Nodes with more strategies stay out of windows (their edges' pair variables would
+make one window's LP as large as a whole problem); single moves still change them."""
 
 
 @dataclass(frozen=True)
@@ -42,15 +51,23 @@ class LnsResult:
     history: list[tuple[float, float]]
 
 
-def grow(g: Graph, seed: int, size: int, rng: np.random.Generator) -> list[int]:
-    """Up to `size` nodes with a choice, breadth first from `seed` (neighbours in random order)."""
+def grow(g: Graph, seed: int, size: int, rng: np.random.Generator,
+         ties: list[list[int]] | None = None) -> list[int]:  # fmt: skip
+    """About `size` nodes, breadth first from `seed` (neighbours in random order), each
+    with the nodes tied to it (`tied`); a node whose ties alone pass `size` is left out."""
     seen = {seed}
     queue = deque([seed])
-    out = []
+    out: list[int] = []
+    taken: set[int] = set()
     while queue and len(out) < size:
         v = queue.popleft()
-        out.append(v)
-        nbrs = [w for _, w in g.adj[v] if w not in seen]
+        group = ties[v] if ties is not None else [v]
+        if v in taken or len(group) > size:
+            continue
+        out += group
+        taken.update(group)
+        seen.update(group)
+        nbrs = [w for u in group for _, w in g.adj[u] if w not in seen]
         rng.shuffle(nbrs)
         for w in nbrs:
             seen.add(w)
@@ -60,10 +77,15 @@ def grow(g: Graph, seed: int, size: int, rng: np.random.Generator) -> list[int]:
 
 def _seed(g: Graph, s: Search, rng: np.random.Generator, movable: np.ndarray) -> int:
     """A window's first node: half the time an end of an edge drawn by its current cost
-    (where a plan is dear, a window is likely to help), else any node."""
-    if rng.random() < 0.5 and g.edges:
+    (where a plan is dear, a window is likely to help), else any node; an end of a
+    forbidden pair while the plan has one."""
+    if g.edges:
         paid = np.array([m[s.x[u], s.x[v]] for u, v, m in g.edges])
-        paid = np.where(np.isfinite(paid), paid, 0.0)
+        forbidden = np.flatnonzero(~np.isfinite(paid))
+        if len(forbidden):  # a forbidden pair first: the plan is no plan until it goes
+            u, v, _ = g.edges[int(rng.choice(forbidden))]
+            return int(u if rng.random() < 0.5 else v)
+    if rng.random() < 0.5 and g.edges:
         if paid.sum() > 0:
             u, v, _ = g.edges[int(rng.choice(len(paid), p=paid / paid.sum()))]
             return int(u if rng.random() < 0.5 else v)
@@ -100,7 +122,9 @@ def window_problem(g: Graph, s: Search, nodes: list[int]) -> ShardingProblem:
             elif inside[w] > i:
                 edges.append(ProblemEdge(i, inside[w], m))
         live = (int(g.lo[v]), int(g.hi[v]) - 1)
-        problem_nodes.append(ProblemNode(str(v), tuple(map(str, range(len(cost)))), cost, g.usage[v], live))
+        problem_nodes.append(
+            ProblemNode(str(v), tuple(map(str, range(len(cost)))), cost, g.usage[v], live)
+        )
     lo = np.array([g.lo[v] for v in nodes])
     hi = np.array([g.hi[v] for v in nodes])
     held = np.array([g.usage[v][x[v]] for v in nodes])
@@ -117,31 +141,35 @@ def window_problem(g: Graph, s: Search, nodes: list[int]) -> ShardingProblem:
 
 
 def lns(g: Graph, start: np.ndarray, deadline: float, seed: int = 0, threads: int = 1,
-        size: int = WINDOW_NODES) -> LnsResult:  # fmt: skip
-    """Windows until `deadline`, from `start` (a plan that fits); the best plan."""
+        size: int = WINDOW_NODES, most: int | None = None) -> LnsResult:  # fmt: skip
+    """Windows until `deadline` (or `most` of them), from `start` (a plan that fits);
+    the best plan."""
     begin = time.perf_counter()
     rng = np.random.default_rng(seed)
     s = Search(g, start, deadline)
     cost = true_cost(g, s.x)
     history = [(0.0, cost)]
-    movable = np.flatnonzero([len(c) > 1 for c in g.cost])
+    movable = np.flatnonzero([1 < len(c) <= WINDOW_MAX_STRATEGIES for c in g.cost])
     windows = improved = 0
-    blocks = [movable[i : i + size] for i in range(0, len(movable), size)]
-    while not s.out_of_time() and len(movable):
-        if windows < len(blocks):  # first a sweep over blocks of consecutive nodes
-            nodes = blocks[windows].tolist()
-        else:
-            nodes = grow(g, _seed(g, s, rng, movable), size, rng)
-            nodes = [v for v in nodes if len(g.cost[v]) > 1]
+    ties = tied(g)
+    longest = 0.0  # the longest window so far: none is started that would end past the deadline
+    while deadline - time.perf_counter() > longest and len(movable) and windows != most:
+        opened = time.perf_counter()
+        nodes = grow(g, _seed(g, s, rng, movable), size, rng, ties)
+        nodes = [v for v in nodes if 1 < len(g.cost[v]) <= WINDOW_MAX_STRATEGIES]
         windows += 1
         problem = window_problem(g, s, nodes)
         before = tuple(int(s.x[v]) for v in nodes) + (0,) * (len(problem.nodes) - len(nodes))
         left = deadline - time.perf_counter()
-        options = SolveOptions(time_limit_s=max(0.1, min(WINDOW_TIME_S, left)), threads=threads, seed=windows)
+        options = SolveOptions(
+            time_limit_s=max(0.1, min(WINDOW_TIME_S, left)), threads=threads, seed=windows
+        )
         try:
             solved = solve_ilp(problem, options, start=before)
         except InfeasibleError:
             continue
+        finally:
+            longest = max(longest, time.perf_counter() - opened)
         for i, v in enumerate(nodes):
             if solved.choice[i] != s.x[v]:
                 s.apply(v, int(solved.choice[i]))
@@ -150,4 +178,6 @@ def lns(g: Graph, start: np.ndarray, deadline: float, seed: int = 0, threads: in
             improved += 1
             history.append((time.perf_counter() - begin, new))
         cost = new
+        if len(nodes) == len(movable) and solved.status == SolveStatus.OPTIMAL:
+            break  # the window was the whole problem: its plan is optimal
     return LnsResult(s.x.copy(), cost, windows, improved, history)
