@@ -471,9 +471,8 @@ def memory_rows(r: Reduced) -> MemoryRows:
     t_max = np.array([int(terms[v].max()) for v in timed.tolist()], dtype=np.int64)
     starts = np.unique(np.concatenate([t_first, c_first]))
     if not len(starts):  # nothing timed: one row over everything
-        rhs = math.floor(budget - always_const + 1e-6)
-        binds = head_max > rhs
-        return MemoryRows(terms, always, [(timed, rhs)] if binds else [])
+        whole = math.floor(budget - always_const + 1e-6)
+        return MemoryRows(terms, always, [(timed, whole)] if head_max > whole else [])
     ends = np.sort(np.concatenate([t_last, c_last]))
     # a start t is a point when the first end at or after t comes before the next start
     j = np.searchsorted(ends, starts)

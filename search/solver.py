@@ -279,7 +279,7 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         [model.new_bool_var(f"s[{v}][{k}]") for k in range(len(n.labels))]
         for v, n in enumerate(problem.nodes)
     ]
-    objective = []
+    objective: list[Any] = []
     # (one)
     for v in range(len(problem.nodes)):
         model.add_exactly_one(s[v])
