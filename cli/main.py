@@ -1,4 +1,4 @@
-"""The `rhino` command: parse | plan | pipeline | run | sweep."""
+"""The `rhino` command: parse | plan | pipeline | run | solve | sweep."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from rhino.cli.parse_cmd import parse_command
 from rhino.cli.pipeline_cmd import pipeline_command
 from rhino.cli.plan_cmd import plan_command
 from rhino.cli.run_cmd import run_command
+from rhino.cli.solve_cmd import solve_command
 from rhino.cli.sweep_cmd import sweep_command
 
 
@@ -23,6 +24,7 @@ def cli() -> None:
       rhino pipeline examples/gpt_tiny.hlo --stages 4
       rhino run model.hlo --plan plan.json
       rhino sweep configs/sweeps/examples.yaml
+      rhino solve asplos-2025-iopddl-A.json.gz --time-limit 60
     """
 
 
@@ -30,6 +32,7 @@ cli.add_command(parse_command)
 cli.add_command(plan_command)
 cli.add_command(pipeline_command)
 cli.add_command(run_command)
+cli.add_command(solve_command)
 cli.add_command(sweep_command)
 
 

@@ -448,41 +448,92 @@ def memory_rows(r: Reduced) -> MemoryRows:
     """The rows needed for the budget: one at each step that starts some interval and is
     followed by the end of one before the next start (a locally largest live set, the
     only steps where the peak can be); one row over everything without liveness. Rows
-    that cannot bind even with every node at its largest are left out."""
+    that cannot bind even with every node at its largest are left out, and of
+    neighbouring rows over the same members only the tightest is kept. Built with numpy:
+    a node covers a range of those steps, so sums over a step's members are prefix sums.
+    """
     problem = r.problem
     nodes = problem.nodes
     budget = float(problem.budget) if problem.budget is not None else math.inf
     terms = {v: np.ceil(r.memory[v] - 1e-9).astype(np.int64) for v in sorted(r.memory)}
     always = [v for v in terms if nodes[v].live is None]
-    timed = np.array([v for v in terms if nodes[v].live is not None], dtype=np.int64)
+    if not math.isfinite(budget):
+        return MemoryRows(terms, always, [])
     always_const = problem.constant_memory + sum(
         r.base[v] for v, n in enumerate(nodes) if n.live is None
     )
-    const = [(n.live, r.base[v]) for v, n in enumerate(nodes) if n.live is not None and r.base[v]]
-    t_first = np.array([nodes[v].live[0] for v in timed], dtype=np.int64)  # type: ignore[index]
-    t_last = np.array([nodes[v].live[1] for v in timed], dtype=np.int64)  # type: ignore[index]
-    c_first = np.array([live[0] for live, _ in const], dtype=np.int64)  # type: ignore[index]
-    c_last = np.array([live[1] for live, _ in const], dtype=np.int64)  # type: ignore[index]
-    c_size = np.array([size for _, size in const], dtype=np.float64)
-    starts = np.unique(np.concatenate([t_first, c_first]))
-    ends = np.sort(np.concatenate([t_last, c_last]))
-    points: list[int | None] = []
-    for i, t in enumerate(starts.tolist()):
-        j = int(np.searchsorted(ends, t))
-        if i + 1 == len(starts) or (j < len(ends) and ends[j] < starts[i + 1]):
-            points.append(t)
-    if not points:
-        points = [None]
     head_max = sum(int(terms[v].max()) for v in always)
-    rows = []
-    for t in points:
-        if t is None:
-            members, held = timed, always_const
-        else:
-            members = timed[(t_first <= t) & (t_last >= t)]
-            held = always_const + float(c_size[(c_first <= t) & (c_last >= t)].sum())
-        rhs = math.floor(budget - held + 1e-6) if math.isfinite(budget) else 0
-        if not math.isfinite(budget) or head_max + sum(int(terms[v].max()) for v in members) <= rhs:
-            continue  # never binds
-        rows.append((members, rhs))
-    return MemoryRows(terms, always, rows)
+    timed = np.array([v for v in terms if _spans(nodes[v].live)], dtype=np.int64)
+    const = [v for v, n in enumerate(nodes) if _spans(n.live) and r.base[v]]
+    t_first, t_last = _live_arrays(nodes, timed)
+    c_first, c_last = _live_arrays(nodes, const)
+    c_size = np.array([r.base[v] for v in const], dtype=np.float64)
+    t_max = np.array([int(terms[v].max()) for v in timed.tolist()], dtype=np.int64)
+    starts = np.unique(np.concatenate([t_first, c_first]))
+    if not len(starts):  # nothing timed: one row over everything
+        whole = math.floor(budget - always_const + 1e-6)
+        return MemoryRows(terms, always, [(timed, whole)] if head_max > whole else [])
+    ends = np.sort(np.concatenate([t_last, c_last]))
+    # a start t is a point when the first end at or after t comes before the next start
+    j = np.searchsorted(ends, starts)
+    after = np.append(starts[1:], np.iinfo(np.int64).max)
+    first_end = ends[np.minimum(j, len(ends) - 1)]
+    points = starts[(j < len(ends)) & (first_end < after)]
+    points = np.union1d(points, starts[-1:])
+    # node v is a member of points lo[v] <= i < hi[v]
+    t_lo, t_hi = np.searchsorted(points, t_first), np.searchsorted(points, t_last, "right")
+    c_lo, c_hi = np.searchsorted(points, c_first), np.searchsorted(points, c_last, "right")
+    held = always_const + _range_sums(len(points), c_lo, c_hi, c_size)
+    largest = _range_sums(len(points), t_lo, t_hi, t_max.astype(np.float64))
+    rhs = np.floor(budget - held + 1e-6)
+    binding = np.flatnonzero(head_max + largest > rhs)
+    if not len(binding):
+        return MemoryRows(terms, always, [])
+    # neighbouring binding points with no member starting or ending between them share
+    # their members: one row, the smallest right-hand side
+    changes = np.zeros(len(points) + 1, dtype=np.int64)
+    np.add.at(changes, t_lo, 1)
+    np.add.at(changes, t_hi, 1)
+    seen = np.cumsum(changes)
+    new_group = np.ones(len(binding), dtype=bool)
+    new_group[1:] = seen[binding[1:]] != seen[binding[:-1]]
+    group = np.cumsum(new_group) - 1
+    kept = binding[new_group]
+    group_rhs = np.full(len(kept), np.inf)
+    np.minimum.at(group_rhs, group, rhs[binding])
+    members = _members(kept, timed, t_lo, t_hi)
+    return MemoryRows(
+        terms, always, [(m, int(b)) for m, b in zip(members, group_rhs.tolist(), strict=True)]
+    )
+
+
+def _spans(live: tuple[int, int] | None) -> bool:
+    """Is the node live at some step (an interval, not empty)?"""
+    return live is not None and live[0] <= live[1]
+
+
+def _live_arrays(nodes, ids) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+    first = np.array([nodes[v].live[0] for v in ids], dtype=np.int64)
+    last = np.array([nodes[v].live[1] for v in ids], dtype=np.int64)
+    return first, last
+
+
+def _range_sums(n: int, lo: np.ndarray, hi: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """For i in 0..n-1, the sum of value[j] over the j with lo[j] <= i < hi[j]."""
+    delta = np.zeros(n + 1, dtype=np.float64)
+    np.add.at(delta, lo, value)
+    np.add.at(delta, hi, -value)
+    return np.cumsum(delta)[:n]
+
+
+def _members(kept: np.ndarray, ids: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[np.ndarray]:
+    """For each point index in `kept` (sorted), the ids whose [lo, hi) holds it (sorted)."""
+    a, b = np.searchsorted(kept, lo), np.searchsorted(kept, hi)
+    count = b - a
+    total = int(count.sum())
+    node = np.repeat(ids, count)
+    # row of each (node, row) pair: a[v], a[v] + 1, ..., b[v] - 1 for each v in turn
+    row = np.arange(total) - np.repeat(np.cumsum(count) - count, count) + np.repeat(a, count)
+    order = np.lexsort((node, row))
+    node, row = node[order], row[order]
+    return np.split(node, np.searchsorted(row, np.arange(1, len(kept))))

@@ -85,8 +85,9 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None,
               start: tuple[int, ...] | None = None, reduced: Reduced | None = None) -> Solution:  # fmt: skip
     """Minimize the problem's cost within its budget; the best plan found by the time
     limit when the search is not finished (status FEASIBLE). `start`, a plan of the
-    problem (no budget), is where the search starts when it beats the LP's rounding:
-    the answer is never worse than it.
+    problem, is where the search starts when it beats the LP's rounding: the answer is
+    never worse than it (with a budget: when it fits and the reductions kept its
+    strategies; it is then CP-SAT's hint).
 
     The exact reductions of `rhino.search.reduce` (leaves folded into their neighbour,
     chain links into an edge, dominated strategies dropped; with a budget, only where
@@ -119,7 +120,7 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None,
              for members, rhs in found.rows],
         )  # fmt: skip
     core_start = None
-    if start is not None and rows is None:
+    if start is not None:
         on_core = core_choice(reduced, start)
         if on_core is not None:
             core_start = tuple(on_core[v] for v in core_ids)
@@ -243,9 +244,24 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
                 lp_hint = given
         fallback = tuple(lp_hint)
     else:  # the smallest layouts everywhere fit (check_budget): a plan, if a poor one
-        smallest = tuple(int(np.argmin(n.memory)) for n in problem.nodes)
+        smallest = tuple(
+            int(np.argmin(np.where(np.isfinite(c), n.memory, np.inf)))
+            for n, c in zip(problem.nodes, node_cost, strict=True)
+        )
         if memory.fits(smallest):
             fallback = smallest
+        if lp_hint is not None and memory.fits(lp_hint):  # the LP's rounding, if it fits
+            if (
+                fallback is None
+                or problem.evaluate(lp_hint).objective < problem.evaluate(fallback).objective
+            ):
+                fallback = tuple(lp_hint)
+        if start_choice is not None and memory.fits(start_choice):  # a plan that fits
+            if (
+                fallback is None
+                or problem.evaluate(start_choice).objective < problem.evaluate(fallback).objective
+            ):
+                fallback = start_choice
     if lp_size[0] > CPSAT_MAX_VARIABLES and fallback is not None:
         # CP-SAT would spend minutes and gigabytes building the model and not come near
         # the start it is given (the 12-layer GPT on 2x8, 836k variables: 21% gap after
@@ -254,7 +270,7 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         return _answer(
             problem, fallback, SolveStatus.FEASIBLE, lp_value, start, lp_size, "cpsat_skipped"
         )
-    total = sum(float(c.max()) for c in node_cost) + sum(float(e.cost.max()) for e in pair_edges)
+    total = sum(_finite_max(c) for c in node_cost) + sum(_finite_max(e.cost) for e in pair_edges)
     scale = 1e12 if total * 1e12 < 1e15 else 1e15 / max(total, 1e-30)
 
     model = cp_model.CpModel()
@@ -263,28 +279,23 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         [model.new_bool_var(f"s[{v}][{k}]") for k in range(len(n.labels))]
         for v, n in enumerate(problem.nodes)
     ]
-    objective = []
+    objective: list[Any] = []
     # (one)
     for v in range(len(problem.nodes)):
         model.add_exactly_one(s[v])
-        objective += [int(round(c * scale)) * s[v][k] for k, c in enumerate(node_cost[v]) if c]
+        for k, c in enumerate(node_cost[v]):
+            _price(model, objective, c, scale, s[v][k])
     # (rows), (cols) on grouped layouts
     for e in pair_edges:
         rows, row_of = _groups(e.cost)
         cols, col_of = _groups(e.cost.T)
         if len(rows) == 1 or len(cols) == 1:  # the cost depends on one side only: fold it
             if len(rows) == 1:
-                objective += [
-                    int(round(e.cost[0, l] * scale)) * s[e.v][l]
-                    for l in range(e.cost.shape[1])
-                    if e.cost[0, l]
-                ]
+                for l in range(e.cost.shape[1]):
+                    _price(model, objective, e.cost[0, l], scale, s[e.v][l])
             else:
-                objective += [
-                    int(round(e.cost[k, 0] * scale)) * s[e.u][k]
-                    for k in range(e.cost.shape[0])
-                    if e.cost[k, 0]
-                ]
+                for k in range(e.cost.shape[0]):
+                    _price(model, objective, e.cost[k, 0], scale, s[e.u][k])
             continue
         pair = {
             (g, h): model.new_bool_var(f"e[{e.u},{e.v}][{g},{h}]")
@@ -296,18 +307,18 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         for h, members in enumerate(cols):
             model.add(sum(pair[g, h] for g in range(len(rows))) == sum(s[e.v][l] for l in members))
         for (g, h), var in pair.items():
-            c = e.cost[rows[g][0], cols[h][0]]
-            if c:
-                objective.append(int(round(c * scale)) * var)
+            _price(model, objective, e.cost[rows[g][0], cols[h][0]], scale, var)
     # (memory)
     if memory is not None:
         _add_memory(model, memory, s)
     model.minimize(sum(objective))
     for v, n in enumerate(problem.nodes):
-        if lp_hint is not None and memory is None:
+        if lp_hint is not None:
             start_k = lp_hint[v]
-        elif memory is not None:
-            start_k = int(np.argmin(n.memory))
+        elif fallback is not None:
+            start_k = fallback[v]
+        elif memory is not None:  # the smallest allowed layout
+            start_k = int(np.argmin(np.where(np.isfinite(node_cost[v]), n.memory, np.inf)))
         else:
             start_k = int(np.argmin(node_cost[v]))
         for k, var in enumerate(s[v]):
@@ -323,6 +334,8 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
     solver.parameters.relative_gap_limit = options.relative_gap
     status = solver.solve(model)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    if status == cp_model.INFEASIBLE:  # proven: a fallback here breaks a forbidden pair
+        raise InfeasibleError("no plan fits the memory budget and avoids every forbidden choice")
     if not found and fallback is None:
         if status == cp_model.INFEASIBLE:
             raise InfeasibleError("no plan fits the memory budget")  # check_budget says more
@@ -353,6 +366,21 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         variables=len(proto.variables),
         constraints=len(proto.constraints),
     )
+
+
+def _finite_max(costs: np.ndarray) -> float:
+    finite = costs[np.isfinite(costs)]
+    return float(finite.max()) if finite.size else 0.0
+
+
+def _price(model: cp_model.CpModel, objective: list, cost: float, scale: float,  # type: ignore[type-arg]
+           var: cp_model.IntVar) -> None:  # fmt: skip
+    """`cost * var` into the objective (scaled to an integer); a forbidden (+inf) cost
+    is a hard constraint instead: var = 0."""
+    if not np.isfinite(cost):
+        model.add(var == 0)
+    elif cost:
+        objective.append(int(round(cost * scale)) * var)
 
 
 def _answer(problem: ShardingProblem, choice: tuple[int, ...], status: SolveStatus, bound: float,
@@ -437,8 +465,11 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
         matrix = vstack([eq, a_ub], format="csc")
         lower = np.concatenate([rhs, np.full(len(b_ub), -np.inf)])
         upper = np.concatenate([rhs, b_ub])
+    cost = np.concatenate(objective)
+    forbidden = ~np.isfinite(cost)  # a forbidden choice or pair: the variable is 0
+    cost[forbidden] = 0.0
     solved = _run_highs(
-        np.concatenate(objective), matrix, lower, upper,
+        cost, matrix, lower, upper, np.where(forbidden, 0.0, 1.0),
         time_limit=max(MIN_CPSAT_S, options.left() * LP_SHARE), presolve=n_vars >= LP_PRESOLVE_VARIABLES,
     )  # fmt: skip
     if solved is None:
@@ -452,15 +483,15 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
     return (tuple(hint) if integral else None), fun / LP_UNIT, hint, size
 
 
-def _run_highs(cost: np.ndarray, matrix: Any, lower: np.ndarray, upper: np.ndarray,
+def _run_highs(cost: np.ndarray, matrix: Any, lower: np.ndarray, upper: np.ndarray, col_upper: np.ndarray,
                time_limit: float, presolve: bool) -> tuple[np.ndarray, float] | None:  # fmt: skip
-    """min cost.x subject to lower <= matrix.x <= upper, 0 <= x <= 1 (`matrix` a scipy
+    """min cost.x subject to lower <= matrix.x <= upper, 0 <= x <= col_upper (`matrix` a scipy
     CSC array), on HiGHS: (x, the optimum), or None when it found no optimum in time."""
     n, m = len(cost), len(lower)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = n, m
     lp.col_cost_ = cost
-    lp.col_lower_, lp.col_upper_ = np.zeros(n), np.ones(n)
+    lp.col_lower_, lp.col_upper_ = np.zeros(n), col_upper
     lp.row_lower_, lp.row_upper_ = lower, upper
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = n, m

@@ -1,0 +1,290 @@
+"""The IOPDDL problem format (google/iopddl, the ASPLOS 2025 contest): read it, turn it
+into a `ShardingProblem`, and check an answer against the format's own rules.
+
+A file is `{"problem": {"name", "nodes": {"intervals", "costs", "usages"}, "edges":
+{"nodes", "costs"}, "usage_limit"}}` (optionally gzipped). Node v has strategies
+0..len(costs[v])-1; it holds usages[v][k] while live, at the times t with s <= t < e for
+intervals[v] = [s, e). An edge (u, v) costs costs[i][k * len(S_v) + l] when u takes k and
+v takes l; edges may repeat and point either way. A cost of 1e18 (or more) means
+forbidden. The answer is one strategy per node, written as `[s0, s1, ...]`.
+
+`check` recomputes cost and peak usage from the file's own numbers, in exact integers,
+with nothing shared with the solvers: it is the independent judge of every answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rhino.hlo.errors import InfeasibleError, RhinoError
+from rhino.search import local, window
+from rhino.search.problem import (
+    ProblemEdge,
+    ProblemNode,
+    ShardingProblem,
+    SolveOptions,
+    SolveStatus,
+)
+from rhino.search.solver import solve_ilp
+
+FORBIDDEN = 10**18
+"""A cost of this much or more forbids the strategy (or pair of strategies)."""
+
+
+class IopddlFormatError(RhinoError):
+    """A file that is not a valid IOPDDL problem."""
+
+
+@dataclass(frozen=True, eq=False)
+class Instance:
+    """One IOPDDL problem, as the file gives it."""
+
+    name: str
+    intervals: np.ndarray
+    """[n, 2] int64: node v is live at s <= t < e."""
+    costs: tuple[np.ndarray, ...]
+    """Per node, int64 cost per strategy (FORBIDDEN and more: forbidden)."""
+    usages: tuple[np.ndarray, ...]
+    """Per node, int64 usage per strategy."""
+    edges: np.ndarray
+    """[m, 2] int64 (u, v) per edge, as given (repeats and both directions allowed)."""
+    edge_costs: tuple[np.ndarray, ...]
+    """Per edge, the flat int64 cost list, index k * len(S_v) + l."""
+    limit: int
+    """The usage limit (inclusive)."""
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return len(self.costs), len(self.edge_costs)
+
+
+@dataclass(frozen=True)
+class Check:
+    """An answer judged by the format's rules."""
+
+    cost: int
+    """Sum of the chosen node and edge costs (exact)."""
+    peak: int
+    """Highest total usage at any time."""
+    feasible: bool
+    reason: str = ""
+    """Why it is not feasible ("" when it is)."""
+
+
+def load(path: str | Path) -> Instance:
+    """Read an IOPDDL file (.json or .json.gz); IopddlFormatError when it is not one."""
+    path = Path(path)
+    try:
+        opener: Any = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            doc = json.load(f)
+    except FileNotFoundError as e:
+        raise IopddlFormatError(f"{path}: no such file") from e
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise IopddlFormatError(f"{path}: not readable as JSON: {e}") from e
+    return parse(doc, str(path))
+
+
+def parse(doc: Any, where: str = "<problem>") -> Instance:
+    """An Instance from the parsed JSON document; IopddlFormatError naming what is wrong."""
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise IopddlFormatError(f"{where}: {what}")
+
+    need(isinstance(doc, dict) and isinstance(doc.get("problem"), dict),
+         'expected an object with a "problem" object')  # fmt: skip
+    p = doc["problem"]
+    for key in ("nodes", "edges", "usage_limit"):
+        need(key in p, f'problem has no "{key}"')
+    nodes, edges = p["nodes"], p["edges"]
+    need(isinstance(nodes, dict) and isinstance(edges, dict), '"nodes" and "edges" must be objects')
+    for key in ("intervals", "costs", "usages"):
+        need(isinstance(nodes.get(key), list), f'nodes has no list "{key}"')
+    n = len(nodes["costs"])
+    need(len(nodes["intervals"]) == n and len(nodes["usages"]) == n,
+         f"nodes: {len(nodes['intervals'])} intervals, {n} cost lists, "
+         f"{len(nodes['usages'])} usage lists (expected equal)")  # fmt: skip
+    try:
+        intervals = np.array(nodes["intervals"], dtype=np.int64).reshape(n, 2)
+        costs = tuple(np.array(c, dtype=np.float64) for c in nodes["costs"])
+        usages = tuple(np.array(u, dtype=np.int64) for u in nodes["usages"])
+        pairs = np.array(edges.get("nodes", []), dtype=np.int64).reshape(-1, 2)
+        edge_costs = tuple(np.array(c, dtype=np.float64) for c in edges.get("costs", []))
+        limit = int(p["usage_limit"])
+    except (TypeError, ValueError, OverflowError) as e:
+        raise IopddlFormatError(
+            f"{where}: a value is not a number of the expected shape: {e}"
+        ) from e
+    for v in range(n):
+        need(costs[v].ndim == 1 and len(costs[v]) > 0, f"node {v}: no strategies")
+        need(usages[v].shape == costs[v].shape,
+             f"node {v}: {len(costs[v])} costs but {usages[v].size} usages")  # fmt: skip
+    need(
+        len(edge_costs) == len(pairs),
+        f"edges: {len(pairs)} node pairs, {len(edge_costs)} cost lists",
+    )
+    need(bool(((pairs >= 0) & (pairs < n)).all()), f"edges: a node index outside 0..{n - 1}")
+    for i, (u, v) in enumerate(pairs.tolist()):
+        expected = len(costs[u]) * len(costs[v])
+        need(edge_costs[i].shape == (expected,),
+             f"edge {i} ({u}, {v}): {edge_costs[i].size} costs, expected {len(costs[u])} x {len(costs[v])} = {expected}")  # fmt: skip
+    for array in (*costs, *edge_costs):
+        need(bool((array >= 0).all()), "a negative cost")
+    return Instance(str(p.get("name", where)), intervals, _ints(costs), usages, pairs,
+                    _ints(edge_costs), limit)  # fmt: skip
+
+
+def _ints(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """Costs as int64, anything at or above FORBIDDEN as FORBIDDEN."""
+    return tuple(np.minimum(a, FORBIDDEN).astype(np.int64) for a in arrays)
+
+
+def to_problem(instance: Instance) -> ShardingProblem:
+    """The instance as a `ShardingProblem`: forbidden costs are +inf (the solvers' hard
+    constraint), live [s, e) becomes the inclusive steps (s, e - 1), the budget is the
+    limit. Costs stay in the file's units."""
+    nodes = tuple(
+        ProblemNode(
+            str(v),
+            tuple(map(str, range(len(c)))),
+            _forbid(c),
+            u.astype(np.float64),
+            (int(s), int(e) - 1),
+        )  # fmt: skip
+        for v, (c, u, (s, e)) in enumerate(
+            zip(instance.costs, instance.usages, instance.intervals.tolist(), strict=True)
+        )
+    )
+    edges = tuple(
+        ProblemEdge(
+            int(u), int(v), _forbid(c).reshape(len(instance.costs[u]), len(instance.costs[v]))
+        )
+        for (u, v), c in zip(instance.edges.tolist(), instance.edge_costs, strict=True)
+    )
+    return ShardingProblem(nodes, edges, float(instance.limit))
+
+
+def _forbid(costs: np.ndarray) -> np.ndarray:
+    out = costs.astype(np.float64)
+    out[costs >= FORBIDDEN] = np.inf
+    return out
+
+
+def check(instance: Instance, choice: list[int] | tuple[int, ...]) -> Check:
+    """Judge `choice` by the format's rules, in exact integers: its cost, its peak usage,
+    and whether it is feasible (every strategy in range, nothing forbidden, usage within
+    the limit at every time)."""
+    n = len(instance.costs)
+    if len(choice) != n:
+        return Check(0, 0, False, f"{len(choice)} strategies for {n} nodes")
+    terms = []
+    for v, k in enumerate(choice):
+        if not 0 <= k < len(instance.costs[v]):
+            return Check(0, 0, False, f"node {v}: strategy {k} of {len(instance.costs[v])}")
+        terms.append(int(instance.costs[v][k]))
+    for (u, v), c in zip(instance.edges.tolist(), instance.edge_costs, strict=True):
+        terms.append(int(c[choice[u] * len(instance.costs[v]) + choice[v]]))
+    total = sum(terms)
+    used = np.array([int(instance.usages[v][k]) for v, k in enumerate(choice)], dtype=np.int64)
+    start, end = instance.intervals[:, 0], instance.intervals[:, 1]
+    live = end > start
+    times = int(end.max(initial=0)) + 1
+    delta = np.zeros(times + 1, dtype=np.int64)
+    np.add.at(delta, start[live], used[live])
+    np.add.at(delta, end[live], -used[live])
+    level = np.cumsum(delta)
+    peak = int(level.max(initial=0))
+    if max(terms, default=0) >= FORBIDDEN:
+        return Check(total, peak, False, "a forbidden strategy or pair (cost 1e18)")
+    if peak > instance.limit:
+        t = int(np.argmax(level))
+        return Check(total, peak, False, f"usage {peak} > limit {instance.limit} at time {t}")
+    return Check(total, peak, True)
+
+
+def answer_line(choice: list[int] | tuple[int, ...]) -> str:
+    """The contest's answer: `[s0, s1, ...]`."""
+    return "[" + ", ".join(str(int(k)) for k in choice) + "]"
+
+
+SMALL_NODES = 5_000
+"""Up to this many nodes, the exact solver (reductions, LP, CP-SAT) runs on the whole
+problem first (its LP is tight on these problems and gives the lower bound); above, the
+windows of `rhino.search.window` have all the time."""
+ILP_SHARE = 0.6
+"""On a small problem, the whole-problem solve's share of the time."""
+
+
+@dataclass(frozen=True)
+class Solved:
+    """An answer to an instance, judged by `check`."""
+
+    choice: tuple[int, ...]
+    check: Check
+    bound: float
+    """A proven lower bound on the cost of any feasible plan."""
+    phases: dict[str, float]
+    """Seconds per phase (model, start, ilp, windows, check)."""
+    windows: int = 0
+    """Windows solved by the large neighbourhood search."""
+
+
+def solve(instance: Instance, options: SolveOptions) -> Solved:
+    """The cheapest feasible plan found within the options' time limit (every phase
+    counted): every node at its smallest usage, single moves that keep the limit, then
+    on a small problem the exact solver from there, then (unless it proved its plan
+    optimal) windows until the deadline.
+    InfeasibleError when no plan fits the limit."""
+    options = options.started()
+    phases: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - clock
+        clock = now
+
+    problem = to_problem(instance)
+    g = local.build(problem)
+    bound = local.lower_bound(g)
+    lap("model")
+    search = local.Search(g, local.legal_start(g), options.deadline or 0.0)
+    search.descend()
+    x = search.x
+    lap("start")
+    proven = False
+    if g.size <= SMALL_NODES and options.left() > 0:
+        solved = solve_ilp(problem, dataclasses.replace(options, deadline=time.perf_counter() + options.left() * ILP_SHARE),
+                           start=tuple(int(k) for k in x))  # fmt: skip
+        bound = max(bound, solved.bound)
+        if solved.objective < local.true_cost(g, x):
+            x = np.array(solved.choice, dtype=np.int64)
+        lap("ilp")
+        proven = solved.status == SolveStatus.OPTIMAL
+    windows = 0
+    if not proven:
+        found = window.lns(
+            g, x, options.deadline or 0.0, seed=options.seed, threads=options.threads
+        )
+        x, windows = found.choice, found.windows
+        lap("windows")
+    choice = tuple(int(k) for k in x)
+    judged = check(instance, choice)
+    lap("check")
+    if judged.feasible is False and judged.peak <= instance.limit and judged.cost >= FORBIDDEN:
+        raise InfeasibleError(
+            "no plan found that avoids every forbidden strategy and pair within the time limit"
+        )
+    if not judged.feasible:  # a bug in a solver, never a plan to hand out
+        raise AssertionError(f"the solver's plan is infeasible: {judged.reason}")
+    return Solved(choice, judged, min(bound, float(judged.cost)), phases, windows)
