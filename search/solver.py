@@ -324,14 +324,7 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         for k, var in enumerate(s[v]):
             model.add_hint(var, k == start_k)
 
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(MIN_CPSAT_S, options.left())
-    if options.work_limit is not None:
-        solver.parameters.max_deterministic_time = options.work_limit
-    solver.parameters.num_workers = max(1, options.threads)
-    solver.parameters.random_seed = options.seed
-    solver.parameters.interleave_search = True  # deterministic with several workers
-    solver.parameters.relative_gap_limit = options.relative_gap
+    solver = cpsat_solver(options, max(MIN_CPSAT_S, options.left()))
     status = solver.solve(model)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     if status == cp_model.INFEASIBLE:  # proven: a fallback here breaks a forbidden pair
@@ -381,6 +374,20 @@ def _price(model: cp_model.CpModel, objective: list, cost: float, scale: float, 
         model.add(var == 0)
     elif cost:
         objective.append(int(round(cost * scale)) * var)
+
+
+def cpsat_solver(options: SolveOptions, time_limit_s: float) -> cp_model.CpSolver:
+    """CP-SAT set up from `options` (threads, seed, gap, deterministic work limit), run
+    for at most `time_limit_s`."""
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    if options.work_limit is not None:
+        solver.parameters.max_deterministic_time = options.work_limit
+    solver.parameters.num_workers = max(1, options.threads)
+    solver.parameters.random_seed = options.seed
+    solver.parameters.interleave_search = True  # deterministic with several workers
+    solver.parameters.relative_gap_limit = options.relative_gap
+    return solver
 
 
 def _answer(problem: ShardingProblem, choice: tuple[int, ...], status: SolveStatus, bound: float,

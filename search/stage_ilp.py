@@ -51,6 +51,7 @@ from ortools.sat.python import cp_model
 
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.problem import SolveOptions, SolveStatus
+from rhino.search.solver import cpsat_solver
 from rhino.search.stage_problem import StageProblem
 from rhino.search.stage_reduce import Reduction, reduce_problem
 
@@ -211,7 +212,7 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
     start_plan = _restricted_hint(reduction, hint)
     if start_plan is not None:
         _add_hint(model, x, start_plan)
-    solver = _solver(options)
+    solver = cpsat_solver(options, options.time_limit_s)
     status = solver.solve(model)
     stats = {"nodes": float(len(problem.names)), "reduced_nodes": float(len(work.names)),
              "variables": float(len(model.proto.variables)),
@@ -240,18 +241,6 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
     return StagePlan(chosen, cut, min(float(cut), bound),
                      SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE, method,
                      time.perf_counter() - start, stats)  # fmt: skip
-
-
-def _solver(options: SolveOptions) -> cp_model.CpSolver:
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = options.time_limit_s
-    if options.work_limit is not None:
-        solver.parameters.max_deterministic_time = options.work_limit
-    solver.parameters.num_workers = max(1, options.threads)
-    solver.parameters.random_seed = options.seed
-    solver.parameters.interleave_search = True  # deterministic with several workers
-    solver.parameters.relative_gap_limit = options.relative_gap
-    return solver
 
 
 def _restricted_hint(reduction: Reduction, hint: tuple[int, ...] | None) -> tuple[int, ...] | None:
