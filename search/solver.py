@@ -234,7 +234,7 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
     # a plan to start from, so the solver always has one: without a budget any choice is
     # valid (the rounded LP optimum, improved node by node); with one, the smallest
     # layouts fit (check_budget)
-    fallback = None
+    fallback = smallest = None
     if memory is None:  # the LP's rounding, or each node's cheapest when it had no time
         rounded = lp_hint if lp_hint is not None else [int(np.argmin(c)) for c in node_cost]
         lp_hint = improve(problem, node_cost, rounded)
@@ -248,20 +248,17 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
             int(np.argmin(np.where(np.isfinite(c), n.memory, np.inf)))
             for n, c in zip(problem.nodes, node_cost, strict=True)
         )
-        if memory.fits(smallest):
-            fallback = smallest
-        if lp_hint is not None and memory.fits(lp_hint):  # the LP's rounding, if it fits
+        # then the LP's rounding and the given plan, where they fit and cost less
+        for candidate in (smallest, lp_hint, start_choice):
             if (
-                fallback is None
-                or problem.evaluate(lp_hint).objective < problem.evaluate(fallback).objective
+                candidate is not None
+                and memory.fits(candidate)
+                and (
+                    fallback is None
+                    or problem.evaluate(candidate).objective < problem.evaluate(fallback).objective
+                )
             ):
-                fallback = tuple(lp_hint)
-        if start_choice is not None and memory.fits(start_choice):  # a plan that fits
-            if (
-                fallback is None
-                or problem.evaluate(start_choice).objective < problem.evaluate(fallback).objective
-            ):
-                fallback = start_choice
+                fallback = tuple(candidate)
     if lp_size[0] > CPSAT_MAX_VARIABLES and fallback is not None:
         # CP-SAT would spend minutes and gigabytes building the model and not come near
         # the start it is given (the 12-layer GPT on 2x8, 836k variables: 21% gap after
@@ -312,15 +309,15 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
     if memory is not None:
         _add_memory(model, memory, s)
     model.minimize(sum(objective))
-    for v, n in enumerate(problem.nodes):
+    for v, cost in enumerate(node_cost):
         if lp_hint is not None:
             start_k = lp_hint[v]
         elif fallback is not None:
             start_k = fallback[v]
-        elif memory is not None:  # the smallest allowed layout
-            start_k = int(np.argmin(np.where(np.isfinite(node_cost[v]), n.memory, np.inf)))
+        elif smallest is not None:  # with a budget: the smallest allowed layout
+            start_k = smallest[v]
         else:
-            start_k = int(np.argmin(node_cost[v]))
+            start_k = int(np.argmin(cost))
         for k, var in enumerate(s[v]):
             model.add_hint(var, k == start_k)
 
@@ -330,8 +327,6 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
     if status == cp_model.INFEASIBLE:  # proven: a fallback here breaks a forbidden pair
         raise InfeasibleError("no plan fits the memory budget and avoids every forbidden choice")
     if not found and fallback is None:
-        if status == cp_model.INFEASIBLE:
-            raise InfeasibleError("no plan fits the memory budget")  # check_budget says more
         raise InfeasibleError(
             f"the solver found no plan within {options.time_limit_s:g} s (status {solver.status_name(status)})"
         )
