@@ -84,9 +84,9 @@ def search_groups(first: Plan, plan_with: Callable[[frozenset[GroupKey]], Plan],
     plans were made."""
     best, closed, made = first, frozenset[GroupKey](), 0
     tried = {closed}
-    while best.combined_latency_s > GROUP_SEARCH_SHARE * best.objective_s and time_left() > 0:
-        if made >= MAX_GROUP_PLANS:
-            break
+    while (
+        best.combined_latency_s > GROUP_SEARCH_SHARE * best.objective_s and made < MAX_GROUP_PLANS
+    ):
         improved: tuple[Plan, frozenset[GroupKey]] | None = None
         for key in used_keys(best):
             trial = closed | {key}

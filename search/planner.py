@@ -276,7 +276,8 @@ def to_problem(graph: ShardingGraph, budget: float | None,
             )
         cost, memory = per_kind[n.kind]
         for key, alpha in latencies[v].items():  # XLA combines these: to_plan charges them
-            cost = cost if key in closed else cost - alpha
+            if key not in closed:
+                cost = cost - alpha
         cost = cost * n.weight
         held = n.inst.opcode.value == "parameter" and n.inst.parent is entry
         live = (0 if held else n.order, end if held or id(n.inst) in outputs else n.last_use)
@@ -317,7 +318,7 @@ def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, 
     compute = 0.0
     combinable: list[tuple[int, int, int | None]] = []
     """(index in `collectives`, node it happens at, the edge's producer or None) of each
-    collective XLA combines with others (see `_combine`)."""
+    collective XLA combines with others (see `combine`)."""
     for v, (n, k) in enumerate(zip(graph.nodes, solution.choice, strict=True)):
         s = n.strategies[k]
         compute += s.compute * n.weight
