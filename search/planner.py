@@ -36,7 +36,7 @@ from rhino.search.problem import (
     SolveStatus,
 )
 from rhino.search.reshard import reshard
-from rhino.search.solver import solve_ilp
+from rhino.search.solver import check_budget, solve_ilp
 from rhino.search.spec import ShardingSpec, SpecError
 
 LEVELS = ("O2", "O3")
@@ -140,7 +140,7 @@ def _solve(graph: ShardingGraph, problem: ShardingProblem, request: PlanRequest,
     elif problem.budget is not None and request.level == "O2":
         # the budget's rows relaxed into node costs: O2 itself never sees a memory row
         solution = solve_within_budget(problem, options, merged)
-    elif request.level == "O3" and problem.budget is None:
+    elif request.level == "O3":
         solution = solve_whole(problem, options, memo)
     else:
         solution = solve(problem, options)
@@ -172,14 +172,26 @@ def search_report(solution: Solution, phases: dict[str, float]) -> dict[str, obj
 def solve_whole(
     problem: ShardingProblem, options: SolveOptions, memo: WindowMemo | None = None
 ) -> Solution:
-    """O3 without a budget: the whole-graph ILP, started from O2's plan (given at most
-    half the time), so it is never worse than O2. Where O2 itself solved the whole core
-    by one ILP (its level 2) that is O3's answer already."""
+    """O3: the whole-graph ILP, started from O2's plan (given at most half the time), so
+    it is never worse than O2. Where O2 itself solved the whole core by one ILP (its level
+    2) that is O3's answer already.
+
+    With a budget, the problem without it comes first: a budget only removes plans, so
+    that problem's optimum (and bound) is the budget's too where it fits. Only when O2's
+    or O3's plan does not fit does the ILP carry the memory rows."""
+    if problem.budget is not None:
+        check_budget(problem)  # the clear message, before anything else
+    budget = np.inf if problem.budget is None else float(problem.budget)
+    free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
     warm_options = dataclasses.replace(options, deadline=time.perf_counter() + options.left() / 2)
-    warm = solve_merged(problem, warm_options, memo=memo)
+    warm = solve_merged(free, warm_options, memo=memo)
+    if warm.peak_memory > budget:  # the budget binds: the memory rows, from scratch
+        return solve_ilp(problem, options)
     if warm.stats.get("level", 0.0) < 3 and warm.status is SolveStatus.OPTIMAL:
         return dataclasses.replace(warm, stats={**warm.stats, "level": 0.0})
-    found = solve_ilp(problem, options, start=warm.choice)
+    found = solve_ilp(free, options, start=warm.choice)
+    if found.peak_memory > budget:  # O3's plan does not fit: the rows, from O2's plan
+        found = solve_ilp(problem, options, start=warm.choice)
     return dataclasses.replace(found, stats={**found.stats, "warm_start_s": warm.solve_time_s,
                                              "warm_start_cost": warm.objective})  # fmt: skip
 

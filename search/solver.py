@@ -72,13 +72,29 @@ integral answer (the 24-layer GPT on 2x4: 1.9M variables, integral after 185 s o
 machine, more than 340 s on a slower one), and CP-SAT alone would not come near it in
 the rest."""
 LP_SOLVER: Literal["choose", "simplex", "ipm"] = "choose"
-"""HiGHS' LP method ("choose" lets it choose)."""
+"""HiGHS' LP method ("choose" lets it choose) below `LP_FIRST_ORDER_VARIABLES`."""
+LP_FIRST_ORDER_VARIABLES = CPSAT_MAX_VARIABLES
+"""An LP with at least this many variables runs on HiGHS' first-order method (PDLP,
+"hipdlp") instead: the 24-layer GPT on 2x4 (1.86M variables) did not finish in 340 s of
+dual simplex, nor in 500 s of interior point; PDLP converged in 72-143 s (load), and its
+row prices bound the optimum to within 4e-10 of O2's plan. Its point is not exact, so
+its value is never taken as the optimum: the bound comes from its prices
+(`_lagrangian_bound`), the plan from rounding its point."""
+PDLP_TOLERANCE = 1e-9
+"""PDLP's optimality tolerance: at HiGHS' default (1e-7) its prices bounded the 24-layer
+GPT only to within 4e-6."""
+PROVEN_GAP = 1e-7
+"""A plan within this share of a lower bound counts as proven optimal (the LP solvers'
+own tolerance is 1e-7)."""
 LP_PRESOLVE_VARIABLES = 50_000
 """HiGHS presolves an LP with at least this many variables; a smaller one (a window of
 O2's refinement) solves twice as fast without (40 windows of the 24-layer GPT on 2x8:
 1.8 s, 3.7 s with presolve; same optima)."""
 LP_UNIT = 1e6
 """The LP counts microseconds: HiGHS' tolerances (~1e-7) would swallow costs in seconds."""
+LP_BYTES = 2.0**30
+"""The LP's memory rows count GiB: in bytes (up to 1e10) next to costs of ~1 they left
+PDLP far from converging on the 24-layer GPT's nine rows."""
 
 
 def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None,
@@ -263,10 +279,12 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         # CP-SAT would spend minutes and gigabytes building the model and not come near
         # the start it is given (the 12-layer GPT on 2x8, 836k variables: 21% gap after
         # 300 s, 11 GiB; with a budget, the 72-layer GPT on 2x8 went past 24 GiB and was
-        # killed): the start is the answer, with a budget the smallest layouts
-        return _answer(
-            problem, fallback, SolveStatus.FEASIBLE, lp_value, start, lp_size, "cpsat_skipped"
-        )
+        # killed): the start is the answer, with a budget the smallest layouts; it is
+        # proven optimal when the LP's bound meets it
+        objective = problem.evaluate(fallback).objective
+        proven = objective - lp_value <= PROVEN_GAP * abs(objective)
+        status = SolveStatus.OPTIMAL if proven else SolveStatus.FEASIBLE
+        return _answer(problem, fallback, status, lp_value, start, lp_size, "cpsat_skipped")
     total = sum(_finite_max(c) for c in node_cost) + sum(_finite_max(e.cost) for e in pair_edges)
     scale = 1e12 if total * 1e12 < 1e15 else 1e15 / max(total, 1e-30)
 
@@ -454,13 +472,13 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
                 if v in memory.terms:
                     ub_rows.append(np.full(sizes[v], r))
                     ub_cols.append(first[v] + np.arange(sizes[v]))
-                    ub_vals.append(memory.terms[v].astype(float))
+                    ub_vals.append(memory.terms[v] / LP_BYTES)
         if ub_rows:
             a_ub = coo_array(
                 (np.concatenate(ub_vals), (np.concatenate(ub_rows), np.concatenate(ub_cols))),
                 shape=(len(memory.rows), n_vars),
             ).tocsc()
-            b_ub = np.array([float(limit) for _, limit in memory.rows])
+            b_ub = np.array([limit / LP_BYTES for _, limit in memory.rows])
     size = (n_vars, n_rows + (0 if a_ub is None else a_ub.shape[0]))
     matrix, lower, upper = eq, rhs, rhs
     if a_ub is not None and b_ub is not None:
@@ -470,25 +488,54 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
     cost = np.concatenate(objective)
     forbidden = ~np.isfinite(cost)  # a forbidden choice or pair: the variable is 0
     cost[forbidden] = 0.0
-    solved = _run_highs(
-        cost, matrix, lower, upper, np.where(forbidden, 0.0, 1.0),
-        time_limit=max(MIN_CPSAT_S, options.left() * LP_SHARE), presolve=n_vars >= LP_PRESOLVE_VARIABLES,
+    col_upper = np.where(forbidden, 0.0, 1.0)
+    first_order = n_vars >= LP_FIRST_ORDER_VARIABLES
+    run = _run_highs(
+        cost, matrix, lower, upper, col_upper, time_limit=max(MIN_CPSAT_S, options.left() * LP_SHARE),
+        presolve=n_vars >= LP_PRESOLVE_VARIABLES, first_order=first_order,
     )  # fmt: skip
-    if solved is None:
+    if run is None:
         return None, 0.0, None, size
-    x, fun = solved
-    values = [x[first[v] : first[v + 1]] for v in range(len(sizes))]
-    hint = [int(np.argmax(row)) for row in values]
-    integral = bool(
-        np.all(np.abs(x[: first[len(sizes)]] - np.round(x[: first[len(sizes)]])) <= 1e-6)
+    x, prices, optimum = run
+    hint = [int(np.argmax(x[first[v] : first[v + 1]])) for v in range(len(sizes))]
+    s = x[: first[len(sizes)]]
+    if optimum is not None and not first_order:  # exact: the bound, and the plan if integral
+        integral = bool(np.all(np.abs(s - np.round(s)) <= 1e-6))
+        return (tuple(hint) if integral else None), optimum / LP_UNIT, hint, size
+    if prices is None:
+        return None, 0.0, hint, size
+    # the bound is on the plan's own objective, without the tie break
+    pure = cost.copy()
+    pure[: len(s)] -= (
+        LP_UNIT * TIE_BREAK_S_PER_BYTE * np.concatenate([n.memory for n in problem.nodes])
     )
-    return (tuple(hint) if integral else None), fun / LP_UNIT, hint, size
+    bound = _lagrangian_bound(pure, matrix, lower, upper, col_upper, prices)
+    return None, (bound / LP_UNIT if np.isfinite(bound) else 0.0), hint, size
+
+
+def _lagrangian_bound(cost: np.ndarray, matrix: Any, lower: np.ndarray, upper: np.ndarray,
+                      col_upper: np.ndarray, prices: np.ndarray) -> float:  # fmt: skip
+    """A lower bound on min cost.x (lower <= matrix.x <= upper, 0 <= x <= col_upper) from
+    any row prices y, whether or not the LP finished: the Lagrangian
+        sum_i min_{z in [lower_i, upper_i]} y_i z + sum_j min_{x_j in [0, col_upper_j]} (cost_j - A_j.y) x_j
+    after y is made to respect each one-sided row's sign (a price that would make the
+    first term -inf is 0)."""
+    y = np.where(np.isneginf(lower), np.minimum(prices, 0.0), prices)
+    y = np.where(np.isposinf(upper), np.maximum(y, 0.0), y)
+    rows = np.where(
+        y > 0,
+        y * np.where(np.isfinite(lower), lower, 0.0),
+        y * np.where(np.isfinite(upper), upper, 0.0),
+    )
+    reduced = cost - matrix.T @ y
+    return float(rows.sum() + np.sum(col_upper * np.minimum(reduced, 0.0)))
 
 
 def _run_highs(cost: np.ndarray, matrix: Any, lower: np.ndarray, upper: np.ndarray, col_upper: np.ndarray,
-               time_limit: float, presolve: bool) -> tuple[np.ndarray, float] | None:  # fmt: skip
+               time_limit: float, presolve: bool, first_order: bool = False) -> tuple[np.ndarray, np.ndarray | None, float | None] | None:  # fmt: skip
     """min cost.x subject to lower <= matrix.x <= upper, 0 <= x <= col_upper (`matrix` a scipy
-    CSC array), on HiGHS: (x, the optimum), or None when it found no optimum in time."""
+    CSC array), on HiGHS (`first_order`: PDLP): (x, the row prices or None, the optimum
+    or None when HiGHS did not prove one), or None when it has no point at all."""
     n, m = len(cost), len(lower)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = n, m
@@ -503,15 +550,22 @@ def _run_highs(cost: np.ndarray, matrix: Any, lower: np.ndarray, upper: np.ndarr
     with _quiet_stdout():  # HiGHS may print on stdout, which must stay clean for --json
         highs = highspy.Highs()
         highs.setOptionValue("output_flag", False)
-        highs.setOptionValue("solver", LP_SOLVER)
+        highs.setOptionValue("solver", "hipdlp" if first_order else LP_SOLVER)
+        if first_order:
+            highs.setOptionValue("pdlp_optimality_tolerance", PDLP_TOLERANCE)
         highs.setOptionValue("presolve", "on" if presolve else "off")
         highs.setOptionValue("time_limit", float(time_limit))
         highs.passModel(lp)
         highs.run()
-    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+    solution = highs.getSolution()
+    if not solution.value_valid:
         return None
-    x = np.asarray(highs.getSolution().col_value)
-    return x, float(highs.getInfo().objective_function_value)
+    optimal = highs.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    return (
+        np.asarray(solution.col_value),
+        np.asarray(solution.row_dual) if solution.dual_valid else None,
+        float(highs.getInfo().objective_function_value) if optimal else None,
+    )
 
 
 def improve(problem: ShardingProblem, node_cost: list[np.ndarray], choice: list[int],

@@ -189,3 +189,55 @@ def test_evaluate_refuses_a_strategy_the_node_does_not_have(bad: int) -> None:
     choice[-1] = bad
     with pytest.raises(ValueError, match="strategy"):
         problem.evaluate(choice)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lagrangian_bound_is_below_the_lp_optimum_for_any_prices(seed: int) -> None:
+    """`_lagrangian_bound` is a lower bound for any row prices (equality and one-sided
+    rows, boxes of 0 or 1), and the LP's own optimal prices make it tight."""
+    from scipy.sparse import csc_array
+
+    import rhino.search.solver as solver
+
+    rng = np.random.default_rng(seed)
+    m, n = 6, 12
+    dense = rng.integers(-2, 3, size=(m, n)).astype(float)
+    matrix = csc_array(dense)
+    x0 = rng.integers(0, 2, size=n).astype(float)  # a feasible point: rows around it
+    lower, upper = dense @ x0, dense @ x0
+    lower[:2] = -np.inf  # one-sided rows: <= and >=
+    upper[2:4] = np.inf
+    upper[:2] += rng.random(2)
+    lower[2:4] -= rng.random(2)
+    col_upper = np.where(rng.random(n) < 0.2, 0.0, 1.0)
+    col_upper[x0 > 0] = 1.0
+    cost = rng.normal(size=n)
+    run = solver._run_highs(cost, matrix, lower, upper, col_upper, time_limit=10, presolve=False)
+    assert run is not None and run[1] is not None and run[2] is not None
+    _, prices, optimum = run
+    assert solver._lagrangian_bound(cost, matrix, lower, upper, col_upper, prices) == pytest.approx(optimum, abs=1e-7)
+    for _ in range(20):
+        any_prices = rng.normal(scale=3.0, size=m)
+        bound = solver._lagrangian_bound(cost, matrix, lower, upper, col_upper, any_prices)
+        assert bound <= optimum + 1e-9
+
+
+@pytest.mark.parametrize("budget", [False, True])
+@pytest.mark.parametrize(("n", "k"), [(4, 3), (5, 3), (6, 2), (5, 4)])
+def test_the_first_order_lp_bounds_the_optimum_and_proves_a_start(
+    n: int, k: int, budget: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large LPs run on PDLP (here every LP): its prices give a bound that is never above
+    the optimum, and a start at the optimum is reported optimal when the bound meets it."""
+    import rhino.search.solver as solver
+
+    monkeypatch.setattr(solver, "CPSAT_MAX_VARIABLES", 0)
+    monkeypatch.setattr(solver, "LP_FIRST_ORDER_VARIABLES", 0)
+    problem = _dense(n, k, budget)
+    best = solve_brute_force(problem)
+    found = solve_ilp(problem, SolveOptions(time_limit_s=20), start=best.choice)
+    assert found.stats["cpsat_skipped"] == 1.0
+    assert found.objective == pytest.approx(best.objective)
+    assert found.bound <= best.objective + 1e-9
+    if found.status.value == "optimal":
+        assert found.objective - found.bound <= 1e-7 * abs(found.objective) + 1e-12
