@@ -215,7 +215,9 @@ def test_lagrangian_bound_is_below_the_lp_optimum_for_any_prices(seed: int) -> N
     run = solver._run_highs(cost, matrix, lower, upper, col_upper, time_limit=10, presolve=False)
     assert run is not None and run[1] is not None and run[2] is not None
     _, prices, optimum = run
-    assert solver._lagrangian_bound(cost, matrix, lower, upper, col_upper, prices) == pytest.approx(optimum, abs=1e-7)
+    assert solver._lagrangian_bound(cost, matrix, lower, upper, col_upper, prices) == pytest.approx(
+        optimum, abs=1e-7
+    )
     for _ in range(20):
         any_prices = rng.normal(scale=3.0, size=m)
         bound = solver._lagrangian_bound(cost, matrix, lower, upper, col_upper, any_prices)
