@@ -753,3 +753,69 @@ def time_execution(
         if step >= warmup:
             times.append(time.perf_counter() - start)
     return tuple(times)
+
+
+# --------------------------------------------------------------------------------------
+# Arrays that stay on the devices (pipeline stages: one program's results feed the next)
+
+
+def put_on(value: np.ndarray | jax.Array, device: Any) -> jax.Array:
+    """A copy of a host or device array on one device (a send between stages)."""
+    import jax
+
+    return jax.device_put(value, device)
+
+
+def move_input(compiled: Compiled, index: int, array: jax.Array) -> jax.Array:
+    """Copy a device array (another program's result, possibly on other devices of this
+    process) to where parameter `index` of `compiled` expects it; a no-op when it is
+    there already."""
+    import jax
+
+    sharding = compiled._in_shardings[index]
+    if array.sharding.is_equivalent_to(sharding, array.ndim):
+        return array
+    return jax.device_put(array, sharding)
+
+
+def execute_arrays(compiled: Compiled, arrays: Sequence[jax.Array]) -> list[jax.Array]:
+    """Run one step on device arrays placed by `put_on` / `move_input` (checked: a
+    misplaced buffer would crash the process); the results stay on the devices, one
+    global array per output. Does not wait for them (see `wait_ready`)."""
+    import jax
+
+    if len(arrays) != len(compiled.parameters):
+        raise ExecutionError(
+            f"{compiled.name} takes {len(compiled.parameters)} inputs, got {len(arrays)}"
+        )
+    for i, (array, spec, sharding) in enumerate(
+        zip(arrays, compiled.parameters, compiled._in_shardings, strict=True)
+    ):
+        if tuple(array.shape) != spec.shape or np.dtype(array.dtype) != spec.dtype:
+            raise ExecutionError(
+                f"{compiled.name}: input {i} is {array.dtype}{list(array.shape)}, "
+                f"expected {spec.dtype}{list(spec.shape)}"
+            )
+        if not array.sharding.is_equivalent_to(sharding, array.ndim):
+            raise ExecutionError(
+                f"{compiled.name}: input {i} is on {array.sharding}, expected {sharding}"
+            )
+    pieces = _run(compiled, arrays)
+    return [
+        jax.make_array_from_single_device_arrays(spec.shape, sharding, per_device)
+        for spec, sharding, per_device in zip(
+            compiled.outputs, compiled._out_shardings, pieces, strict=True
+        )
+    ]
+
+
+def wait_ready(arrays: Sequence[jax.Array]) -> None:
+    """Block until every array is computed."""
+    import jax
+
+    jax.block_until_ready(list(arrays))
+
+
+def to_host(array: jax.Array) -> np.ndarray:
+    """A device array as a numpy array (every piece must be in this process)."""
+    return np.asarray(array)

@@ -1,0 +1,476 @@
+"""Run a stage plan: every stage's programs compiled once on its device, a static
+schedule followed per stage, activations moved between devices, the result verified.
+
+    run_pipeline(module, plan, options) -> PipelineReport
+
+Stage s runs on device s of this process. One thread per stage follows the stage's
+list of tasks (`pipeline_tasks.schedule`); a task waits until the values it reads have
+arrived, runs its program, and sends each result to the stages that read it
+(`jax.device_put` to their device: the measured bytes between stages). The step's
+parameters are placed on their stage before the step (resident weights and optimizer
+state; the data's micro-batches, rows k*B/m .. (k+1)*B/m of dimension 0), and sent from
+there to the other stages that read them, as the plan counts them.
+
+Verification runs the original step on one device with the same inputs (drawn from the
+seed) and compares every output: the loss, the updated parameters and the optimizer
+state (`rhino.runtime.verify`'s tolerances). Timing: `steps` steps after `warmup`; each
+task's time is measured from its start to its results being ready; the timeline of the
+median step is reported next to the simulator's prediction for the same task times.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rhino.hlo.errors import ExecutionError
+from rhino.hlo.ir import Module
+from rhino.hlo.printer import print_module
+from rhino.runtime import xla_bridge as xb
+from rhino.runtime.inputs import entry_inputs
+from rhino.runtime.pipeline_tasks import (
+    STEP,
+    Schedule,
+    Task,
+    TaskGraph,
+    schedule,
+    stage_times,
+    task_graph,
+)
+from rhino.runtime.stage_programs import StagePlan, StagePrograms, stage_programs
+from rhino.runtime.verify import compare_outputs
+from rhino.search.pipeline_schedule import Event, Timeline, simulate
+
+WAIT_S = 300.0
+"""How long a task waits for a value before the run is declared stuck."""
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    platform: str | None = None
+    seed: int = 0
+    verify: bool = True
+    schedule: str = "1f1b"
+    microbatches: int | None = None
+    """None: the plan's."""
+    steps: int = 3
+    warmup: int = 1
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step did: when each task ran, what was sent."""
+
+    seconds: float
+    events: tuple[tuple[Task, float, float], ...]
+    """(task, start, end) in seconds from the step's start, in the order they ran."""
+    sent: dict[tuple[int, int], int]
+    """(from, to) -> bytes sent."""
+    send_seconds: dict[tuple[int, int], float]
+    """(from, to) -> seconds spent sending (per step)."""
+    outputs: tuple[np.ndarray, ...] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True)
+class PipelineReport:
+    module: str
+    stages: int
+    microbatches: int
+    schedule: str
+    devices: tuple[str, ...]
+    programs: list[dict[str, Any]]
+    """Per program: stage, kind, instructions, inputs, outputs, compile seconds."""
+    verify: dict[str, Any] | None
+    step: dict[str, float]
+    """median, min, max seconds and the step count."""
+    single_device_step_s: float | None
+    task_seconds: dict[str, dict[str, float]]
+    """Per stage ("0", ...), per task kind: the median seconds of one task."""
+    bytes: dict[str, Any]
+    """predicted (the stage plan), planned (this task graph) and measured bytes per
+    (from, to) pair ("0->1")."""
+    order: dict[str, Any]
+    """planned (the schedule) and measured task order per stage, and whether they agree."""
+    bubble: dict[str, float]
+    """simulated (the simulator on the measured task times) vs measured, and (p-1)/(m+p-1)."""
+    predicted_step_s: dict[str, float]
+    """The stage plan's prediction (its cluster) and the simulator's on measured task times."""
+    peak_activation_bytes: list[float]
+    """Per stage, the simulator's peak for this schedule."""
+    measured: Timeline = field(repr=False)
+    simulated: Timeline = field(repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.verify is None or bool(self.verify["ok"])
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dict(self.__dict__)
+        doc["measured_timeline"] = _timeline_doc(doc.pop("measured"))
+        doc["simulated_timeline"] = _timeline_doc(doc.pop("simulated"))
+        return doc
+
+
+def run_pipeline(module: Module, plan: StagePlan, options: PipelineOptions) -> PipelineReport:
+    """Compile, run, verify and time `plan` (see the module docstring)."""
+    m = options.microbatches or plan.microbatches
+    programs = stage_programs(module, plan, m)
+    graph = task_graph(programs)
+    table = schedule(programs, options.schedule)
+    devices = xb.local_devices(options.platform, programs.stages)
+    compiled, compile_s = _compile(programs, devices)
+    inputs = [maker.whole() for maker in entry_inputs(module, options.seed)]
+    runner = _StepRunner(programs, compiled, table, devices)
+    runner.place(inputs)
+    if options.warmup < 0 or options.steps < 1:
+        raise ExecutionError(f"need warmup >= 0 and steps >= 1, got {options.warmup} and "
+                             f"{options.steps}")  # fmt: skip
+    records = [runner.step() for _ in range(options.warmup + options.steps)][options.warmup :]
+    verify = None
+    single = None
+    if options.verify:
+        verify, single = _verify(module, devices[0], inputs, records[-1].outputs, options)
+    return _report(module.name, programs, graph, table, plan, devices, compiled, compile_s,
+                   records, verify, single)  # fmt: skip
+
+
+def _compile(programs: StagePrograms,
+             devices: Sequence[Any]) -> tuple[dict[str, xb.Compiled], dict[str, float]]:  # fmt: skip
+    """Every program and accumulation once, on its stage's device."""
+    compiled, seconds = {}, {}
+    texts = {f"{k}{s}": p.text for (s, k), p in programs.programs.items()}
+    texts |= {f"A{k}{s}": t for (s, k), t in programs.accumulate_text.items()}
+    for name, text in texts.items():
+        stage = int(name.lstrip("ABFU"))
+        start = time.perf_counter()
+        compiled[name] = xb.compile_spmd(text, [devices[stage]], num_partitions=1)
+        seconds[name] = time.perf_counter() - start
+    return compiled, seconds
+
+
+class _Mailbox:
+    """Values ready on a stage: (value, micro-batch, stage) -> device array."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._items: dict[tuple[str, int, int], Any] = {}
+        self.failure: BaseException | None = None
+
+    def put(self, key: tuple[str, int, int], array: Any) -> None:
+        with self._ready:
+            self._items[key] = array
+            self._ready.notify_all()
+
+    def get(self, key: tuple[str, int, int]) -> Any:
+        with self._ready:
+            ok = self._ready.wait_for(lambda: key in self._items or self.failure is not None,
+                                      timeout=WAIT_S)  # fmt: skip
+            if self.failure is not None:
+                raise ExecutionError("another stage failed") from None
+            if not ok:
+                value, k, stage = key
+                raise ExecutionError(f"stage {stage} waited {WAIT_S:.0f} s for %{value} of "
+                                     f"micro-batch {k}: the schedule is stuck")  # fmt: skip
+            return self._items[key]
+
+    def fail(self, exc: BaseException) -> None:
+        with self._ready:
+            self.failure = exc
+            self._ready.notify_all()
+
+
+class _StepRunner:
+    """Runs steps of one schedule on compiled programs (module docstring)."""
+
+    def __init__(self, programs: StagePrograms, compiled: dict[str, xb.Compiled],
+                 table: Schedule, devices: Sequence[Any]) -> None:  # fmt: skip
+        self.programs = programs
+        self.compiled = compiled
+        self.table = table
+        self.devices = devices
+        self.placed: dict[tuple[str, int, int], Any] = {}
+        self.host_sent: dict[tuple[int, int], int] = {}
+
+    def place(self, inputs: list[np.ndarray]) -> None:
+        """The step's parameters on their stage, and on every other stage that reads them."""
+        p = self.programs
+        b = p.batch // p.microbatches
+        for name, whole in zip(p.parameters, inputs, strict=True):
+            value = p.values.get(name)
+            if value is None:
+                continue  # read by no program
+            parts = ([(k, whole[k * b:(k + 1) * b]) for k in range(p.microbatches)]
+                     if value.per_microbatch else [(STEP, whole)])  # fmt: skip
+            for k, data in parts:
+                for stage in sorted({value.stage} | {s for s, _ in value.readers}):
+                    self.placed[(name, k, stage)] = self._device_put(data, stage)
+                    if stage != value.stage:
+                        pair = (value.stage, stage)
+                        self.host_sent[pair] = self.host_sent.get(pair, 0) + data.nbytes
+
+    def _device_put(self, data: np.ndarray, stage: int) -> Any:
+        return xb.put_on(data, self.devices[stage])
+
+    def step(self) -> StepRecord:
+        mail = _Mailbox()
+        for key, array in self.placed.items():
+            mail.put(key, array)
+        log: list[tuple[Task, float, float]] = []
+        sent: dict[tuple[int, int], int] = dict(self.host_sent)
+        send_s: dict[tuple[int, int], float] = {}
+        lock = threading.Lock()
+        start = time.perf_counter()
+        worker = _Stage(self, mail, log, sent, send_s, lock, start)
+        threads = [threading.Thread(target=worker.run, args=(s,), name=f"rhino-stage-{s}")
+                   for s in range(self.programs.stages)]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if mail.failure is not None:
+            raise mail.failure
+        seconds = time.perf_counter() - start
+        outputs = tuple(xb.to_host(mail.get((v, STEP, -1))) for v in self.programs.outputs)
+        return StepRecord(seconds, tuple(sorted(log, key=lambda e: e[1])), sent, send_s, outputs)
+
+
+class _Stage:
+    """One stage's thread body: its tasks in schedule order."""
+
+    def __init__(self, runner: _StepRunner, mail: _Mailbox, log: list[tuple[Task, float, float]],
+                 sent: dict[tuple[int, int], int], send_s: dict[tuple[int, int], float],
+                 lock: threading.Lock, start: float) -> None:  # fmt: skip
+        self.r = runner
+        self.mail = mail
+        self.log = log
+        self.sent = sent
+        self.send_s = send_s
+        self.lock = lock
+        self.start = start
+
+    def run(self, stage: int) -> None:
+        sums: dict[str, Any] = {}
+        partial: dict[str, Any] = {}
+        try:
+            for task in self.r.table.actions[stage]:
+                began = time.perf_counter() - self.start
+                if task.kind.startswith("A"):
+                    self._accumulate(task, sums, partial)
+                else:
+                    self._compute(task, partial)
+                with self.lock:
+                    self.log.append((task, began, time.perf_counter() - self.start))
+        except BaseException as exc:  # every stage must stop, not wait for this one
+            self.mail.fail(exc)
+
+    def _compute(self, task: Task, partial: dict[str, Any]) -> None:
+        p = self.r.programs
+        program = p.programs[task.program]
+        exe = self.r.compiled[f"{task.kind}{task.stage}"]
+        k = task.microbatch
+        args = []
+        for i, v in enumerate(program.inputs):
+            instance = k if task.kind != "U" and p.values[v].per_microbatch else STEP
+            args.append(xb.move_input(exe, i, self.mail.get((v, instance, task.stage))))
+        results = xb.execute_arrays(exe, args)
+        xb.wait_ready(results)
+        for v, array in zip(program.outputs, results, strict=True):
+            if p.values[v].accumulate:
+                partial[v] = array
+            self._publish(task, v, array)
+
+    def _accumulate(self, task: Task, sums: dict[str, Any], partial: dict[str, Any]) -> None:
+        names = self.r.programs.accumulated(task.program)
+        if task.microbatch == 0:
+            sums.update({v: partial[v] for v in names})
+        else:
+            exe = self.r.compiled[f"{task.kind}{task.stage}"]
+            args = [sums[v] for v in names] + [partial[v] for v in names]
+            results = xb.execute_arrays(exe, args)
+            xb.wait_ready(results)
+            sums.update(zip(names, results, strict=True))
+        if task.microbatch == self.r.programs.microbatches - 1:
+            for v in names:
+                self._send(v, STEP, sums[v], self._step_readers(v))
+
+    def _publish(self, task: Task, v: str, array: Any) -> None:
+        """Send a result to the readers of this copy of it."""
+        p = self.r.programs
+        value = p.values[v]
+        k, last = task.microbatch, p.microbatches - 1
+        if task.kind == "U":
+            self._send(v, STEP, array, self._step_readers(v))
+            return
+        per_mb = sorted({s for s, kind in value.readers if kind != "U"})
+        if value.per_microbatch:
+            self._send(v, k, array, per_mb)
+        elif k == 0:
+            self._send(v, STEP, array, per_mb)
+        if k == last and not value.accumulate:
+            self._send(v, STEP, array, self._step_readers(v))
+
+    def _step_readers(self, v: str) -> list[int]:
+        """Stages whose update reads `v`, and -1 for the step's outputs."""
+        value = self.r.programs.values[v]
+        stages = sorted({s for s, kind in value.readers if kind == "U"})
+        return stages + ([-1] if v in self.r.programs.outputs else [])
+
+    def _send(self, v: str, k: int, array: Any, stages: list[int]) -> None:
+        source = self.r.programs.values[v].stage
+        for t in stages:
+            if t in (-1, source):
+                self.mail.put((v, k, t), array)
+                continue
+            began = time.perf_counter()
+            moved = xb.put_on(array, self.r.devices[t])
+            xb.wait_ready([moved])
+            with self.lock:
+                pair = (source, t)
+                self.sent[pair] = self.sent.get(pair, 0) + int(moved.nbytes)
+                self.send_s[pair] = self.send_s.get(pair, 0.0) + time.perf_counter() - began
+            self.mail.put((v, k, t), moved)
+
+
+def _verify(module: Module, device: Any, inputs: list[np.ndarray], got: Sequence[np.ndarray],
+            options: PipelineOptions) -> tuple[dict[str, Any], float]:  # fmt: skip
+    reference = xb.compile_spmd(print_module(module), [device], num_partitions=1)
+    want = xb.execute(reference, inputs)
+    checks = compare_outputs(want, list(got))
+    times = xb.time_execution(reference, inputs, warmup=0, steps=max(1, options.steps))
+    bad = [c for c in checks if not c.ok]
+    summary = (f"{len(checks) - len(bad)}/{len(checks)} outputs match the single-device step "
+               f"(seed {options.seed})")  # fmt: skip
+    doc = {
+        "ok": not bad,
+        "summary": "\n  ".join([summary, *(c.describe() for c in bad)]),
+        "outputs": [
+            {
+                "index": c.index,
+                "ok": c.ok,
+                "max_abs_error": c.max_abs_error,
+                "max_rel_error": c.max_rel_error,
+            }
+            for c in checks
+        ],  # fmt: skip
+    }
+    return doc, statistics.median(times)
+
+
+def _report(name: str, programs: StagePrograms, graph: TaskGraph, table: Schedule,
+            plan: StagePlan, devices: Sequence[Any], compiled: dict[str, xb.Compiled],
+            compile_s: dict[str, float], records: list[StepRecord],
+            verify: dict[str, Any] | None, single: float | None) -> PipelineReport:  # fmt: skip
+    steps = [r.seconds for r in records]
+    median = sorted(records, key=lambda r: r.seconds)[len(records) // 2]
+    per_task: dict[Task, float] = {}
+    for task in graph.tasks:
+        times = [e - s for r in records for t, s, e in r.events if t == task]
+        per_task[task] = statistics.median(times) if times else 0.0
+    m = programs.microbatches
+    sends = {pair: t / len(records) / m for pair, t in _mean_send(records).items()}
+    simulated = simulate(table.name, stage_times(graph, per_task, sends), m)
+    measured = _timeline(table.name, median, programs.stages)
+    p = programs.stages
+    return PipelineReport(
+        module=name,
+        stages=p,
+        microbatches=m,
+        schedule=table.name,
+        devices=tuple(str(d) for d in devices[:p]),
+        programs=[_program_doc(prog, compile_s) for prog in programs.programs.values()],
+        verify=verify,
+        step={
+            "median_s": statistics.median(steps),
+            "min_s": min(steps),
+            "max_s": max(steps),
+            "steps": len(steps),
+        },  # fmt: skip
+        single_device_step_s=single,
+        task_seconds=_task_seconds(per_task, p),
+        bytes=_bytes_doc(plan, graph, median),
+        order=_order_doc(table, median),
+        bubble={
+            "simulated": 1 - simulated.busy_fraction,
+            "measured": 1 - measured.busy_fraction,
+            "formula": (p - 1) / (m + p - 1),
+        },  # fmt: skip
+        predicted_step_s={
+            "plan": float(plan.schedules.get(table.name, {}).get("step_s", 0.0)),
+            "simulated": simulated.step_s,
+            "measured": median.seconds,
+        },  # fmt: skip
+        peak_activation_bytes=list(simulated.peak_activation_bytes),
+        measured=measured,
+        simulated=simulated,
+    )
+
+
+def _mean_send(records: list[StepRecord]) -> dict[tuple[int, int], float]:
+    out: dict[tuple[int, int], float] = {}
+    for r in records:
+        for pair, t in r.send_seconds.items():
+            out[pair] = out.get(pair, 0.0) + t
+    return out
+
+
+def _timeline(name: str, record: StepRecord, stages: int) -> Timeline:
+    """The measured step in the simulator's terms (accumulations count as their task's)."""
+    events = []
+    for task, s, e in record.events:
+        kind = "U" if task.kind == "U" else task.kind[-1]
+        events.append(Event(task.stage, kind, task.microbatch, s, e))
+    step = max((e.end_s for e in events), default=0.0)
+    peaks = tuple(0 for _ in range(stages))
+    return Timeline(name, step, tuple(events), peaks, tuple(0.0 for _ in range(stages)))
+
+
+def _task_seconds(per_task: dict[Task, float], stages: int) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {str(s): {} for s in range(stages)}
+    for kind in ("F", "B", "AF", "AB", "U"):
+        for s in range(stages):
+            times = [t for task, t in per_task.items() if task.stage == s and task.kind == kind]
+            if times:
+                out[str(s)][kind] = statistics.median(times)
+    return out
+
+
+def _pairs(sent: dict[tuple[int, int], int]) -> dict[str, int]:
+    return {f"{a}->{b}": n for (a, b), n in sorted(sent.items())}
+
+
+def _bytes_doc(plan: StagePlan, graph: TaskGraph, record: StepRecord) -> dict[str, Any]:
+    predicted, planned, measured = plan.sent_bytes, graph.sent_bytes(), record.sent
+    return {
+        "predicted": _pairs(predicted),
+        "planned": _pairs(planned),
+        "measured": _pairs(measured),
+        "predicted_total": sum(predicted.values()),
+        "planned_total": sum(planned.values()),
+        "measured_total": sum(measured.values()),
+    }
+
+
+def _order_doc(table: Schedule, record: StepRecord) -> dict[str, Any]:
+    planned = {str(s): [str(t) for t in tasks] for s, tasks in enumerate(table.actions)}
+    measured: dict[str, list[str]] = {str(s): [] for s in range(len(table.actions))}
+    for task, _, _ in record.events:
+        measured[str(task.stage)].append(str(task))
+    return {"planned": planned, "measured": measured, "same": planned == measured}
+
+
+def _program_doc(program: Any, compile_s: dict[str, float]) -> dict[str, Any]:
+    return {"stage": program.stage, "kind": program.kind, "instructions": program.instructions,
+            "inputs": len(program.inputs), "outputs": len(program.outputs),
+            "compile_s": compile_s[f"{program.kind}{program.stage}"]}  # fmt: skip
+
+
+def _timeline_doc(t: Timeline) -> dict[str, Any]:
+    return {"step_s": t.step_s,
+            "events": [{"stage": e.stage, "kind": e.kind, "microbatch": e.microbatch,
+                        "start_s": e.start_s, "end_s": e.end_s} for e in t.events]}  # fmt: skip
