@@ -28,6 +28,11 @@ Examples:
   rhino run model.hlo --plan plan.json --steps 20
   rhino run model.hlo --plan plan.json --platform cpu --devices 8 --json
 \b
+A stage plan (`rhino pipeline --out stages.json`) runs stage s on device s, one
+program per stage for forward, backward and update, over --microbatches micro-batches:
+  rhino run examples/gpt_tiny.hlo --plan stages.json --devices 4 --microbatches 8
+  rhino run examples/gpt_tiny.hlo --plan stages.json --devices 4 --schedule gpipe --json
+\b
 Several hosts: the same command on each, with its own --process-id (process 0 serves
 at --coordinator); the plan's mesh spans all their devices. Two hosts of 4 GPUs, then
 two processes of 4 simulated CPU devices on this machine (plan made for --mesh 2x4):
@@ -131,13 +136,18 @@ def job_of(
 )
 @click.option("--num-processes", type=int, help="Processes in the job (with --coordinator).")
 @click.option("--process-id", type=int, help="This process's index in the job, 0..num-processes-1.")
+@click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]),
+              help="Pipeline schedule of a stage plan [default: 1f1b].")  # fmt: skip
+@click.option("--microbatches", type=click.IntRange(min=1),
+              help="Micro-batches per step of a stage plan [default: the plan's].")  # fmt: skip
 @json_option
 @debug_option
 @handle_errors
 def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: str, cluster: str,
                 platform: str | None, devices: int | None, seed: int, verify: bool, steps: int, warmup: int,
                 coordinator: str | None, num_processes: int | None, process_id: int | None,
-                as_json: bool, debug: bool) -> None:  # fmt: skip
+                schedule: str | None, microbatches: int | None, as_json: bool,
+                debug: bool) -> None:  # fmt: skip
     """Write the plan's shardings into the HLO, compile it with XLA's SPMD partitioner,
     run it on local devices, check it computes what the single-device program computes,
     and compare the collectives XLA inserted with the ones the plan predicted.
@@ -164,11 +174,32 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
     from rhino.hlo.verify import verify as verify_module
     from rhino.runtime import xla_bridge as xb
     from rhino.runtime.runner import RunOptions, run_plan
+    from rhino.runtime.stage_programs import is_stage_plan
     from rhino.search.plan import Plan
 
+    staged = plan_file is not None and is_stage_plan(plan_file)
+    if not staged and (schedule is not None or microbatches is not None):
+        raise ConfigError("--schedule and --microbatches apply to a stage plan (from "
+                          "`rhino pipeline --out`)")  # fmt: skip
+    if staged and job is not None:
+        raise ConfigError("a stage plan runs in one process (stage s on device s); "
+                          "--coordinator / --num-processes / --process-id are not supported yet")  # fmt: skip
     with status(f"running {file}", enabled=not as_json) as update:
         module = parse_file(file)
         verify_module(module)
+        if staged:
+            from rhino.cli.run_pipeline import run_stage_plan, show_stage_run
+            from rhino.runtime.pipeline_run import PipelineOptions
+
+            assert plan_file is not None
+            update("compiling the stage programs and running the schedule")
+            staged_options = PipelineOptions(platform, seed, verify, schedule or "1f1b",
+                                             microbatches, steps, warmup)  # fmt: skip
+            staged_report = run_stage_plan(module, plan_file, staged_options)
+    if staged:
+        show_stage_run(staged_report, as_json)
+        return
+    with status(f"running {file}", enabled=not as_json) as update:
         if plan_file is not None:
             plan = Plan.read(plan_file)
         else:

@@ -13,7 +13,10 @@ From the module (calls inlined, `flat_step`) rewritten for one micro-batch
               the micro-batches
 The stage of an inlined instruction is the stage the plan gave its call. Free
 instructions (from constants alone) and the batch-independent copies the micro-batch
-rewrite makes are recomputed in every program that reads them. A program's parameters
+rewrite makes are recomputed in every program that reads them; so are the update's
+scalars computed from optimizer state alone (the step count, Adam's bias correction),
+which every stage's update reads: sent, they would make the stages' updates wait on
+each other, in a cycle when two stages each compute one the other reads. A program's parameters
 are the values it reads from other programs or from the step's parameters; its results
 (a tuple) are the values other programs or the step's ROOT read.
 
@@ -102,6 +105,16 @@ class StagePlan:
         return StagePlan.from_json(doc, str(path))
 
 
+def is_stage_plan(path: str | Path) -> bool:
+    """Is the JSON file at `path` a stage plan (rather than a sharding plan)? False when
+    it cannot be read as JSON (the sharding plan's reader then says why)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT
+
+
 @dataclass(frozen=True)
 class Program:
     """One stage's forward, backward or update: an HLO module of its own."""
@@ -184,7 +197,8 @@ def stage_programs(module: Module, plan: StagePlan, microbatches: int) -> StageP
     facts = batch_facts(flat, split, microbatches) if microbatches > 1 else _whole_batch(split)
     cut = microbatch_module(flat, facts)
     home = _homes(cut, split, facts, stage_of)
-    return _assemble(module.name, cut, split, facts, stage_of, home, plan.stages)
+    shared = _state_scalars(cut, split)
+    return _assemble(module.name, cut, split, facts, stage_of, home, shared, plan.stages)
 
 
 def _stages(flat: Module, origin: dict[str, str], plan: StagePlan) -> dict[str, int]:
@@ -235,8 +249,26 @@ def _homes(cut: Module, split: StepSplit, facts: BatchFacts,
     return home
 
 
+def _state_scalars(cut: Module, split: StepSplit) -> frozenset[str]:
+    """Update scalars computed from optimizer state and constants alone."""
+    found: set[str] = set()
+    for inst in cut.entry.instructions:
+        if inst.name not in split.index or split.role(inst.name) is not Role.UPDATE:
+            continue
+        if (
+            inst.shape.rank == 0
+            and not inst.shape.is_tuple
+            and all(
+                op.name in found or op.name in split.free or split.role(op.name) is Role.STATE
+                for op in inst.operands
+            )
+        ):
+            found.add(inst.name)
+    return frozenset(found)
+
+
 def _assemble(name: str, cut: Module, split: StepSplit, facts: BatchFacts,
-              stage_of: dict[str, int], home: dict[str, ProgramKey],
+              stage_of: dict[str, int], home: dict[str, ProgramKey], shared: frozenset[str],
               stages: int) -> StagePrograms:  # fmt: skip
     entry = cut.entry
     root = entry.root
@@ -245,7 +277,8 @@ def _assemble(name: str, cut: Module, split: StepSplit, facts: BatchFacts,
     for inst in entry.instructions:
         if inst.name in home:
             members.setdefault(home[inst.name], []).append(inst)
-    inputs = {key: _inputs(insts, home) for key, insts in members.items()}
+    sent = {n: k for n, k in home.items() if n not in shared}
+    inputs = {key: _inputs(insts, sent) for key, insts in members.items()}
     outputs = _outputs(members, inputs, home, root)
     values = _values(cut, split, facts, stage_of, home, inputs, root)
     programs = {
