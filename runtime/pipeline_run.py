@@ -44,7 +44,7 @@ from rhino.runtime.pipeline_tasks import (
     task_graph,
 )
 from rhino.runtime.stage_programs import StagePlan, StagePrograms, stage_programs
-from rhino.runtime.verify import compare_outputs
+from rhino.runtime.verify import OutputCheck, compare_outputs
 from rhino.search.pipeline_schedule import Event, Timeline, simulate
 
 WAIT_S = 300.0
@@ -117,41 +117,68 @@ class PipelineReport:
         return doc
 
 
-def run_pipeline(module: Module, plan: StagePlan, options: PipelineOptions) -> PipelineReport:
-    """Compile, run, verify and time `plan` (see the module docstring)."""
-    m = options.microbatches or plan.microbatches
-    programs = stage_programs(module, plan, m)
+@dataclass(frozen=True)
+class Pipeline:
+    """A stage plan's programs compiled on their devices, ready to run any schedule."""
+
+    plan: StagePlan
+    programs: StagePrograms
+    graph: TaskGraph
+    devices: tuple[Any, ...]
+    """Stage s runs on devices[s]."""
+    compiled: dict[str, xb.Compiled] = field(repr=False)
+    """"F0", "B0", "U0", "AB0" (accumulating B0's sums), ... -> its executable."""
+    compile_s: dict[str, float]
+
+
+def prepare(module: Module, plan: StagePlan, microbatches: int | None = None,
+            platform: str | None = None, *, optimize: bool = True) -> Pipeline:  # fmt: skip
+    """Cut `module` into `plan`'s programs for `microbatches` (None: the plan's) and
+    compile each once on its stage's device (`optimize`: see `xla_bridge.compile_spmd`)."""
+    programs = stage_programs(module, plan, microbatches or plan.microbatches)
     graph = task_graph(programs)
-    table = schedule(programs, options.schedule)
-    devices = xb.local_devices(options.platform, programs.stages)
-    compiled, compile_s = _compile(programs, devices)
-    inputs = [maker.whole() for maker in entry_inputs(module, options.seed)]
-    runner = _StepRunner(programs, compiled, table, devices)
-    runner.place(inputs)
-    if options.warmup < 0 or options.steps < 1:
-        raise ExecutionError(f"need warmup >= 0 and steps >= 1, got {options.warmup} and "
-                             f"{options.steps}")  # fmt: skip
-    records = [runner.step() for _ in range(options.warmup + options.steps)][options.warmup :]
-    verify = None
-    single = None
-    if options.verify:
-        verify, single = _verify(module, devices[0], inputs, records[-1].outputs, options)
-    return _report(module.name, programs, graph, table, plan, devices, compiled, compile_s,
-                   records, verify, single)  # fmt: skip
-
-
-def _compile(programs: StagePrograms,
-             devices: Sequence[Any]) -> tuple[dict[str, xb.Compiled], dict[str, float]]:  # fmt: skip
-    """Every program and accumulation once, on its stage's device."""
+    devices = xb.local_devices(platform, programs.stages)
     compiled, seconds = {}, {}
     texts = {f"{k}{s}": p.text for (s, k), p in programs.programs.items()}
     texts |= {f"A{k}{s}": t for (s, k), t in programs.accumulate_text.items()}
     for name, text in texts.items():
         stage = int(name.lstrip("ABFU"))
         start = time.perf_counter()
-        compiled[name] = xb.compile_spmd(text, [devices[stage]], num_partitions=1)
+        compiled[name] = xb.compile_spmd(
+            text, [devices[stage]], num_partitions=1, optimize=optimize
+        )
         seconds[name] = time.perf_counter() - start
-    return compiled, seconds
+    return Pipeline(plan, programs, graph, tuple(devices), compiled, seconds)
+
+
+def run_steps(pipeline: Pipeline, name: str, inputs: Sequence[np.ndarray], *, steps: int,
+              warmup: int = 0) -> tuple[Schedule, list[StepRecord]]:  # fmt: skip
+    """Run `steps` steps (after `warmup` untimed ones) under schedule `name` on the
+    step's parameters `inputs` (global arrays, in parameter order)."""
+    if warmup < 0 or steps < 1:
+        raise ExecutionError(f"need warmup >= 0 and steps >= 1, got {warmup} and {steps}")
+    table = schedule(pipeline.programs, name)
+    runner = _StepRunner(pipeline.programs, pipeline.compiled, table, pipeline.devices)
+    runner.place(list(inputs))
+    records = [runner.step() for _ in range(warmup + steps)]
+    return table, records[warmup:]
+
+
+def run_pipeline(module: Module, plan: StagePlan, options: PipelineOptions) -> PipelineReport:
+    """Compile, run, verify and time `plan` (see the module docstring)."""
+    pipeline = prepare(module, plan, options.microbatches, options.platform)
+    inputs = [maker.whole() for maker in entry_inputs(module, options.seed)]
+    table, records = run_steps(pipeline, options.schedule, inputs, steps=options.steps,
+                               warmup=options.warmup)  # fmt: skip
+    verify = None
+    single = None
+    if options.verify:
+        reference = xb.compile_spmd(print_module(module), pipeline.devices[:1], num_partitions=1)
+        want = xb.execute(reference, inputs)
+        verify = verify_doc(compare_outputs(want, list(records[-1].outputs)), options.seed)
+        times = xb.time_execution(reference, inputs, warmup=0, steps=options.steps)
+        single = statistics.median(times)
+    return _report(pipeline, table, records, verify, single)
 
 
 class _Mailbox:
@@ -337,16 +364,12 @@ class _Stage:
             self.mail.put((v, k, t), moved)
 
 
-def _verify(module: Module, device: Any, inputs: list[np.ndarray], got: Sequence[np.ndarray],
-            options: PipelineOptions) -> tuple[dict[str, Any], float]:  # fmt: skip
-    reference = xb.compile_spmd(print_module(module), [device], num_partitions=1)
-    want = xb.execute(reference, inputs)
-    checks = compare_outputs(want, list(got))
-    times = xb.time_execution(reference, inputs, warmup=0, steps=max(1, options.steps))
+def verify_doc(checks: Sequence[OutputCheck], seed: int) -> dict[str, Any]:
+    """ok, a summary and per output its errors (as `rhino run` reports a plan's)."""
     bad = [c for c in checks if not c.ok]
     summary = (f"{len(checks) - len(bad)}/{len(checks)} outputs match the single-device step "
-               f"(seed {options.seed})")  # fmt: skip
-    doc = {
+               f"(seed {seed})")  # fmt: skip
+    return {
         "ok": not bad,
         "summary": "\n  ".join([summary, *(c.describe() for c in bad)]),
         "outputs": [
@@ -359,13 +382,11 @@ def _verify(module: Module, device: Any, inputs: list[np.ndarray], got: Sequence
             for c in checks
         ],  # fmt: skip
     }
-    return doc, statistics.median(times)
 
 
-def _report(name: str, programs: StagePrograms, graph: TaskGraph, table: Schedule,
-            plan: StagePlan, devices: Sequence[Any], compiled: dict[str, xb.Compiled],
-            compile_s: dict[str, float], records: list[StepRecord],
+def _report(pipeline: Pipeline, table: Schedule, records: list[StepRecord],
             verify: dict[str, Any] | None, single: float | None) -> PipelineReport:  # fmt: skip
+    programs, graph, plan = pipeline.programs, pipeline.graph, pipeline.plan
     steps = [r.seconds for r in records]
     median = sorted(records, key=lambda r: r.seconds)[len(records) // 2]
     per_task: dict[Task, float] = {}
@@ -378,12 +399,12 @@ def _report(name: str, programs: StagePrograms, graph: TaskGraph, table: Schedul
     measured = _timeline(table.name, median, programs.stages)
     p = programs.stages
     return PipelineReport(
-        module=name,
+        module=programs.module,
         stages=p,
         microbatches=m,
         schedule=table.name,
-        devices=tuple(str(d) for d in devices[:p]),
-        programs=[_program_doc(prog, compile_s) for prog in programs.programs.values()],
+        devices=tuple(str(d) for d in pipeline.devices),
+        programs=[_program_doc(prog, pipeline.compile_s) for prog in programs.programs.values()],
         verify=verify,
         step={
             "median_s": statistics.median(steps),
