@@ -195,7 +195,7 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
             update("compiling the stage programs and running the schedule")
             staged_options = PipelineOptions(platform, seed, verify, schedule or "1f1b",
                                              microbatches, steps, warmup)  # fmt: skip
-            staged_report = run_stage_plan(module, plan_file, staged_options)
+            staged_report = run_stage_plan(module, plan_file, staged_options, devices)
     if staged:
         show_stage_run(staged_report, as_json)
         return

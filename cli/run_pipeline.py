@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from rhino.cli.common import emit_json, stdout
-from rhino.hlo.errors import VerificationFailed
+from rhino.hlo.errors import ConfigError, VerificationFailed
 from rhino.hlo.ir import Module
 from rhino.runtime.pipeline_run import PipelineOptions, PipelineReport, run_pipeline
 from rhino.runtime.stage_programs import StagePlan
@@ -19,8 +19,14 @@ GANTT_WIDTH = 60
 """Characters of the text timeline."""
 
 
-def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions) -> PipelineReport:
-    return run_pipeline(module, StagePlan.read(plan_file), options)
+def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions,
+                   devices: int | None) -> PipelineReport:  # fmt: skip
+    """Run the stage plan in `plan_file`, stage s on device s (`devices`: --devices)."""
+    plan = StagePlan.read(plan_file)
+    if devices is not None and devices < plan.stages:
+        raise ConfigError(f"the stage plan has {plan.stages} stages, one device each, but "
+                          f"--devices {devices}: need {plan.stages} devices")  # fmt: skip
+    return run_pipeline(module, plan, options)
 
 
 def show_stage_run(report: PipelineReport, as_json: bool) -> None:
