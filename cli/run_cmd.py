@@ -29,9 +29,12 @@ Examples:
   rhino run model.hlo --plan plan.json --platform cpu --devices 8 --json
 \b
 A stage plan (`rhino pipeline --out stages.json`) runs stage s on device s, one
-program per stage for forward, backward and update, over --microbatches micro-batches:
+program per stage for forward, backward and update, over --microbatches micro-batches;
+with --mesh, the pipeline is mesh axis 0 and each stage's programs are planned (--opt,
+--cluster) and sharded over the other axes (hybrid: here 2 stages x 4 devices):
   rhino run examples/gpt_tiny.hlo --plan stages.json --devices 4 --microbatches 8
   rhino run examples/gpt_tiny.hlo --plan stages.json --devices 4 --schedule gpipe --json
+  rhino run examples/gpt_tiny.hlo --plan stages.json --mesh 2x4 --devices 8 --cluster cpu
 \b
 Several hosts: the same command on each, with its own --process-id (process 0 serves
 at --coordinator); the plan's mesh spans all their devices. Two hosts of 4 GPUs, then
@@ -155,7 +158,10 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
     With --coordinator, --num-processes and --process-id, every process (host) runs the
     same command with its own --process-id; the plan's mesh spans all of their devices,
     and each process verifies and times its own partitions and prints its own report."""
-    if (plan_file is None) == (mesh_text is None):
+    from rhino.runtime.stage_programs import is_stage_plan
+
+    staged = plan_file is not None and is_stage_plan(plan_file)
+    if (plan_file is None) == (mesh_text is None) and not staged:
         raise ConfigError("give either --plan FILE or --mesh (to plan first)")
     job = job_of(coordinator, num_processes, process_id)
     if job is not None and job.num_processes > 1 and plan_file is None:
@@ -174,10 +180,8 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
     from rhino.hlo.verify import verify as verify_module
     from rhino.runtime import xla_bridge as xb
     from rhino.runtime.runner import RunOptions, run_plan
-    from rhino.runtime.stage_programs import is_stage_plan
     from rhino.search.plan import Plan
 
-    staged = plan_file is not None and is_stage_plan(plan_file)
     if not staged and (schedule is not None or microbatches is not None):
         raise ConfigError("--schedule and --microbatches apply to a stage plan (from "
                           "`rhino pipeline --out`)")  # fmt: skip
@@ -195,7 +199,8 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
             update("compiling the stage programs and running the schedule")
             staged_options = PipelineOptions(platform, seed, verify, schedule or "1f1b",
                                              microbatches, steps, warmup)  # fmt: skip
-            staged_report = run_stage_plan(module, plan_file, staged_options, devices)
+            staged_report = run_stage_plan(module, plan_file, staged_options, devices,
+                                           mesh_text, cluster, level)  # fmt: skip
     if staged:
         show_stage_run(staged_report, as_json)
         return

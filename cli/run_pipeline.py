@@ -12,21 +12,38 @@ from rhino.hlo.errors import ConfigError, VerificationFailed
 from rhino.hlo.ir import Module
 from rhino.runtime.pipeline_run import PipelineOptions, PipelineReport, run_pipeline
 from rhino.runtime.stage_programs import StagePlan
+from rhino.search.cluster import load_cluster
+from rhino.search.mesh import DeviceMesh, parse_mesh
 from rhino.search.pipeline_schedule import Timeline
+from rhino.search.planner import PlanRequest
 from rhino.search.units import format_bytes, format_seconds
 
 GANTT_WIDTH = 60
 """Characters of the text timeline."""
 
 
-def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions,
-                   devices: int | None) -> PipelineReport:  # fmt: skip
-    """Run the stage plan in `plan_file`, stage s on device s (`devices`: --devices)."""
+def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions, devices: int | None,
+                   mesh_text: str | None, cluster: str, level: str) -> PipelineReport:  # fmt: skip
+    """Run the stage plan in `plan_file`: stage s on device s, or, with a mesh, on the
+    s-th block of the devices of mesh axis 0, its programs sharded over the other axes
+    by plans made for them (`--opt` level `level` on `cluster`)."""
     plan = StagePlan.read(plan_file)
-    if devices is not None and devices < plan.stages:
-        raise ConfigError(f"the stage plan has {plan.stages} stages, one device each, but "
-                          f"--devices {devices}: need {plan.stages} devices")  # fmt: skip
-    return run_pipeline(module, plan, options)
+    spmd = None
+    per_stage = 1
+    if mesh_text is not None:
+        mesh = parse_mesh(mesh_text)
+        if mesh.shape[0] != plan.stages:
+            raise ConfigError(f"--mesh {mesh_text}: the pipeline is mesh axis 0, which has "
+                              f"{mesh.shape[0]} devices, but the stage plan has {plan.stages} "
+                              "stages")  # fmt: skip
+        if mesh.ndim > 1 and mesh.size > plan.stages:
+            spmd = PlanRequest(DeviceMesh(mesh.shape[1:]), load_cluster(cluster), level)
+            per_stage = spmd.mesh.size
+    need = plan.stages * per_stage
+    if devices is not None and devices < need:
+        raise ConfigError(f"the stage plan has {plan.stages} stages of {per_stage} device(s), "
+                          f"but --devices {devices}: need {need} devices")  # fmt: skip
+    return run_pipeline(module, plan, options, spmd)
 
 
 def show_stage_run(report: PipelineReport, as_json: bool) -> None:
@@ -41,8 +58,10 @@ def show_stage_run(report: PipelineReport, as_json: bool) -> None:
 
 def render(report: PipelineReport) -> None:
     out = stdout
+    per_stage = len(report.devices) // report.stages
+    where = f"{per_stage} devices a stage (SPMD in the stage), " if per_stage > 1 else ""
     out.print(f"[bold]{report.module}[/]: {report.stages} stages x {report.microbatches} "
-              f"micro-batches, {report.schedule.upper()}, on {', '.join(report.devices)}")  # fmt: skip
+              f"micro-batches, {report.schedule.upper()}, {where}on {', '.join(report.devices)}")  # fmt: skip
     if report.verify is not None:
         mark = "[green]ok[/]" if report.verify["ok"] else "[red]FAILED[/]"
         out.print(f"verification: {mark}: {report.verify['summary']}")
@@ -64,6 +83,8 @@ def render(report: PipelineReport) -> None:
     if report.single_device_step_s is not None:
         line += f"; single device {format_seconds(report.single_device_step_s)}"
     out.print(line)
+    for note in report.notes:
+        out.print(f"[yellow]note:[/] {note}")
     peaks = ", ".join(format_bytes(x) for x in report.peak_activation_bytes)
     out.print(f"peak activations per stage (simulated): {peaks}")
     out.print("timeline (F forward, B backward, U update; simulated above measured, same scale):")

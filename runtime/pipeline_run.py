@@ -31,8 +31,10 @@ import numpy as np
 
 from rhino.hlo.errors import ExecutionError
 from rhino.hlo.ir import Module
+from rhino.hlo.parser import parse_module
 from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
+from rhino.runtime.apply import realized_program
 from rhino.runtime.inputs import entry_inputs
 from rhino.runtime.pipeline_tasks import (
     STEP,
@@ -43,9 +45,15 @@ from rhino.runtime.pipeline_tasks import (
     stage_times,
     task_graph,
 )
-from rhino.runtime.stage_programs import StagePlan, StagePrograms, stage_programs
+from rhino.runtime.stage_programs import (
+    StagePlan,
+    StagePrograms,
+    accumulate_program,
+    stage_programs,
+)
 from rhino.runtime.verify import OutputCheck, compare_outputs
 from rhino.search.pipeline_schedule import Event, Timeline, simulate
+from rhino.search.planner import PlanRequest, make_plan
 
 WAIT_S = 300.0
 """How long a task waits for a value before the run is declared stuck."""
@@ -105,6 +113,7 @@ class PipelineReport:
     """Per stage, the simulator's peak for this schedule."""
     measured: Timeline = field(repr=False)
     simulated: Timeline = field(repr=False)
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -124,31 +133,64 @@ class Pipeline:
     plan: StagePlan
     programs: StagePrograms
     graph: TaskGraph
-    devices: tuple[Any, ...]
-    """Stage s runs on devices[s]."""
+    groups: tuple[tuple[Any, ...], ...]
+    """Stage s runs on the devices groups[s] (one each, or a mesh for SPMD in the stage)."""
     compiled: dict[str, xb.Compiled] = field(repr=False)
     """"F0", "B0", "U0", "AB0" (accumulating B0's sums), ... -> its executable."""
     compile_s: dict[str, float]
+    """Per program: planning its shardings (hybrid) and compiling it, seconds."""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def devices(self) -> tuple[Any, ...]:
+        return tuple(d for group in self.groups for d in group)
 
 
 def prepare(module: Module, plan: StagePlan, microbatches: int | None = None,
-            platform: str | None = None, *, optimize: bool = True) -> Pipeline:  # fmt: skip
+            platform: str | None = None, *, optimize: bool = True,
+            spmd: PlanRequest | None = None) -> Pipeline:  # fmt: skip
     """Cut `module` into `plan`'s programs for `microbatches` (None: the plan's) and
-    compile each once on its stage's device (`optimize`: see `xla_bridge.compile_spmd`)."""
+    compile each once on its stage's devices (`optimize`: see `xla_bridge.compile_spmd`).
+
+    Hybrid (Rhino §5): with `spmd`, every stage runs on a mesh of `spmd.mesh` devices
+    (stage s on the s-th block of them) and each of its programs is sharded by its own
+    plan (`make_plan(program, spmd)`), its accumulation in the layout of the sums it adds.
+    """
     programs = stage_programs(module, plan, microbatches or plan.microbatches)
     graph = task_graph(programs)
-    devices = xb.local_devices(platform, programs.stages)
-    compiled, seconds = {}, {}
-    texts = {f"{k}{s}": p.text for (s, k), p in programs.programs.items()}
-    texts |= {f"A{k}{s}": t for (s, k), t in programs.accumulate_text.items()}
-    for name, text in texts.items():
-        stage = int(name.lstrip("ABFU"))
+    size = spmd.mesh.size if spmd else 1
+    devices = xb.local_devices(platform, programs.stages * size)
+    groups = tuple(tuple(devices[s * size : (s + 1) * size]) for s in range(programs.stages))
+    compiled: dict[str, xb.Compiled] = {}
+    seconds: dict[str, float] = {}
+    notes: list[str] = []
+    for (s, kind), program in programs.programs.items():
         start = time.perf_counter()
-        compiled[name] = xb.compile_spmd(
-            text, [devices[stage]], num_partitions=1, optimize=optimize
-        )
-        seconds[name] = time.perf_counter() - start
-    return Pipeline(plan, programs, graph, tuple(devices), compiled, seconds)
+        text = program.text
+        if spmd is not None and size > 1:
+            text, realized = _sharded_text(program.text, spmd)
+            notes += [f"{kind}{s}: {n}" for n in realized]
+        compiled[f"{kind}{s}"] = xb.compile_spmd(text, groups[s], num_partitions=size,
+                                                 optimize=optimize)  # fmt: skip
+        seconds[f"{kind}{s}"] = time.perf_counter() - start
+    for key in programs.accumulate_text:
+        s, kind = key
+        start = time.perf_counter()
+        producer = compiled[f"{kind}{s}"]
+        layouts = [producer.outputs[programs.programs[key].outputs.index(v)].sharding
+                   for v in programs.accumulated(key)]  # fmt: skip
+        text = accumulate_program(programs, key, layouts if size > 1 else None)
+        compiled[f"A{kind}{s}"] = xb.compile_spmd(text, groups[s], num_partitions=size,
+                                                  optimize=optimize)  # fmt: skip
+        seconds[f"A{kind}{s}"] = time.perf_counter() - start
+    return Pipeline(plan, programs, graph, groups, compiled, seconds, tuple(notes))
+
+
+def _sharded_text(text: str, spmd: PlanRequest) -> tuple[str, tuple[str, ...]]:
+    """A program with the shardings of its best plan on `spmd.mesh` written in."""
+    program = parse_module(text, "<stage program>")
+    annotated, notes = realized_program(program, make_plan(program, spmd))
+    return print_module(annotated), notes
 
 
 def run_steps(pipeline: Pipeline, name: str, inputs: Sequence[np.ndarray], *, steps: int,
@@ -158,15 +200,17 @@ def run_steps(pipeline: Pipeline, name: str, inputs: Sequence[np.ndarray], *, st
     if warmup < 0 or steps < 1:
         raise ExecutionError(f"need warmup >= 0 and steps >= 1, got {warmup} and {steps}")
     table = schedule(pipeline.programs, name)
-    runner = _StepRunner(pipeline.programs, pipeline.compiled, table, pipeline.devices)
+    runner = _StepRunner(pipeline.programs, pipeline.compiled, table)
     runner.place(list(inputs))
     records = [runner.step() for _ in range(warmup + steps)]
     return table, records[warmup:]
 
 
-def run_pipeline(module: Module, plan: StagePlan, options: PipelineOptions) -> PipelineReport:
-    """Compile, run, verify and time `plan` (see the module docstring)."""
-    pipeline = prepare(module, plan, options.microbatches, options.platform)
+def run_pipeline(module: Module, plan: StagePlan, options: PipelineOptions,
+                 spmd: PlanRequest | None = None) -> PipelineReport:  # fmt: skip
+    """Compile, run, verify and time `plan` (see the module docstring; `spmd`: a hybrid
+    run, see `prepare`)."""
+    pipeline = prepare(module, plan, options.microbatches, options.platform, spmd=spmd)
     inputs = [maker.whole() for maker in entry_inputs(module, options.seed)]
     table, records = run_steps(pipeline, options.schedule, inputs, steps=options.steps,
                                warmup=options.warmup)  # fmt: skip
@@ -216,16 +260,18 @@ class _StepRunner:
     """Runs steps of one schedule on compiled programs (module docstring)."""
 
     def __init__(self, programs: StagePrograms, compiled: dict[str, xb.Compiled],
-                 table: Schedule, devices: Sequence[Any]) -> None:  # fmt: skip
+                 table: Schedule) -> None:  # fmt: skip
         self.programs = programs
         self.compiled = compiled
         self.table = table
-        self.devices = devices
         self.placed: dict[tuple[str, int, int], Any] = {}
         self.host_sent: dict[tuple[int, int], int] = {}
+        self.targets = _targets(programs, compiled)
 
     def place(self, inputs: list[np.ndarray]) -> None:
-        """The step's parameters on their stage, and on every other stage that reads them."""
+        """The step's parameters on every stage that reads them, in the layout of the
+        first program there that does. One read off the stage the plan gave it counts as
+        sent from that stage (as the plan counts it)."""
         p = self.programs
         b = p.batch // p.microbatches
         for name, whole in zip(p.parameters, inputs, strict=True):
@@ -235,14 +281,12 @@ class _StepRunner:
             parts = ([(k, whole[k * b:(k + 1) * b]) for k in range(p.microbatches)]
                      if value.per_microbatch else [(STEP, whole)])  # fmt: skip
             for k, data in parts:
-                for stage in sorted({value.stage} | {s for s, _ in value.readers}):
-                    self.placed[(name, k, stage)] = self._device_put(data, stage)
+                for stage in sorted({s for s, _ in value.readers}):
+                    exe, index = self.targets[(name, stage)]
+                    self.placed[(name, k, stage)] = xb.move_input(exe, index, data)
                     if stage != value.stage:
                         pair = (value.stage, stage)
                         self.host_sent[pair] = self.host_sent.get(pair, 0) + data.nbytes
-
-    def _device_put(self, data: np.ndarray, stage: int) -> Any:
-        return xb.put_on(data, self.devices[stage])
 
     def step(self) -> StepRecord:
         mail = _Mailbox()
@@ -265,6 +309,17 @@ class _StepRunner:
         seconds = time.perf_counter() - start
         outputs = tuple(xb.to_host(mail.get((v, STEP, -1))) for v in self.programs.outputs)
         return StepRecord(seconds, tuple(sorted(log, key=lambda e: e[1])), sent, send_s, outputs)
+
+
+def _targets(programs: StagePrograms,
+             compiled: dict[str, xb.Compiled]) -> dict[tuple[str, int], tuple[xb.Compiled, int]]:  # fmt: skip
+    """(value, stage) -> the first program on that stage that reads it, and which of its
+    parameters the value is: a value sent to a stage arrives in that program's layout."""
+    out: dict[tuple[str, int], tuple[xb.Compiled, int]] = {}
+    for (s, kind), program in sorted(programs.programs.items()):
+        for index, v in enumerate(program.inputs):
+            out.setdefault((v, s), (compiled[f"{kind}{s}"], index))
+    return out
 
 
 class _Stage:
@@ -319,6 +374,7 @@ class _Stage:
         else:
             exe = self.r.compiled[f"{task.kind}{task.stage}"]
             args = [sums[v] for v in names] + [partial[v] for v in names]
+            args = [xb.move_input(exe, i, a) for i, a in enumerate(args)]
             results = xb.execute_arrays(exe, args)
             xb.wait_ready(results)
             sums.update(zip(names, results, strict=True))
@@ -355,7 +411,8 @@ class _Stage:
                 self.mail.put((v, k, t), array)
                 continue
             began = time.perf_counter()
-            moved = xb.put_on(array, self.r.devices[t])
+            exe, index = self.r.targets[(v, t)]
+            moved = xb.move_input(exe, index, array)
             xb.wait_ready([moved])
             with self.lock:
                 pair = (source, t)
@@ -404,6 +461,7 @@ def _report(pipeline: Pipeline, table: Schedule, records: list[StepRecord],
         microbatches=m,
         schedule=table.name,
         devices=tuple(str(d) for d in pipeline.devices),
+        notes=pipeline.notes,
         programs=[_program_doc(prog, pipeline.compile_s) for prog in programs.programs.values()],
         verify=verify,
         step={

@@ -420,15 +420,27 @@ def _fresh(name: str, comp: Computation) -> str:
     return candidate
 
 
-def _accumulate_text(module: str, key: ProgramKey, values: list[Value]) -> str:
+def accumulate_program(programs: StagePrograms, key: ProgramKey,
+                       layouts: list[str] | None = None) -> str:  # fmt: skip
+    """The accumulation of program `key`'s sums; with `layouts` (an HloSharding text per
+    sum, e.g. the layouts the program's results came out in), sums and micro-batch
+    values are added in those layouts."""
+    return _accumulate_text(programs.module, key,
+                            [programs.values[v] for v in programs.accumulated(key)], layouts)  # fmt: skip
+
+
+def _accumulate_text(module: str, key: ProgramKey, values: list[Value],
+                     layouts: list[str] | None = None) -> str:  # fmt: skip
     """An HLO module whose parameters are the running sums then one micro-batch's
     values, and whose result is their element-wise sums, in `values` order."""
     n = len(values)
-    lines = [f"  sum{k} = {v.shape} parameter({k})" for k, v in enumerate(values)]
-    lines += [f"  part{k} = {v.shape} parameter({n + k})" for k, v in enumerate(values)]
-    lines += [f"  add{k} = {v.shape} add(sum{k}, part{k})" for k, v in enumerate(values)]
+    where = [f", sharding={x}" for x in layouts] if layouts else [""] * n
+    lines = [f"  sum{k} = {v.shape} parameter({k}){where[k]}" for k, v in enumerate(values)]
+    lines += [f"  part{k} = {v.shape} parameter({n + k}){where[k]}" for k, v in enumerate(values)]
+    lines += [f"  add{k} = {v.shape} add(sum{k}, part{k}){where[k]}" for k, v in enumerate(values)]
     shapes = ", ".join(str(v.shape) for v in values)
-    lines.append(f"  ROOT sums = ({shapes}) tuple({', '.join(f'add{k}' for k in range(n))})")
+    root = f", sharding={{{', '.join(layouts)}}}" if layouts else ""
+    lines.append(f"  ROOT sums = ({shapes}) tuple({', '.join(f'add{k}' for k in range(n))}){root}")
     stage, kind = key
     return (f"HloModule {module}_stage{stage}_{kind}_accumulate\n\nENTRY main {{\n"
             + "\n".join(lines) + "\n}\n")  # fmt: skip

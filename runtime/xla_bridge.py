@@ -765,27 +765,23 @@ def time_execution(
 # Arrays that stay on the devices (pipeline stages: one program's results feed the next)
 
 
-def put_on(value: np.ndarray | jax.Array, device: Any) -> jax.Array:
-    """A copy of a host or device array on one device (a send between stages)."""
-    import jax
-
-    return jax.device_put(value, device)
-
-
-def move_input(compiled: Compiled, index: int, array: jax.Array) -> jax.Array:
-    """Copy a device array (another program's result, possibly on other devices of this
-    process) to where parameter `index` of `compiled` expects it; a no-op when it is
-    there already."""
+def move_input(compiled: Compiled, index: int, value: np.ndarray | jax.Array) -> jax.Array:
+    """Put a host array, or copy a device array (another program's result, possibly on
+    other devices of this process), where parameter `index` of `compiled` expects it; a
+    device array already there is returned as it is."""
     import jax
 
     sharding = compiled._in_shardings[index]
-    if array.sharding.is_equivalent_to(sharding, array.ndim):
-        return array
-    return jax.device_put(array, sharding)
+    if isinstance(value, np.ndarray):
+        spec = compiled.parameters[index]
+        _check_array(compiled, f"input {index}", value, spec.shape, spec.dtype)
+    elif value.sharding.is_equivalent_to(sharding, value.ndim):
+        return value
+    return jax.device_put(value, sharding)
 
 
 def execute_arrays(compiled: Compiled, arrays: Sequence[jax.Array]) -> list[jax.Array]:
-    """Run one step on device arrays placed by `put_on` / `move_input` (checked: a
+    """Run one step on device arrays placed by `move_input` (checked: a
     misplaced buffer would crash the process); the results stay on the devices, one
     global array per output. Does not wait for them (see `wait_ready`)."""
     import jax

@@ -59,6 +59,8 @@ def test_the_human_report_shows_the_timelines(stages: Path) -> None:
         (["--devices", "1"], "need 2 devices"),
         (["--coordinator", "127.0.0.1:1", "--num-processes", "1", "--process-id", "0"],
          "runs in one process"),
+        (["--mesh", "4x2"], "mesh axis 0, which has 4 devices, but the stage plan has 2"),
+        (["--mesh", "2x4"], "need 8 devices"),
     ],
 )  # fmt: skip
 def test_bad_requests_exit_2(stages: Path, extra: list[str], message: str) -> None:
