@@ -37,7 +37,7 @@ with --mesh, the pipeline is mesh axis 0 and each stage's programs are planned (
   rhino run examples/gpt_tiny.hlo --plan stages.json --mesh 2x4 --devices 8 --cluster cpu
 \b
 Several hosts: the same command on each, with its own --process-id (process 0 serves
-at --coordinator); the plan's mesh spans all their devices. Two hosts of 4 GPUs, then
+at --coordinator); the plan's mesh (a stage plan's stages) spans all their devices. Two hosts of 4 GPUs, then
 two processes of 4 simulated CPU devices on this machine (plan made for --mesh 2x4):
   rhino run model.hlo --plan plan.json --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
   for i in 0 1; do rhino run model.hlo --plan plan.json --devices 4 \\
@@ -185,9 +185,6 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
     if not staged and (schedule is not None or microbatches is not None):
         raise ConfigError("--schedule and --microbatches apply to a stage plan (from "
                           "`rhino pipeline --out`)")  # fmt: skip
-    if staged and job is not None:
-        raise ConfigError("a stage plan runs in one process (stage s on device s); "
-                          "--coordinator / --num-processes / --process-id are not supported yet")  # fmt: skip
     with status(f"running {file}", enabled=not as_json) as update:
         module = parse_file(file)
         verify_module(module)
@@ -200,7 +197,7 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
             staged_options = PipelineOptions(platform, seed, verify, schedule or "1f1b",
                                              microbatches, steps, warmup)  # fmt: skip
             staged_report = run_stage_plan(module, plan_file, staged_options, devices,
-                                           mesh_text, cluster, level)  # fmt: skip
+                                           mesh_text, cluster, level, job)  # fmt: skip
     if staged:
         show_stage_run(staged_report, as_json)
         return

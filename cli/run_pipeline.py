@@ -8,8 +8,10 @@ from typing import Any
 from rich.table import Table
 
 from rhino.cli.common import emit_json, stdout
+from rhino.cli.run_cmd import Job
 from rhino.hlo.errors import ConfigError, VerificationFailed
 from rhino.hlo.ir import Module
+from rhino.runtime import xla_bridge as xb
 from rhino.runtime.pipeline_run import PipelineOptions, PipelineReport, run_pipeline
 from rhino.runtime.stage_programs import StagePlan
 from rhino.search.cluster import load_cluster
@@ -23,10 +25,14 @@ GANTT_WIDTH = 60
 
 
 def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions, devices: int | None,
-                   mesh_text: str | None, cluster: str, level: str) -> PipelineReport:  # fmt: skip
+                   mesh_text: str | None, cluster: str, level: str,
+                   job: Job | None = None) -> PipelineReport:  # fmt: skip
     """Run the stage plan in `plan_file`: stage s on device s, or, with a mesh, on the
     s-th block of the devices of mesh axis 0, its programs sharded over the other axes
-    by plans made for them (`--opt` level `level` on `cluster`)."""
+    by plans made for them (`--opt` level `level` on `cluster`). In a `job` of several
+    processes the stages span all of their devices (--devices per process), and arrays
+    move between processes through jax's transfer server, at the coordinator's port
+    plus 1 + process id on the coordinator's host (one machine; loopback)."""
     plan = StagePlan.read(plan_file)
     spmd = None
     per_stage = 1
@@ -40,10 +46,22 @@ def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions, dev
             spmd = PlanRequest(DeviceMesh(mesh.shape[1:]), load_cluster(cluster), level)
             per_stage = spmd.mesh.size
     need = plan.stages * per_stage
-    if devices is not None and devices < need:
+    processes = job.num_processes if job else 1
+    if devices is not None and devices * processes < need:
         raise ConfigError(f"the stage plan has {plan.stages} stages of {per_stage} device(s), "
-                          f"but --devices {devices}: need {need} devices")  # fmt: skip
-    return run_pipeline(module, plan, options, spmd)
+                          f"but --devices {devices} x {processes} process(es): need {need} "
+                          "devices")  # fmt: skip
+    if job is None:
+        return run_pipeline(module, plan, options, spmd)
+    host, port = job.coordinator.rsplit(":", 1)
+    address = f"{host}:{int(port) + 1 + job.process_id}"
+    with xb.native_stdout_to_stderr():
+        xb.init_distributed(job.coordinator, job.num_processes, job.process_id,
+                            transfer_address=address)  # fmt: skip
+        try:
+            return run_pipeline(module, plan, options, spmd)
+        finally:
+            xb.shutdown_distributed()
 
 
 def show_stage_run(report: PipelineReport, as_json: bool) -> None:
@@ -59,6 +77,10 @@ def show_stage_run(report: PipelineReport, as_json: bool) -> None:
 def render(report: PipelineReport) -> None:
     out = stdout
     per_stage = len(report.devices) // report.stages
+    if report.process_count > 1:
+        out.print(f"process {report.process_index} of {report.process_count}: stages "
+                  f"{', '.join(map(str, report.local_stages))}; verification, times, order "
+                  "and bytes below are theirs")  # fmt: skip
     where = f"{per_stage} devices a stage (SPMD in the stage), " if per_stage > 1 else ""
     out.print(f"[bold]{report.module}[/]: {report.stages} stages x {report.microbatches} "
               f"micro-batches, {report.schedule.upper()}, {where}on {', '.join(report.devices)}")  # fmt: skip

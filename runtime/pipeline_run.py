@@ -20,6 +20,7 @@ median step is reported next to the simulator's prediction for the same task tim
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 import threading
 import time
@@ -35,7 +36,7 @@ from rhino.hlo.parser import parse_module
 from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.apply import realized_program
-from rhino.runtime.inputs import entry_inputs
+from rhino.runtime.inputs import entry_inputs, numpy_dtype
 from rhino.runtime.pipeline_tasks import (
     STEP,
     Schedule,
@@ -44,6 +45,7 @@ from rhino.runtime.pipeline_tasks import (
     schedule,
     stage_times,
     task_graph,
+    transfer_order,
 )
 from rhino.runtime.stage_programs import (
     StagePlan,
@@ -51,7 +53,7 @@ from rhino.runtime.stage_programs import (
     accumulate_program,
     stage_programs,
 )
-from rhino.runtime.verify import OutputCheck, compare_outputs
+from rhino.runtime.verify import OutputCheck, compare_output, tolerance_for
 from rhino.search.pipeline_schedule import Event, Timeline, simulate
 from rhino.search.planner import PlanRequest, make_plan
 
@@ -82,7 +84,8 @@ class StepRecord:
     """(from, to) -> bytes sent."""
     send_seconds: dict[tuple[int, int], float]
     """(from, to) -> seconds spent sending (per step)."""
-    outputs: tuple[np.ndarray, ...] = field(default=(), repr=False)
+    outputs: tuple[np.ndarray | None, ...] = field(default=(), repr=False)
+    """The step's results; None for one made by another process."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,10 @@ class PipelineReport:
     measured: Timeline = field(repr=False)
     simulated: Timeline = field(repr=False)
     notes: tuple[str, ...] = ()
+    process_index: int = 0
+    process_count: int = 1
+    local_stages: tuple[int, ...] = ()
+    """The stages this process ran; verification, times, order and bytes are theirs."""
 
     @property
     def ok(self) -> bool:
@@ -140,6 +147,8 @@ class Pipeline:
     compile_s: dict[str, float]
     """Per program: planning its shardings (hybrid) and compiling it, seconds."""
     notes: tuple[str, ...] = ()
+    local: frozenset[int] = frozenset()
+    """The stages this process runs (all of them, unless the job has several processes)."""
 
     @property
     def devices(self) -> tuple[Any, ...]:
@@ -159,12 +168,13 @@ def prepare(module: Module, plan: StagePlan, microbatches: int | None = None,
     programs = stage_programs(module, plan, microbatches or plan.microbatches)
     graph = task_graph(programs)
     size = spmd.mesh.size if spmd else 1
-    devices = xb.local_devices(platform, programs.stages * size)
-    groups = tuple(tuple(devices[s * size : (s + 1) * size]) for s in range(programs.stages))
+    groups, local = _stage_devices(programs.stages, size, platform)
     compiled: dict[str, xb.Compiled] = {}
     seconds: dict[str, float] = {}
     notes: list[str] = []
     for (s, kind), program in programs.programs.items():
+        if s not in local:
+            continue
         start = time.perf_counter()
         text = program.text
         if spmd is not None and size > 1:
@@ -175,6 +185,8 @@ def prepare(module: Module, plan: StagePlan, microbatches: int | None = None,
         seconds[f"{kind}{s}"] = time.perf_counter() - start
     for key in programs.accumulate_text:
         s, kind = key
+        if s not in local:
+            continue
         start = time.perf_counter()
         producer = compiled[f"{kind}{s}"]
         layouts = [producer.outputs[programs.programs[key].outputs.index(v)].sharding
@@ -183,7 +195,33 @@ def prepare(module: Module, plan: StagePlan, microbatches: int | None = None,
         compiled[f"A{kind}{s}"] = xb.compile_spmd(text, groups[s], num_partitions=size,
                                                   optimize=optimize)  # fmt: skip
         seconds[f"A{kind}{s}"] = time.perf_counter() - start
-    return Pipeline(plan, programs, graph, groups, compiled, seconds, tuple(notes))
+    return Pipeline(plan, programs, graph, groups, compiled, seconds, tuple(notes), local)
+
+
+def _stage_devices(stages: int, size: int,
+                   platform: str | None) -> tuple[tuple[tuple[Any, ...], ...], frozenset[int]]:  # fmt: skip
+    """Stage s's devices (the s-th block of `size`), and the stages of this process. In a
+    job of several processes the stages span all of the job's devices, a stage within
+    one process."""
+    process = xb.process_info()
+    need = stages * size
+    if process.count == 1:
+        devices = xb.local_devices(platform, need)
+    else:
+        have = xb.device_count(platform)
+        if have != need:
+            raise ExecutionError(f"{stages} stages of {size} device(s) need {need} devices, "
+                                 f"but the {process.count} processes of this job have {have}")  # fmt: skip
+        devices = xb.global_devices(platform, need)
+    groups = tuple(tuple(devices[s * size : (s + 1) * size]) for s in range(stages))
+    local = set()
+    for s, group in enumerate(groups):
+        owners = {xb.process_of(d) for d in group}
+        if len(owners) > 1:
+            raise ExecutionError(f"stage {s} would span processes {sorted(owners)}")
+        if owners == {process.index}:
+            local.add(s)
+    return groups, frozenset(local)
 
 
 def _sharded_text(text: str, spmd: PlanRequest) -> tuple[str, tuple[str, ...]]:
@@ -200,8 +238,7 @@ def run_steps(pipeline: Pipeline, name: str, inputs: Sequence[np.ndarray], *, st
     if warmup < 0 or steps < 1:
         raise ExecutionError(f"need warmup >= 0 and steps >= 1, got {warmup} and {steps}")
     table = schedule(pipeline.programs, name)
-    runner = _StepRunner(pipeline.programs, pipeline.compiled, table)
-    runner.place(list(inputs))
+    runner = _StepRunner(pipeline, table, list(inputs))
     records = [runner.step() for _ in range(warmup + steps)]
     return table, records[warmup:]
 
@@ -211,15 +248,23 @@ def run_pipeline(module: Module, plan: StagePlan, options: PipelineOptions,
     """Compile, run, verify and time `plan` (see the module docstring; `spmd`: a hybrid
     run, see `prepare`)."""
     pipeline = prepare(module, plan, options.microbatches, options.platform, spmd=spmd)
+    digest = hashlib.sha256(
+        "\n".join([*(p.text for p in pipeline.programs.programs.values()), repr(options)]).encode()
+    ).hexdigest()[:16]
+    xb.check_agreement("stage programs and run options (digest)", digest)
     inputs = [maker.whole() for maker in entry_inputs(module, options.seed)]
     table, records = run_steps(pipeline, options.schedule, inputs, steps=options.steps,
                                warmup=options.warmup)  # fmt: skip
     verify = None
     single = None
     if options.verify:
-        reference = xb.compile_spmd(print_module(module), pipeline.devices[:1], num_partitions=1)
+        device = xb.local_devices(options.platform, 1)
+        reference = xb.compile_spmd(print_module(module), device, num_partitions=1)
         want = xb.execute(reference, inputs)
-        verify = verify_doc(compare_outputs(want, list(records[-1].outputs)), options.seed)
+        got = records[-1].outputs
+        checks = [compare_output(i, want[i], g, tolerance_for(want[i].dtype))
+                  for i, g in enumerate(got) if g is not None]  # fmt: skip
+        verify = verify_doc(checks, options.seed)
         times = xb.time_execution(reference, inputs, warmup=0, steps=options.steps)
         single = statistics.median(times)
     return _report(pipeline, table, records, verify, single)
@@ -257,24 +302,33 @@ class _Mailbox:
 
 
 class _StepRunner:
-    """Runs steps of one schedule on compiled programs (module docstring)."""
+    """Runs steps of one schedule on compiled programs (module docstring): a thread per
+    stage of this process, and, in a job of several, one that makes this process's
+    sends and receives to and from the others in `transfer_order`."""
 
-    def __init__(self, programs: StagePrograms, compiled: dict[str, xb.Compiled],
-                 table: Schedule) -> None:  # fmt: skip
-        self.programs = programs
-        self.compiled = compiled
+    def __init__(self, pipeline: Pipeline, table: Schedule, inputs: list[np.ndarray]) -> None:
+        self.programs = pipeline.programs
+        self.compiled = pipeline.compiled
+        self.groups = pipeline.groups
+        self.local = pipeline.local
         self.table = table
+        self.inputs = dict(zip(pipeline.programs.parameters, inputs, strict=True))
         self.placed: dict[tuple[str, int, int], Any] = {}
         self.host_sent: dict[tuple[int, int], int] = {}
-        self.targets = _targets(programs, compiled)
+        self.targets = _targets(pipeline.programs, pipeline.compiled)
+        self.remote = tuple(
+            t for t in transfer_order(pipeline.programs, pipeline.graph, table)
+            if (t.source in self.local) != (t.target in self.local)
+        )  # fmt: skip
+        self.place()
 
-    def place(self, inputs: list[np.ndarray]) -> None:
-        """The step's parameters on every stage that reads them, in the layout of the
-        first program there that does. One read off the stage the plan gave it counts as
-        sent from that stage (as the plan counts it)."""
+    def place(self) -> None:
+        """The step's parameters on every stage of this process that reads them, in the
+        layout of the first program there that does. One read off the stage the plan
+        gave it counts as sent from that stage (as the plan counts it)."""
         p = self.programs
         b = p.batch // p.microbatches
-        for name, whole in zip(p.parameters, inputs, strict=True):
+        for name, whole in self.inputs.items():
             value = p.values.get(name)
             if value is None:
                 continue  # read by no program
@@ -282,9 +336,10 @@ class _StepRunner:
                      if value.per_microbatch else [(STEP, whole)])  # fmt: skip
             for k, data in parts:
                 for stage in sorted({s for s, _ in value.readers}):
-                    exe, index = self.targets[(name, stage)]
-                    self.placed[(name, k, stage)] = xb.move_input(exe, index, data)
-                    if stage != value.stage:
+                    if stage in self.local:
+                        exe, index = self.targets[(name, stage)]
+                        self.placed[(name, k, stage)] = xb.move_input(exe, index, data)
+                    if stage != value.stage and value.stage in self.local:
                         pair = (value.stage, stage)
                         self.host_sent[pair] = self.host_sent.get(pair, 0) + data.nbytes
 
@@ -299,7 +354,9 @@ class _StepRunner:
         start = time.perf_counter()
         worker = _Stage(self, mail, log, sent, send_s, lock, start)
         threads = [threading.Thread(target=worker.run, args=(s,), name=f"rhino-stage-{s}")
-                   for s in range(self.programs.stages)]  # fmt: skip
+                   for s in sorted(self.local)]  # fmt: skip
+        if self.remote:
+            threads.append(threading.Thread(target=worker.exchange, name="rhino-transfers"))
         for t in threads:
             t.start()
         for t in threads:
@@ -307,8 +364,17 @@ class _StepRunner:
         if mail.failure is not None:
             raise mail.failure
         seconds = time.perf_counter() - start
-        outputs = tuple(xb.to_host(mail.get((v, STEP, -1))) for v in self.programs.outputs)
+        outputs = tuple(self._output(mail, v) for v in self.programs.outputs)
         return StepRecord(seconds, tuple(sorted(log, key=lambda e: e[1])), sent, send_s, outputs)
+
+    def _output(self, mail: _Mailbox, v: str) -> np.ndarray | None:
+        """A result of the step, when this process has it (its stage runs here)."""
+        value = self.programs.values[v]
+        if value.producer is None:
+            return self.inputs[v]
+        if value.stage not in self.local:
+            return None
+        return xb.to_host(mail.get((v, STEP, -1)))
 
 
 def _targets(programs: StagePrograms,
@@ -317,8 +383,11 @@ def _targets(programs: StagePrograms,
     parameters the value is: a value sent to a stage arrives in that program's layout."""
     out: dict[tuple[str, int], tuple[xb.Compiled, int]] = {}
     for (s, kind), program in sorted(programs.programs.items()):
+        exe = compiled.get(f"{kind}{s}")
+        if exe is None:  # another process's stage
+            continue
         for index, v in enumerate(program.inputs):
-            out.setdefault((v, s), (compiled[f"{kind}{s}"], index))
+            out.setdefault((v, s), (exe, index))
     return out
 
 
@@ -348,6 +417,28 @@ class _Stage:
                     self._compute(task, partial)
                 with self.lock:
                     self.log.append((task, began, time.perf_counter() - self.start))
+        except BaseException as exc:  # every stage must stop, not wait for this one
+            self.mail.fail(exc)
+
+    def exchange(self) -> None:
+        """This process's sends and receives with the others, in the shared order."""
+        p = self.r.programs
+        try:
+            for t in self.r.remote:
+                source, target = self.r.groups[t.source], self.r.groups[t.target]
+                key = (t.value, t.microbatch, t.target)
+                if t.source in self.r.local:
+                    began = time.perf_counter()
+                    array = self.mail.get(key)
+                    xb.send_to_devices(array, source, target)
+                    with self.lock:
+                        pair = (t.source, t.target)
+                        self.sent[pair] = self.sent.get(pair, 0) + int(array.nbytes)
+                        self.send_s[pair] = self.send_s.get(pair, 0.0) + time.perf_counter() - began
+                else:
+                    shape = p.values[t.value].shape
+                    dtype = numpy_dtype(shape.dtype)
+                    self.mail.put(key, xb.receive_from_devices(shape.dims, dtype, source, target))
         except BaseException as exc:  # every stage must stop, not wait for this one
             self.mail.fail(exc)
 
@@ -407,7 +498,7 @@ class _Stage:
     def _send(self, v: str, k: int, array: Any, stages: list[int]) -> None:
         source = self.r.programs.values[v].stage
         for t in stages:
-            if t in (-1, source):
+            if t in (-1, source) or t not in self.r.local:  # remote: `exchange` sends it
                 self.mail.put((v, k, t), array)
                 continue
             began = time.perf_counter()
@@ -462,7 +553,14 @@ def _report(pipeline: Pipeline, table: Schedule, records: list[StepRecord],
         schedule=table.name,
         devices=tuple(str(d) for d in pipeline.devices),
         notes=pipeline.notes,
-        programs=[_program_doc(prog, pipeline.compile_s) for prog in programs.programs.values()],
+        process_index=xb.process_info().index,
+        process_count=xb.process_info().count,
+        local_stages=tuple(sorted(pipeline.local)),
+        programs=[
+            _program_doc(prog, pipeline.compile_s)
+            for prog in programs.programs.values()
+            if prog.stage in pipeline.local
+        ],  # fmt: skip
         verify=verify,
         step={
             "median_s": statistics.median(steps),
@@ -472,8 +570,8 @@ def _report(pipeline: Pipeline, table: Schedule, records: list[StepRecord],
         },  # fmt: skip
         single_device_step_s=single,
         task_seconds=_task_seconds(per_task, p),
-        bytes=_bytes_doc(plan, graph, median),
-        order=_order_doc(table, median),
+        bytes=_bytes_doc(plan, graph, median, pipeline.local),
+        order=_order_doc(table, median, pipeline.local),
         bubble={
             "simulated": 1 - simulated.busy_fraction,
             "measured": 1 - measured.busy_fraction,
@@ -523,8 +621,13 @@ def _pairs(sent: dict[tuple[int, int], int]) -> dict[str, int]:
     return {f"{a}->{b}": n for (a, b), n in sorted(sent.items())}
 
 
-def _bytes_doc(plan: StagePlan, graph: TaskGraph, record: StepRecord) -> dict[str, Any]:
-    predicted, planned, measured = plan.sent_bytes, graph.sent_bytes(), record.sent
+def _bytes_doc(plan: StagePlan, graph: TaskGraph, record: StepRecord,
+               local: frozenset[int]) -> dict[str, Any]:  # fmt: skip
+    """Bytes per (from, to) pair; in a job of several processes, those this process
+    sends (from its stages)."""
+    predicted = {k: v for k, v in plan.sent_bytes.items() if k[0] in local}
+    planned = {k: v for k, v in graph.sent_bytes().items() if k[0] in local}
+    measured = record.sent
     return {
         "predicted": _pairs(predicted),
         "planned": _pairs(planned),
@@ -535,9 +638,11 @@ def _bytes_doc(plan: StagePlan, graph: TaskGraph, record: StepRecord) -> dict[st
     }
 
 
-def _order_doc(table: Schedule, record: StepRecord) -> dict[str, Any]:
-    planned = {str(s): [str(t) for t in tasks] for s, tasks in enumerate(table.actions)}
-    measured: dict[str, list[str]] = {str(s): [] for s in range(len(table.actions))}
+def _order_doc(table: Schedule, record: StepRecord, local: frozenset[int]) -> dict[str, Any]:
+    """Per stage of this process, its tasks in the planned and in the measured order."""
+    planned = {str(s): [str(t) for t in tasks] for s, tasks in enumerate(table.actions)
+               if s in local}  # fmt: skip
+    measured: dict[str, list[str]] = {str(s): [] for s in sorted(local)}
     for task, _, _ in record.events:
         measured[str(task.stage)].append(str(task))
     return {"planned": planned, "measured": measured, "same": planned == measured}

@@ -78,6 +78,10 @@ class TaskGraph:
     activation_bytes: tuple[int, ...]
     """Per stage: bytes one micro-batch's forward leaves for its backward on the stage."""
 
+    def transfers_between_stages(self) -> tuple[Transfer, ...]:
+        """The sends a running step makes (parameters are placed by the host)."""
+        return tuple(t for t in self.transfers if t.after is not None)
+
     def sent_bytes(self) -> dict[tuple[int, int], int]:
         """(from, to) -> bytes per step."""
         out: dict[tuple[int, int], int] = {}
@@ -234,3 +238,49 @@ def stage_times(graph: TaskGraph, seconds: dict[Task, float],
         send_s=dict(send_seconds),
         activation_bytes=tuple(float(b) for b in graph.activation_bytes),
     )
+
+
+def run_order(programs: StagePrograms, graph: TaskGraph, table: Schedule) -> tuple[Task, ...]:
+    """One order in which the whole step can run: every stage takes its next task as
+    soon as the tasks that make its inputs have run (stages visited in turn). Raises
+    ConfigError when the schedule cannot finish (a stage would wait for a task that
+    waits for it)."""
+    done: set[Task] = set()
+    order: list[Task] = []
+    position = [0] * len(table.actions)
+    progressed = True
+    while progressed:
+        progressed = False
+        for s, tasks in enumerate(table.actions):
+            while position[s] < len(tasks):
+                task = tasks[position[s]]
+                needs = _needs(programs, graph, task)
+                if any(n is not None and n not in done for n in needs):
+                    break
+                done.add(task)
+                order.append(task)
+                position[s] += 1
+                progressed = True
+    stuck = [tasks[p] for p, tasks in zip(position, table.actions, strict=True) if p < len(tasks)]
+    if stuck:
+        raise ConfigError(f"schedule {table.name} cannot finish: stage(s) wait at "
+                          f"{', '.join(map(str, stuck))}")  # fmt: skip
+    return tuple(order)
+
+
+def _needs(programs: StagePrograms, graph: TaskGraph, task: Task) -> list[Task | None]:
+    if task.kind.startswith("A"):
+        return [Task(task.stage, task.kind[-1], task.microbatch)]
+    return [producer_task(programs, v, k) for v, k in graph.reads.get(task, ())]
+
+
+def transfer_order(programs: StagePrograms, graph: TaskGraph,
+                   table: Schedule) -> tuple[Transfer, ...]:  # fmt: skip
+    """The transfers between stages, each after the task that makes it in `run_order`:
+    an order two processes can both follow for the sends between them without either
+    waiting on the other forever."""
+    after: dict[Task, list[Transfer]] = {}
+    for t in graph.transfers:
+        if t.after is not None:
+            after.setdefault(t.after, []).append(t)
+    return tuple(t for task in run_order(programs, graph, table) for t in after.get(task, ()))

@@ -223,7 +223,12 @@ def backends_started() -> bool:
 
 
 def init_distributed(
-    coordinator: str, num_processes: int, process_id: int, *, timeout_s: int = 300
+    coordinator: str,
+    num_processes: int,
+    process_id: int,
+    *,
+    timeout_s: int = 300,
+    transfer_address: str | None = None,
 ) -> None:
     """Join a job of `num_processes` processes whose process 0 serves at `coordinator`
     ("host:port"); blocks until all have joined (at most `timeout_s`).
@@ -233,8 +238,10 @@ def init_distributed(
     processes (or hosts) can form one mesh. Afterwards `global_devices` lists every
     process's devices, a program compiled for them runs when every process calls the same
     compiles and executions in the same order, and each process feeds and reads only its
-    own partitions. Raises `ExecutionError` when the backends already started, the
-    arguments are refused, or the coordinator cannot be reached in time.
+    own partitions. With `transfer_address` ("host:port" the other processes reach this
+    one at), arrays also move between processes (`send_to_devices` /
+    `receive_from_devices`). Raises `ExecutionError` when the backends already started,
+    the arguments are refused, or the coordinator cannot be reached in time.
     """
     import jax
 
@@ -244,6 +251,10 @@ def init_distributed(
             "runtime must start first (run rhino in a fresh process)"
         )
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if transfer_address is not None:
+        # jax 0.10.2's CPU client moves arrays between processes (`jax.device_put` to
+        # another process's device) through a transfer server at this address
+        jax.config.update("jax_cross_host_transfer_socket_address", transfer_address)
     try:
         jax.distributed.initialize(
             coordinator,
@@ -821,3 +832,55 @@ def wait_ready(arrays: Sequence[jax.Array]) -> None:
 def to_host(array: jax.Array) -> np.ndarray:
     """A device array as a numpy array (every piece must be in this process)."""
     return np.asarray(array)
+
+
+def process_of(device: Any) -> int:
+    """The index of the process that drives `device`."""
+    return int(device.process_index)
+
+
+def _canonical(devices: Sequence[Any], shape: tuple[int, ...]) -> Any:
+    """The layout an array has in flight between processes, known to both sides without
+    asking: split on dimension 0 over the devices when it divides, else replicated."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(list(devices), dtype=object), ("stage",))
+    split = len(devices) > 1 and bool(shape) and shape[0] % len(devices) == 0
+    return NamedSharding(mesh, PartitionSpec("stage") if split else PartitionSpec())
+
+
+def send_to_devices(array: jax.Array, sources: Sequence[Any], devices: Sequence[Any]) -> None:
+    """Send an array from `sources`, devices of this process (it is first laid out over
+    them as it travels), to `devices` of another process, which must call
+    `receive_from_devices` for it; both processes must make their sends and receives
+    between them in the same order. Returns once it is sent."""
+    import jax
+
+    shape = tuple(array.shape)
+    try:
+        staged = jax.device_put(array, _canonical(sources, shape))
+        jax.block_until_ready(jax.device_put(staged, _canonical(devices, shape)))
+    except (ValueError, RuntimeError) as exc:
+        raise ExecutionError(
+            f"sending to {devices[0]}... failed: {_strip_status(str(exc))}"
+        ) from None
+
+
+def receive_from_devices(
+    shape: tuple[int, ...], dtype: np.dtype[Any], sources: Sequence[Any], devices: Sequence[Any]
+) -> jax.Array:
+    """The array another process sends (`send_to_devices`) from its `sources` devices to
+    this process's `devices`."""
+    import jax
+
+    incoming = jax.make_array_from_single_device_arrays(
+        shape, _canonical(sources, shape), [], dtype=dtype
+    )
+    try:
+        received = jax.device_put(incoming, _canonical(devices, shape))
+        jax.block_until_ready(received)
+    except (ValueError, RuntimeError) as exc:
+        raise ExecutionError(
+            f"receiving from {sources[0]}... failed: {_strip_status(str(exc))}"
+        ) from None
+    return received

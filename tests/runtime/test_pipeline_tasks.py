@@ -1,21 +1,15 @@
 """The task graph and static schedules of a stage plan, as data (no device runs): the
 F/B order is the simulator's, every task is scheduled once, every schedule can run
-(each task's inputs are made by tasks that come earlier in some stage's list), and the
-bytes sent between stages are the ones the stage plan predicts."""
+(each task's inputs are made by tasks that come earlier in some stage's list) and its
+sends can be made in one order all processes share, and the bytes sent between stages
+are the ones the stage plan predicts."""
 
 from __future__ import annotations
 
 import pytest
 
 from rhino.hlo.errors import ConfigError
-from rhino.runtime.pipeline_tasks import (
-    Schedule,
-    Task,
-    TaskGraph,
-    producer_task,
-    schedule,
-    task_graph,
-)
+from rhino.runtime.pipeline_tasks import run_order, schedule, task_graph, transfer_order
 from rhino.runtime.stage_programs import StagePrograms, stage_programs
 from rhino.search.pipeline_schedule import SCHEDULES
 from tests.runtime.stage_plans import example, stage_plan
@@ -24,27 +18,6 @@ from tests.runtime.stage_plans import example, stage_plan
 @pytest.fixture(scope="module")
 def programs() -> StagePrograms:
     return stage_programs(example("gpt_tiny"), stage_plan("gpt_tiny", 4), 4)
-
-
-def runs_to_the_end(programs: StagePrograms, graph: TaskGraph, table: Schedule) -> bool:
-    """Each stage takes its next task once the tasks making its inputs are done."""
-    done: set[Task] = set()
-    position = [0] * len(table.actions)
-    progressed = True
-    while progressed:
-        progressed = False
-        for s, tasks in enumerate(table.actions):
-            while position[s] < len(tasks):
-                task = tasks[position[s]]
-                needs = [producer_task(programs, v, k) for v, k in graph.reads.get(task, ())]
-                if task.kind.startswith("A"):
-                    needs = [Task(task.stage, task.kind[-1], task.microbatch)]
-                if any(n is not None and n not in done for n in needs):
-                    break
-                done.add(task)
-                position[s] += 1
-                progressed = True
-    return all(p == len(t) for p, t in zip(position, table.actions, strict=True))
 
 
 @pytest.mark.parametrize("name", ["1f1b", "gpipe"])
@@ -60,7 +33,13 @@ def test_schedule_follows_the_simulator_and_can_run(programs: StagePrograms, nam
                 assert (before.kind, before.microbatch) == (after.kind[-1], after.microbatch)
     scheduled = [t for tasks in table.actions for t in tasks]
     assert sorted(scheduled) == list(graph.tasks)
-    assert runs_to_the_end(programs, graph, table)
+    order = run_order(programs, graph, table)  # raises when a stage would wait forever
+    assert sorted(order) == list(graph.tasks)
+    sends = transfer_order(programs, graph, table)
+    assert sorted(sends, key=repr) == sorted(graph.transfers_between_stages(), key=repr)
+    position = {task: i for i, task in enumerate(order)}
+    finished = [position[t.after] for t in sends if t.after is not None]
+    assert finished == sorted(finished)
 
 
 def test_bytes_between_stages_are_the_plans(programs: StagePrograms) -> None:
