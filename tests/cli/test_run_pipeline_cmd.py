@@ -57,8 +57,6 @@ def test_the_human_report_shows_the_timelines(stages: Path) -> None:
     [
         (["--microbatches", "3"], "3 micro-batches do not divide the batch"),
         (["--devices", "1"], "need 2 devices"),
-        (["--coordinator", "127.0.0.1:1", "--num-processes", "1", "--process-id", "0"],
-         "runs in one process"),
         (["--mesh", "4x2"], "mesh axis 0, which has 4 devices, but the stage plan has 2"),
         (["--mesh", "2x4"], "need 8 devices"),
     ],
