@@ -1,21 +1,32 @@
-"""Run a stage plan: every stage's programs compiled once on its device, a static
+"""Run a stage plan: every stage's programs compiled once on its devices, a static
 schedule followed per stage, activations moved between devices, the result verified.
 
-    run_pipeline(module, plan, options) -> PipelineReport
+    prepare(module, plan, m, spmd=None) -> Pipeline          cut and compile, once
+    run_steps(pipeline, schedule, inputs, steps=...)         run steps of a schedule
+    run_pipeline(module, plan, options, spmd=None) -> PipelineReport   all of it
 
-Stage s runs on device s of this process. One thread per stage follows the stage's
-list of tasks (`pipeline_tasks.schedule`); a task waits until the values it reads have
+Stage s runs on device s of the job, or, hybrid (Rhino §5: `spmd` is the plan request
+for the other mesh axes), on the s-th block of `spmd.mesh.size` devices, each of its
+programs sharded by its own SPMD plan. One thread per stage follows the stage's list
+of tasks (`pipeline_tasks.schedule`); a task waits until the values it reads have
 arrived, runs its program, and sends each result to the stages that read it
-(`jax.device_put` to their device: the measured bytes between stages). The step's
-parameters are placed on their stage before the step (resident weights and optimizer
-state; the data's micro-batches, rows k*B/m .. (k+1)*B/m of dimension 0), and sent from
-there to the other stages that read them, as the plan counts them.
+(`jax.device_put` into the reading program's layout: the measured bytes between stages).
+The step's parameters are placed on the stages that read them before the step
+(resident weights and optimizer state; the data's micro-batches, rows k*B/m ..
+(k+1)*B/m of dimension 0); one read off the stage the plan gave it counts as sent from
+there, as the plan counts it.
+
+In a job of several processes (`xla_bridge.init_distributed` with a transfer address),
+each process runs the stages whose devices it holds; one more thread per process makes
+its sends to and receives from the others, in the order `pipeline_tasks.transfer_order`
+gives every process alike.
 
 Verification runs the original step on one device with the same inputs (drawn from the
-seed) and compares every output: the loss, the updated parameters and the optimizer
-state (`rhino.runtime.verify`'s tolerances). Timing: `steps` steps after `warmup`; each
-task's time is measured from its start to its results being ready; the timeline of the
-median step is reported next to the simulator's prediction for the same task times.
+seed) and compares every output this process's stages make: the loss, the updated
+parameters and the optimizer state (`rhino.runtime.verify`'s tolerances). Timing:
+`steps` steps after `warmup`; each task's time is measured from its start to its results
+being ready; the timeline of the median step is reported next to the simulator's
+prediction for the same task times.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
     task_graph(programs) -> TaskGraph
     schedule(programs, name) -> Schedule          name: "1f1b" (default) or "gpipe"
+    run_order(programs, graph, schedule) -> tasks, in one order the step can run in
+    transfer_order(programs, graph, schedule) -> the sends between stages in that order
     stage_times(graph, seconds, send_seconds) -> StageTimes   (for the simulator)
 
 Tasks, per stage s and micro-batch k:
