@@ -82,16 +82,17 @@ def inline_calls(module: Module, origin: dict[str, str] | None = None) -> Module
     return _inline(module, (Opcode.CALL,), origin)
 
 
-def flatten(module: Module) -> Module:
+def flatten(module: Module, origin: dict[str, str] | None = None) -> Module:
     """Inline every `call` and every `fusion`: the one flat graph the planner plans and
     `rhino run` compiles.
 
     A post-optimization dump hides its work in fusions, which the planner would see as
     opaque (planned replicated) and XLA's CPU backend refuses to compile without their
     backend configs; their bodies are ordinary instructions.
+    `origin` as for `inline_calls`.
     Post: no `call` or `fusion` remains; the module computes the same values.
     """
-    return _inline(module, (Opcode.CALL, Opcode.FUSION))
+    return _inline(module, (Opcode.CALL, Opcode.FUSION), origin)
 
 
 def _inline(

@@ -46,7 +46,7 @@ from typing import TypeAlias
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Computation, Instruction, Module
 from rhino.hlo.opcode import ELEMENTWISE, Opcode
-from rhino.hlo.passes import clone_module, inline_calls
+from rhino.hlo.passes import clone_module, flatten
 from rhino.hlo.shape import FLOAT_DTYPES, Shape
 from rhino.search.stages import Role, StepSplit
 
@@ -130,12 +130,12 @@ def _refuse(inst: Instruction, why: str) -> ConfigError:
 
 
 def flat_step(module: Module) -> tuple[Module, dict[str, str]]:
-    """`module` with its calls inlined and every get-tuple-element of a tuple replaced by
-    the element (what inlining a call that returns a tuple leaves), dead instructions
-    dropped; and, per inlined instruction, the call it came from.
-    Post: the module verifies and computes the same values."""
+    """`module` with its calls and fusions inlined and every get-tuple-element of a
+    tuple replaced by the element (what inlining a call that returns a tuple leaves),
+    dead instructions dropped; and, per inlined instruction, the call or fusion it came
+    from. Post: the module verifies and computes the same values."""
     origin: dict[str, str] = {}
-    flat = inline_calls(module, origin)
+    flat = flatten(module, origin)
     entry = flat.entry
     for inst in list(entry.instructions):
         op = inst.operands[0] if inst.operands else None
@@ -190,9 +190,15 @@ def _state_of(inst: Instruction, split: StepSplit, data: set[str], facts: _Facts
 def _step(inst: Instruction, ops: list[State], role: Role) -> State:
     """Once per step: reads sums (accumulated first) and batch-independent values."""
     for k, s in enumerate(ops):
-        if s not in (None, PARTIAL, STEP) and not (role is Role.OUTPUT and s == 0):
-            raise _refuse(inst, f"it runs once per step but reads %{inst.operands[k].name}, "
-                          f"which is {_describe(s)}")  # fmt: skip
+        if s in (None, PARTIAL, STEP) or (role is Role.OUTPUT and s == 0):
+            continue
+        name = inst.operands[k].name
+        if role in (Role.UPDATE, Role.OUTPUT):
+            raise _refuse(inst, f"it runs once per step but reads %{name}, which is "
+                          f"{_describe(s)}")  # fmt: skip
+        total = next(op.name for op, t in zip(inst.operands, ops, strict=True) if t == STEP)
+        raise _refuse(inst, f"it combines %{name}, {_describe(s)}, with %{total}, which needs "
+                      "the whole batch first (e.g. a mean over a batch-dependent count)")  # fmt: skip
     return STEP if role is not Role.OUTPUT else None
 
 
@@ -442,6 +448,18 @@ def _reduce_window(inst: Instruction, ops: list[State], facts: _Facts) -> State:
     return ops[0]
 
 
+def _select_and_scatter(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    """A max-pool's gradient: per example when its window stays within one example."""
+    operand, source, init = ops
+    if not isinstance(operand, int) or init is not None:
+        raise _refuse(inst, "only per-example operands with a batch-independent initial value")
+    w = inst.attr("window").dims[operand]
+    if (w.size, w.stride, w.pad_low, w.pad_high) != (1, 1, 0, 0):
+        raise _refuse(inst, "its window spans several examples")
+    facts.align(inst, 1, operand)
+    return operand
+
+
 def _reverse(inst: Instruction, ops: list[State], facts: _Facts) -> State:
     (s,) = ops
     if isinstance(s, int) and s in inst.attr("dimensions"):
@@ -473,6 +491,7 @@ _RULES: dict[Opcode, Rule] = {
     Opcode.CONCATENATE: _concatenate,
     Opcode.PAD: _pad,
     Opcode.REDUCE_WINDOW: _reduce_window,
+    Opcode.SELECT_AND_SCATTER: _select_and_scatter,
     Opcode.REVERSE: _reverse,
     Opcode.GET_TUPLE_ELEMENT: _get_tuple_element,
     Opcode.TUPLE: _tuple,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rhino.hlo.errors import ConfigError
-from rhino.hlo.parser import parse_module
+from rhino.hlo.parser import parse_file, parse_module
 from rhino.hlo.verify import verify
 from rhino.runtime.pipeline_microbatch import (
     PARTIAL,
@@ -18,6 +18,7 @@ from rhino.runtime.pipeline_microbatch import (
     microbatch_module,
 )
 from rhino.search.stages import split_step
+from tests.hlo.corpus import ROOT
 
 STEP_TEXT = """HloModule step
 
@@ -101,3 +102,24 @@ def test_a_maximum_over_the_batch_is_refused() -> None:
 def test_micro_batches_must_divide_the_batch() -> None:
     with pytest.raises(ConfigError, match="3 micro-batches do not divide the batch of 8"):
         facts_of(STEP_TEXT, 3)
+
+
+@pytest.mark.parametrize(
+    ("name", "refusal"),
+    [
+        ("mlp_optimized", None),  # XLA's fusions, inlined
+        ("vgg19_tiny", None),  # max-pool gradients (select-and-scatter) per example
+        ("wresnet_tiny", "batch statistics"),  # batch normalization
+        ("dnabert_tiny", "needs the whole batch first"),  # a mean over the masked tokens
+        ("gpt_scan_tiny", "no micro-batch rule for this opcode"),  # layers in a while loop
+    ],
+)
+def test_zoo_steps_are_cut_or_refused_with_the_reason(name: str, refusal: str | None) -> None:
+    flat, _ = flat_step(parse_file(ROOT / "examples" / f"{name}.hlo"))
+    if refusal is None:
+        facts = batch_facts(flat, split_step(flat), 2)
+        verify(microbatch_module(flat, facts))
+        assert any(s == PARTIAL for s in facts.state.values())
+    else:
+        with pytest.raises(ConfigError, match=refusal):
+            batch_facts(flat, split_step(flat), 2)
