@@ -143,14 +143,16 @@ def job_of(
               help="Pipeline schedule of a stage plan [default: 1f1b].")  # fmt: skip
 @click.option("--microbatches", type=click.IntRange(min=1),
               help="Micro-batches per step of a stage plan [default: the plan's].")  # fmt: skip
+@click.option("--gantt", type=click.Path(dir_okay=False, writable=True),
+              help="Draw a stage plan's simulated and measured timelines to this .svg file.")  # fmt: skip
 @json_option
 @debug_option
 @handle_errors
 def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: str, cluster: str,
                 platform: str | None, devices: int | None, seed: int, verify: bool, steps: int, warmup: int,
                 coordinator: str | None, num_processes: int | None, process_id: int | None,
-                schedule: str | None, microbatches: int | None, as_json: bool,
-                debug: bool) -> None:  # fmt: skip
+                schedule: str | None, microbatches: int | None, gantt: str | None,
+                as_json: bool, debug: bool) -> None:  # fmt: skip
     """Write the plan's shardings into the HLO, compile it with XLA's SPMD partitioner,
     run it on local devices, check it computes what the single-device program computes,
     and compare the collectives XLA inserted with the ones the plan predicted.
@@ -182,9 +184,11 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
     from rhino.runtime.runner import RunOptions, run_plan
     from rhino.search.plan import Plan
 
-    if not staged and (schedule is not None or microbatches is not None):
-        raise ConfigError("--schedule and --microbatches apply to a stage plan (from "
+    if not staged and (schedule is not None or microbatches is not None or gantt is not None):
+        raise ConfigError("--schedule, --microbatches and --gantt apply to a stage plan (from "
                           "`rhino pipeline --out`)")  # fmt: skip
+    if gantt is not None and not gantt.lower().endswith(".svg"):
+        raise ConfigError(f"--gantt {gantt}: expected a .svg file name")
     with status(f"running {file}", enabled=not as_json) as update:
         module = parse_file(file)
         verify_module(module)
@@ -199,7 +203,7 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
             staged_report = run_stage_plan(module, plan_file, staged_options, devices,
                                            mesh_text, cluster, level, job)  # fmt: skip
     if staged:
-        show_stage_run(staged_report, as_json)
+        show_stage_run(staged_report, as_json, gantt)
         return
     with status(f"running {file}", enabled=not as_json) as update:
         if plan_file is not None:

@@ -3,11 +3,15 @@ stage by stage, verified, timed, and set against its prediction."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
 from rhino.cli.common import emit_json, stdout
+from rhino.cli.pipeline_draw import gantt_svg
 from rhino.cli.run_cmd import Job
 from rhino.hlo.errors import ConfigError, VerificationFailed
 from rhino.hlo.ir import Module
@@ -64,8 +68,11 @@ def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions, dev
             xb.shutdown_distributed()
 
 
-def show_stage_run(report: PipelineReport, as_json: bool) -> None:
-    """Render, then raise VerificationFailed (exit 1) when an output differs."""
+def show_stage_run(report: PipelineReport, as_json: bool, gantt: str | None = None) -> None:
+    """Render (and draw the timelines to `gantt`), then raise VerificationFailed (exit 1)
+    when an output differs."""
+    if gantt:
+        write_timelines(report, gantt)
     if as_json:
         emit_json("run.pipeline", report.to_json())
     else:
@@ -141,6 +148,33 @@ def _bytes_table(report: PipelineReport) -> Table:
     t.add_row("total", *(format_bytes(b[f"{k}_total"]) for k in ("predicted", "planned",
                                                                  "measured")))  # fmt: skip
     return t
+
+
+def write_timelines(report: PipelineReport, path: str) -> None:
+    """The simulated and the measured timeline as one SVG, one above the other, on the
+    same time scale (the Gantt picture of `rhino pipeline --gantt`)."""
+    span = max(report.simulated.step_s, report.measured.step_s)
+    title = f"{report.module}: {report.stages} stages, {report.microbatches} micro-batches, "
+    parts = [
+        gantt_svg(replace(report.simulated, step_s=span),
+                  title + f"{report.schedule}, simulated on the measured task times"),
+        gantt_svg(replace(report.measured, step_s=span), title + f"{report.schedule}, measured"),
+    ]  # fmt: skip
+    heights = [_size(svg, "height") for svg in parts]
+    width = _size(parts[0], "width")
+    lower = parts[1].replace("<svg ", f'<svg y="{heights[0]}" ', 1)
+    Path(path).write_text(
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{sum(heights)}">\n'
+        f"{parts[0]}{lower}</svg>\n",
+        encoding="utf-8",
+    )
+
+
+def _size(svg: str, name: str) -> int:
+    """The width or height on an SVG's opening tag."""
+    found = re.search(rf'{name}="(\d+)"', svg)
+    assert found is not None, f"gantt_svg writes the {name} on its <svg> tag"
+    return int(found.group(1))
 
 
 def gantt_rows(simulated: Timeline, measured: Timeline, stages: int) -> list[str]:

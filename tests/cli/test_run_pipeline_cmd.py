@@ -44,12 +44,16 @@ def test_a_stage_plan_runs_verifies_and_reports(stages: Path) -> None:
     assert kinds == {"F", "B", "U"} and doc["simulated_timeline"]["step_s"] > 0
 
 
-def test_the_human_report_shows_the_timelines(stages: Path) -> None:
+def test_the_human_report_shows_the_timelines(stages: Path, tmp_path: Path) -> None:
+    svg = tmp_path / "timelines.svg"
     r = invoke("run", str(MLP), "--plan", str(stages), "--devices", "2", "--steps", "1",
-               "--warmup", "0", "--no-verify")  # fmt: skip
+               "--warmup", "0", "--no-verify", "--gantt", str(svg))  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "stage 1 sim |" in r.output and "stage 1 run |" in r.output
     assert "task order as planned on every stage: yes" in r.output
+    picture = svg.read_text()
+    assert "simulated on the measured task times" in picture and "measured</text>" in picture
+    assert picture.count("<rect") >= 2 * (2 * 8 * 2 + 2)  # F and B of 8 micro-batches, U
 
 
 @pytest.mark.parametrize(
@@ -76,3 +80,8 @@ def test_a_stage_plan_for_another_module_is_refused(stages: Path) -> None:
 def test_schedule_needs_a_stage_plan() -> None:
     r = invoke("run", str(MLP), "--mesh", "1x2", "--devices", "2", "--schedule", "gpipe")
     assert r.exit_code == 2 and "apply to a stage plan" in r.output
+
+
+def test_gantt_must_be_svg(stages: Path) -> None:
+    r = invoke("run", str(MLP), "--plan", str(stages), "--devices", "2", "--gantt", "t.png")
+    assert r.exit_code == 2 and "expected a .svg file name" in r.output
