@@ -11,6 +11,7 @@ from rhino.hlo.errors import ConfigError
 from rhino.hlo.parser import parse_file
 from rhino.hlo.verify import verify
 from rhino.search.cluster import load_cluster
+from rhino.search.mesh import parse_mesh
 from rhino.search.pipeline import PipelinePlan, PipelineRequest, plan_pipeline
 from rhino.search.problem import SolveOptions
 from rhino.search.units import format_bytes, format_seconds
@@ -23,12 +24,16 @@ Examples:
   rhino pipeline model.hlo --stages 8 --microbatches 16 --cluster h100x8 --time-limit 60
   rhino pipeline examples/gpt_tiny.hlo --stages 2 --gantt schedule.svg --dot stages.dot
   rhino pipeline model.hlo --stages 4 --json | jq .cut_bytes
+  rhino pipeline examples/gpt_tiny.hlo --mesh 2x4 --out stages.json   # hybrid, 2 stages
 """
 
 
 @click.command("pipeline", epilog=EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--stages", required=True, type=int, help="Number of pipeline stages d.")
+@click.option("--stages", type=int, help="Number of pipeline stages d (default: --mesh's axis 0).")
+@click.option("--mesh", "mesh_text",
+              help="Hybrid: the job's mesh, e.g. 2x4: stages on axis 0, each stage's programs "
+              "sharded over the others when `rhino run` runs the plan.")  # fmt: skip
 @click.option(
     "--epsilon",
     default=0.1,
@@ -54,14 +59,20 @@ Examples:
 @json_option
 @debug_option
 @handle_errors
-def pipeline_command(file: str, stages: int, epsilon: float, microbatches: int, cluster: str,
-                     time_limit: float, no_tightening: bool, loss: str | None, out: str | None,
-                     gantt: str | None, dot: str | None, as_json: bool, debug: bool) -> None:  # fmt: skip
+def pipeline_command(file: str, stages: int | None, mesh_text: str | None, epsilon: float,
+                     microbatches: int, cluster: str, time_limit: float, no_tightening: bool,
+                     loss: str | None, out: str | None, gantt: str | None, dot: str | None,
+                     as_json: bool, debug: bool) -> None:  # fmt: skip
     """Split a single-device training step into pipeline stages: forward instructions
     placed by an ILP that minimizes the bytes sent between stages at balanced compute
     (Rhino §5, with bound tightening), backward and update mirrored onto the stage of
     what they differentiate or update; report per-stage compute, memory and sends, and
     the step time under 1F1B and GPipe."""
+    mesh = parse_mesh(mesh_text).shape if mesh_text else None
+    if stages is None:
+        if mesh is None:
+            raise ConfigError("give --stages (or --mesh, whose axis 0 holds the stages)")
+        stages = mesh[0]
     if stages < 1:
         raise ConfigError(f"--stages {stages}: need at least 1 stage")
     if time_limit <= 0:
@@ -69,7 +80,8 @@ def pipeline_command(file: str, stages: int, epsilon: float, microbatches: int, 
     if gantt:
         check_picture_path(gantt)
     request = PipelineRequest(stages, epsilon, microbatches, load_cluster(cluster),
-                              SolveOptions(time_limit_s=time_limit), not no_tightening, loss)  # fmt: skip
+                              SolveOptions(time_limit_s=time_limit), not no_tightening, loss,
+                              mesh)  # fmt: skip
     with status(f"pipelining {file} into {stages} stages", enabled=not as_json) as update:
         module = parse_file(file)
         verify(module)

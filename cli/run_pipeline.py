@@ -31,8 +31,8 @@ GANTT_WIDTH = 60
 def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions, devices: int | None,
                    mesh_text: str | None, cluster: str, level: str,
                    job: Job | None = None) -> PipelineReport:  # fmt: skip
-    """Run the stage plan in `plan_file`: stage s on device s, or, with a mesh, on the
-    s-th block of the devices of mesh axis 0, its programs sharded over the other axes
+    """Run the stage plan in `plan_file`: stage s on device s, or, with a mesh (`--mesh`,
+    else the plan's), on the s-th block of the devices of mesh axis 0, its programs sharded over the other axes
     by plans made for them (`--opt` level `level` on `cluster`). In a `job` of several
     processes the stages span all of their devices (--devices per process), and arrays
     move between processes through jax's transfer server, at the coordinator's port
@@ -40,6 +40,8 @@ def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions, dev
     plan = StagePlan.read(plan_file)
     spmd = None
     per_stage = 1
+    if mesh_text is None and plan.mesh is not None:  # made with `rhino pipeline --mesh`
+        mesh_text = "x".join(map(str, plan.mesh))
     if mesh_text is not None:
         mesh = parse_mesh(mesh_text)
         if mesh.shape[0] != plan.stages:

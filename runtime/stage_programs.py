@@ -73,6 +73,8 @@ class StagePlan:
     """(from, to) -> bytes per step the plan predicts."""
     schedules: dict[str, dict[str, Any]]
     """Schedule name -> the plan's predicted step, bubble and peak activations."""
+    mesh: tuple[int, ...] | None = None
+    """Hybrid: the mesh the plan was made for (stages on axis 0), or None."""
 
     @staticmethod
     def from_json(doc: Any, where: str = "the stage plan") -> StagePlan:
@@ -92,6 +94,7 @@ class StagePlan:
                 stage={str(i["name"]): int(i["stage"]) for i in doc["instructions"]},
                 sent_bytes=sent,
                 schedules=dict(doc["schedules"]),
+                mesh=tuple(int(n) for n in doc["mesh"]) if doc.get("mesh") else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{where} is malformed: {type(exc).__name__} {exc}") from None

@@ -85,3 +85,22 @@ def test_schedule_needs_a_stage_plan() -> None:
 def test_gantt_must_be_svg(stages: Path) -> None:
     r = invoke("run", str(MLP), "--plan", str(stages), "--devices", "2", "--gantt", "t.png")
     assert r.exit_code == 2 and "expected a .svg file name" in r.output
+
+
+def test_a_hybrid_stage_plan_carries_its_mesh_to_the_run(tmp_path: Path) -> None:
+    path = tmp_path / "hybrid.json"
+    r = invoke("pipeline", str(MLP), "--mesh", "2x2", "--epsilon", "0.6", "--time-limit", "10",
+               "--out", str(path))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert json.loads(path.read_text())["mesh"] == [2, 2]
+    r = invoke("run", str(MLP), "--plan", str(path), "--devices", "4", "--cluster", "cpu",
+               "--microbatches", "2", "--steps", "1", "--warmup", "0", "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["verify"]["ok"] and len(doc["devices"]) == 4
+    assert doc["bytes"]["measured"] == doc["bytes"]["planned"]
+
+
+def test_pipeline_mesh_must_match_the_stages() -> None:
+    r = invoke("pipeline", str(MLP), "--mesh", "3x2", "--stages", "2")
+    assert r.exit_code == 2 and "mesh axis 0, which has 3 devices, not 2 stages" in r.output
