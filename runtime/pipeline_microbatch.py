@@ -154,9 +154,7 @@ def batch_facts(module: Module, split: StepSplit, microbatches: int) -> BatchFac
     """The state of every ENTRY instruction of `module` (calls inlined; `split` made on
     it). Pre: the module verifies. Raises ConfigError when the data parameters disagree
     on the batch, m does not divide it, or an instruction cannot be micro-batched."""
-    data = [inst for inst in split.order
-            if inst.opcode is Opcode.PARAMETER and split.role(inst.name) is Role.FORWARD
-            and inst.name not in split.weights]  # fmt: skip
+    data = data_parameters(split)
     if not data:
         raise ConfigError(f"{module.name}: no data parameter (every forward parameter is a "
                           "weight the update rewrites): nothing to cut into micro-batches")  # fmt: skip
@@ -173,6 +171,13 @@ def batch_facts(module: Module, split: StepSplit, microbatches: int) -> BatchFac
     for inst in split.order:
         facts.state[inst.name] = _state_of(inst, split, names, facts)
     return BatchFacts(batch, microbatches, tuple(p.name for p in data), facts.state, facts.resize)
+
+
+def data_parameters(split: StepSplit) -> list[Instruction]:
+    """The step's data: forward parameters that the update does not rewrite."""
+    return [inst for inst in split.order
+            if inst.opcode is Opcode.PARAMETER and split.role(inst.name) is Role.FORWARD
+            and inst.name not in split.weights]  # fmt: skip
 
 
 def _state_of(inst: Instruction, split: StepSplit, data: set[str], facts: _Facts) -> State:

@@ -45,6 +45,7 @@ from rhino.runtime.pipeline_microbatch import (
     STEP,
     BatchFacts,
     batch_facts,
+    data_parameters,
     flat_step,
     microbatch_module,
 )
@@ -227,10 +228,9 @@ def _whole_batch(split: StepSplit) -> BatchFacts:
     """One micro-batch: nothing to cut; the update (and what it alone reads) once per step."""
     state = {inst.name: STEP if split.roles[k] is Role.UPDATE else None
              for k, inst in enumerate(split.order)}  # fmt: skip
-    data = tuple(inst.name for inst in split.order if inst.opcode is Opcode.PARAMETER
-                 and split.role(inst.name) is Role.FORWARD and inst.name not in split.weights)  # fmt: skip
-    batch = split.order[split.index[data[0]]].shape.dims[0] if data else 1
-    return BatchFacts(batch, 1, data, dict(state))
+    data = data_parameters(split)
+    batch = data[0].shape.dims[0] if data and data[0].shape.rank else 1
+    return BatchFacts(batch, 1, tuple(p.name for p in data), dict(state))
 
 
 def _homes(cut: Module, split: StepSplit, facts: BatchFacts,
