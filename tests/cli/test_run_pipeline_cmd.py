@@ -87,18 +87,14 @@ def test_gantt_must_be_svg(stages: Path) -> None:
     assert r.exit_code == 2 and "expected a .svg file name" in r.output
 
 
-def test_a_hybrid_stage_plan_carries_its_mesh_to_the_run(tmp_path: Path) -> None:
+def test_a_hybrid_stage_plan_records_its_mesh(tmp_path: Path) -> None:
+    """(tests/runtime/test_pipeline_multiprocess.py runs such a plan)"""
     path = tmp_path / "hybrid.json"
     r = invoke("pipeline", str(MLP), "--mesh", "2x2", "--epsilon", "0.6", "--time-limit", "10",
                "--out", str(path))  # fmt: skip
     assert r.exit_code == 0, r.output
-    assert json.loads(path.read_text())["mesh"] == [2, 2]
-    r = invoke("run", str(MLP), "--plan", str(path), "--devices", "4", "--cluster", "cpu",
-               "--microbatches", "2", "--steps", "1", "--warmup", "0", "--json")  # fmt: skip
-    assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
-    assert doc["verify"]["ok"] and len(doc["devices"]) == 4
-    assert doc["bytes"]["measured"] == doc["bytes"]["planned"]
+    doc = json.loads(path.read_text())
+    assert doc["mesh"] == [2, 2] and doc["stages"] == 2
 
 
 def test_pipeline_mesh_must_match_the_stages() -> None:

@@ -1,5 +1,6 @@
-"""A hybrid stage plan as a job of two processes on loopback: the MLP's 2 stages, each
-process one stage on its own 2 simulated CPU devices (SPMD in the stage), arrays moving
+"""A hybrid stage plan (made for mesh 2x2) as a job of two processes on loopback: the
+MLP's 2 stages, each process one stage on its own 2 simulated CPU devices (SPMD in the
+stage, planned when the run starts), arrays moving
 between the processes through jax's transfer server in the order both derive from the
 static schedule; each process verifies the outputs its stage makes, and together they
 verify all of them."""
@@ -39,11 +40,12 @@ def _free_port() -> int:
 def test_two_processes_run_a_hybrid_stage_plan(tmp_path: Path) -> None:
     plan = tmp_path / "stages.json"
     request = PipelineRequest(2, EPSILON[("mlp", 2)], 2, load_cluster("m8"),
-                              SolveOptions(time_limit_s=20, threads=1, work_limit=2.0))  # fmt: skip
+                              SolveOptions(time_limit_s=20, threads=1, work_limit=2.0),
+                              mesh=(2, 2))  # fmt: skip
     plan_pipeline(example("mlp"), request).write(plan)
     port = _free_port()
     commands = [
-        [sys.executable, "-m", "rhino.cli", "run", str(MLP), "--plan", str(plan), "--mesh", "2x2",
+        [sys.executable, "-m", "rhino.cli", "run", str(MLP), "--plan", str(plan),  # its mesh: 2x2
          "--cluster", "cpu", "--devices", "2", "--microbatches", "2", "--steps", "1",
          "--warmup", "0", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
          "--process-id", str(i), "--json"]
