@@ -30,14 +30,17 @@ Examples:
 \b
 A stage plan (`rhino pipeline --out stages.json`) runs stage s on device s, one
 program per stage for forward, backward and update, over --microbatches micro-batches;
-with --mesh, the pipeline is mesh axis 0 and each stage's programs are planned (--opt,
---cluster) and sharded over the other axes (hybrid: here 2 stages x 4 devices):
+with --mesh (or the mesh of `rhino pipeline --mesh`), the pipeline is mesh axis 0 and
+each stage's programs are planned (--opt, --cluster) and sharded over the other axes
+(hybrid: here 2 stages x 4 devices); with --coordinator ..., on this machine only:
   rhino run examples/gpt_tiny.hlo --plan stages.json --devices 4 --microbatches 8
   rhino run examples/gpt_tiny.hlo --plan stages.json --devices 4 --schedule gpipe --json
   rhino run examples/gpt_tiny.hlo --plan stages.json --mesh 2x4 --devices 8 --cluster cpu
+  for i in 0 1; do rhino run examples/gpt_tiny.hlo --plan stages.json --mesh 2x4 \\
+      --devices 4 --coordinator 127.0.0.1:1234 --num-processes 2 --process-id $i & done
 \b
 Several hosts: the same command on each, with its own --process-id (process 0 serves
-at --coordinator); the plan's mesh (a stage plan's stages) spans all their devices. Two hosts of 4 GPUs, then
+at --coordinator); the plan's mesh spans all their devices. Two hosts of 4 GPUs, then
 two processes of 4 simulated CPU devices on this machine (plan made for --mesh 2x4):
   rhino run model.hlo --plan plan.json --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
   for i in 0 1; do rhino run model.hlo --plan plan.json --devices 4 \\

@@ -27,6 +27,9 @@ from rhino.search.units import format_bytes, format_seconds
 GANTT_WIDTH = 60
 """Characters of the text timeline."""
 
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+"""Coordinator hosts under which a stage plan runs as several processes."""
+
 
 def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions, devices: int | None,
                    mesh_text: str | None, cluster: str, level: str,
@@ -34,9 +37,9 @@ def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions, dev
     """Run the stage plan in `plan_file`: stage s on device s, or, with a mesh (`--mesh`,
     else the plan's), on the s-th block of the devices of mesh axis 0, its programs sharded over the other axes
     by plans made for them (`--opt` level `level` on `cluster`). In a `job` of several
-    processes the stages span all of their devices (--devices per process), and arrays
-    move between processes through jax's transfer server, at the coordinator's port
-    plus 1 + process id on the coordinator's host (one machine; loopback)."""
+    processes (on one machine) the stages span all of their devices (--devices per
+    process), and arrays move between processes through jax's transfer server, at the
+    coordinator's port plus 1 + process id on the coordinator's (loopback) host."""
     plan = StagePlan.read(plan_file)
     spmd = None
     per_stage = 1
@@ -60,6 +63,11 @@ def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions, dev
     if job is None:
         return run_pipeline(module, plan, options, spmd)
     host, port = job.coordinator.rsplit(":", 1)
+    if host not in LOOPBACK:
+        raise ConfigError(f"--coordinator {job.coordinator}: a stage plan runs as several "
+                          "processes on one machine only for now (coordinator on 127.0.0.1 or "
+                          "localhost): arrays cross processes through transfer servers on the "
+                          "coordinator's host")  # fmt: skip
     address = f"{host}:{int(port) + 1 + job.process_id}"
     with xb.native_stdout_to_stderr():
         xb.init_distributed(job.coordinator, job.num_processes, job.process_id,
