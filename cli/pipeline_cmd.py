@@ -11,6 +11,7 @@ from rhino.hlo.errors import ConfigError
 from rhino.hlo.parser import parse_file
 from rhino.hlo.verify import verify
 from rhino.search.cluster import load_cluster
+from rhino.search.mesh import parse_mesh
 from rhino.search.pipeline import PipelinePlan, PipelineRequest, plan_pipeline
 from rhino.search.problem import SolveOptions
 from rhino.search.units import format_bytes, format_seconds
@@ -23,12 +24,17 @@ Examples:
   rhino pipeline model.hlo --stages 8 --microbatches 16 --cluster h100x8 --time-limit 60
   rhino pipeline examples/gpt_tiny.hlo --stages 2 --gantt schedule.svg --dot stages.dot
   rhino pipeline model.hlo --stages 4 --json | jq .cut_bytes
+  rhino pipeline examples/gpt_tiny.hlo --mesh 2x4 --out stages.json   # hybrid, 2 stages
+  rhino pipeline examples/gpt_tiny.hlo --compare 8    # SPMD, pipeline or hybrid on 8?
 """
 
 
 @click.command("pipeline", epilog=EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--stages", required=True, type=int, help="Number of pipeline stages d.")
+@click.option("--stages", type=int, help="Number of pipeline stages d (default: --mesh's axis 0).")
+@click.option("--mesh", "mesh_text",
+              help="Hybrid: the job's mesh, e.g. 2x4: stages on axis 0, each stage's programs "
+              "sharded over the others when `rhino run` runs the plan.")  # fmt: skip
 @click.option(
     "--epsilon",
     default=0.1,
@@ -51,17 +57,32 @@ Examples:
               help="Draw the 1F1B schedule (stages x time) to this .svg (or .png) file.")  # fmt: skip
 @click.option("--dot", type=click.Path(dir_okay=False, writable=True),
               help="Write the graph coloured by stage as Graphviz DOT to this file.")  # fmt: skip
+@click.option("--compare", "compare_devices", type=click.IntRange(min=2),
+              help="Estimate pure SPMD, pure pipeline and hybrid layouts of this many devices "
+              "(Rhino §3) and report the best, instead of planning one stage count.")  # fmt: skip
 @json_option
 @debug_option
 @handle_errors
-def pipeline_command(file: str, stages: int, epsilon: float, microbatches: int, cluster: str,
-                     time_limit: float, no_tightening: bool, loss: str | None, out: str | None,
-                     gantt: str | None, dot: str | None, as_json: bool, debug: bool) -> None:  # fmt: skip
+def pipeline_command(file: str, stages: int | None, mesh_text: str | None, epsilon: float,
+                     microbatches: int, cluster: str, time_limit: float, no_tightening: bool,
+                     loss: str | None, out: str | None, gantt: str | None, dot: str | None,
+                     compare_devices: int | None, as_json: bool, debug: bool) -> None:  # fmt: skip
     """Split a single-device training step into pipeline stages: forward instructions
     placed by an ILP that minimizes the bytes sent between stages at balanced compute
     (Rhino §5, with bound tightening), backward and update mirrored onto the stage of
     what they differentiate or update; report per-stage compute, memory and sends, and
     the step time under 1F1B and GPipe."""
+    if compare_devices is not None:
+        if stages is not None or mesh_text is not None or out or gantt or dot:
+            raise ConfigError("--compare estimates every layout; it takes no --stages, --mesh, "
+                              "--out, --gantt or --dot")  # fmt: skip
+        compare(file, compare_devices, microbatches, epsilon, cluster, time_limit, as_json)
+        return
+    mesh = parse_mesh(mesh_text).shape if mesh_text else None
+    if stages is None:
+        if mesh is None:
+            raise ConfigError("give --stages (or --mesh, whose axis 0 holds the stages)")
+        stages = mesh[0]
     if stages < 1:
         raise ConfigError(f"--stages {stages}: need at least 1 stage")
     if time_limit <= 0:
@@ -69,7 +90,8 @@ def pipeline_command(file: str, stages: int, epsilon: float, microbatches: int, 
     if gantt:
         check_picture_path(gantt)
     request = PipelineRequest(stages, epsilon, microbatches, load_cluster(cluster),
-                              SolveOptions(time_limit_s=time_limit), not no_tightening, loss)  # fmt: skip
+                              SolveOptions(time_limit_s=time_limit), not no_tightening, loss,
+                              mesh)  # fmt: skip
     with status(f"pipelining {file} into {stages} stages", enabled=not as_json) as update:
         module = parse_file(file)
         verify(module)
@@ -85,6 +107,37 @@ def pipeline_command(file: str, stages: int, epsilon: float, microbatches: int, 
         emit_json("pipeline", plan.to_json())
     else:
         render(file, plan)
+
+
+def compare(file: str, devices: int, microbatches: int, epsilon: float, cluster: str,
+            time_limit: float, as_json: bool) -> None:  # fmt: skip
+    """`--compare N`: every layout of N devices estimated, the best one named."""
+    from rhino.runtime.pipeline_controller import compare_layouts
+    from rhino.search.mesh import DeviceMesh
+    from rhino.search.planner import PlanRequest
+
+    request = PlanRequest(DeviceMesh((devices,)), load_cluster(cluster),
+                          solve=SolveOptions(time_limit_s=time_limit))  # fmt: skip
+    with status(f"comparing layouts of {file} on {devices} devices", enabled=not as_json):
+        module = parse_file(file)
+        verify(module)
+        found = compare_layouts(module, devices, request, microbatches=microbatches,
+                                epsilon=epsilon)  # fmt: skip
+    best = found.best
+    if as_json:
+        emit_json("pipeline.compare", {"devices": devices, "microbatches": microbatches,
+                                       "best": best.to_json() if best else None,
+                                       "candidates": [c.to_json() for c in found.candidates]})  # fmt: skip
+        return
+    table = Table(title=f"{module.name} on {devices} devices ({cluster}): estimated step time",
+                  title_justify="left")  # fmt: skip
+    for col in ("layout", "mesh", "step", "how"):
+        table.add_column(col, justify="right" if col == "step" else "left")
+    for c in found.candidates:
+        mark = " (best)" if c is best else ""
+        step = "-" if c.step_s is None else format_seconds(c.step_s)
+        table.add_row(c.kind + mark, "x".join(map(str, c.mesh)), step, c.note)
+    stdout.print(table)
 
 
 def render(file: str, plan: PipelinePlan) -> None:

@@ -28,6 +28,17 @@ Examples:
   rhino run model.hlo --plan plan.json --steps 20
   rhino run model.hlo --plan plan.json --platform cpu --devices 8 --json
 \b
+A stage plan (`rhino pipeline --out stages.json`) runs stage s on device s, one
+program per stage for forward, backward and update, over --microbatches micro-batches;
+with --mesh (or the mesh of `rhino pipeline --mesh`), the pipeline is mesh axis 0 and
+each stage's programs are planned (--opt, --cluster) and sharded over the other axes
+(hybrid: here 2 stages x 4 devices); with --coordinator ..., on this machine only:
+  rhino run examples/gpt_tiny.hlo --plan stages.json --devices 4 --microbatches 8
+  rhino run examples/gpt_tiny.hlo --plan stages.json --devices 4 --schedule gpipe --json
+  rhino run examples/gpt_tiny.hlo --plan stages.json --mesh 2x4 --devices 8 --cluster cpu
+  for i in 0 1; do rhino run examples/gpt_tiny.hlo --plan stages.json --mesh 2x4 \\
+      --devices 4 --coordinator 127.0.0.1:1234 --num-processes 2 --process-id $i & done
+\b
 Several hosts: the same command on each, with its own --process-id (process 0 serves
 at --coordinator); the plan's mesh spans all their devices. Two hosts of 4 GPUs, then
 two processes of 4 simulated CPU devices on this machine (plan made for --mesh 2x4):
@@ -131,12 +142,19 @@ def job_of(
 )
 @click.option("--num-processes", type=int, help="Processes in the job (with --coordinator).")
 @click.option("--process-id", type=int, help="This process's index in the job, 0..num-processes-1.")
+@click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]),
+              help="Pipeline schedule of a stage plan [default: 1f1b].")  # fmt: skip
+@click.option("--microbatches", type=click.IntRange(min=1),
+              help="Micro-batches per step of a stage plan [default: the plan's].")  # fmt: skip
+@click.option("--gantt", type=click.Path(dir_okay=False, writable=True),
+              help="Draw a stage plan's simulated and measured timelines to this .svg file.")  # fmt: skip
 @json_option
 @debug_option
 @handle_errors
 def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: str, cluster: str,
                 platform: str | None, devices: int | None, seed: int, verify: bool, steps: int, warmup: int,
                 coordinator: str | None, num_processes: int | None, process_id: int | None,
+                schedule: str | None, microbatches: int | None, gantt: str | None,
                 as_json: bool, debug: bool) -> None:  # fmt: skip
     """Write the plan's shardings into the HLO, compile it with XLA's SPMD partitioner,
     run it on local devices, check it computes what the single-device program computes,
@@ -145,7 +163,10 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
     With --coordinator, --num-processes and --process-id, every process (host) runs the
     same command with its own --process-id; the plan's mesh spans all of their devices,
     and each process verifies and times its own partitions and prints its own report."""
-    if (plan_file is None) == (mesh_text is None):
+    from rhino.runtime.stage_programs import is_stage_plan
+
+    staged = plan_file is not None and is_stage_plan(plan_file)
+    if (plan_file is None) == (mesh_text is None) and not staged:
         raise ConfigError("give either --plan FILE or --mesh (to plan first)")
     job = job_of(coordinator, num_processes, process_id)
     if job is not None and job.num_processes > 1 and plan_file is None:
@@ -166,9 +187,28 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
     from rhino.runtime.runner import RunOptions, run_plan
     from rhino.search.plan import Plan
 
+    if not staged and (schedule is not None or microbatches is not None or gantt is not None):
+        raise ConfigError("--schedule, --microbatches and --gantt apply to a stage plan (from "
+                          "`rhino pipeline --out`)")  # fmt: skip
+    if gantt is not None and not gantt.lower().endswith(".svg"):
+        raise ConfigError(f"--gantt {gantt}: expected a .svg file name")
     with status(f"running {file}", enabled=not as_json) as update:
         module = parse_file(file)
         verify_module(module)
+        if staged:
+            from rhino.cli.run_pipeline import run_stage_plan, show_stage_run
+            from rhino.runtime.pipeline_run import PipelineOptions
+
+            assert plan_file is not None
+            update("compiling the stage programs and running the schedule")
+            staged_options = PipelineOptions(platform, seed, verify, schedule or "1f1b",
+                                             microbatches, steps, warmup)  # fmt: skip
+            staged_report = run_stage_plan(module, plan_file, staged_options, devices,
+                                           mesh_text, cluster, level, job)  # fmt: skip
+    if staged:
+        show_stage_run(staged_report, as_json, gantt)
+        return
+    with status(f"running {file}", enabled=not as_json) as update:
         if plan_file is not None:
             plan = Plan.read(plan_file)
         else:

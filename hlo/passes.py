@@ -68,30 +68,36 @@ def _clone(module: Module) -> Module:
     )
 
 
-def inline_calls(module: Module) -> Module:
+def inline_calls(module: Module, origin: dict[str, str] | None = None) -> Module:
     """Replace every `call` by the body of the computation it calls, recursively.
 
     JAX lowers nested `jit`s (relu, log_softmax, where, ...) to `call`s; the planner
     wants one flat graph. Computations left with no caller are dropped. Inlined
     instructions keep their names where those are free, else get a `.N` suffix.
+    `origin`, when given, is filled with: inlined instruction name -> the name of the
+    outermost `call` it replaces (a plan made on the module with its calls then places
+    the inlined instructions where it placed their call).
     Post: no `call` remains; the module computes the same values.
     """
-    return _inline(module, (Opcode.CALL,))
+    return _inline(module, (Opcode.CALL,), origin)
 
 
-def flatten(module: Module) -> Module:
+def flatten(module: Module, origin: dict[str, str] | None = None) -> Module:
     """Inline every `call` and every `fusion`: the one flat graph the planner plans and
     `rhino run` compiles.
 
     A post-optimization dump hides its work in fusions, which the planner would see as
     opaque (planned replicated) and XLA's CPU backend refuses to compile without their
     backend configs; their bodies are ordinary instructions.
+    `origin` as for `inline_calls`.
     Post: no `call` or `fusion` remains; the module computes the same values.
     """
-    return _inline(module, (Opcode.CALL, Opcode.FUSION))
+    return _inline(module, (Opcode.CALL, Opcode.FUSION), origin)
 
 
-def _inline(module: Module, opcodes: tuple[Opcode, ...]) -> Module:
+def _inline(
+    module: Module, opcodes: tuple[Opcode, ...], origin: dict[str, str] | None = None
+) -> Module:
     out = clone_module(module)
     used = {inst.name for inst in out.instructions()}
     for comp in out.computations:
@@ -100,11 +106,13 @@ def _inline(module: Module, opcodes: tuple[Opcode, ...]) -> Module:
             if not calls:
                 break
             for call in calls:
-                _inline_one(comp, call, used)
+                _inline_one(comp, call, used, origin)
     return drop_unreachable(out)
 
 
-def _inline_one(comp: Computation, call: Instruction, used: set[str]) -> None:
+def _inline_one(
+    comp: Computation, call: Instruction, used: set[str], origin: dict[str, str] | None
+) -> None:
     callee = call.called[0]
     mapping: dict[int, Instruction] = {}
     for inst in callee.instructions:
@@ -124,6 +132,8 @@ def _inline_one(comp: Computation, call: Instruction, used: set[str]) -> None:
         clone.control_predecessors = tuple(mapping[id(p)] for p in inst.control_predecessors)
         comp.insert_before(call, clone)
         mapping[id(inst)] = clone
+        if origin is not None:
+            origin[clone.name] = origin.get(call.name, call.name)
     assert callee.root is not None
     result = mapping[id(callee.root)]
     call.replace_all_uses_with(result)

@@ -223,7 +223,12 @@ def backends_started() -> bool:
 
 
 def init_distributed(
-    coordinator: str, num_processes: int, process_id: int, *, timeout_s: int = 300
+    coordinator: str,
+    num_processes: int,
+    process_id: int,
+    *,
+    timeout_s: int = 300,
+    transfer_address: str | None = None,
 ) -> None:
     """Join a job of `num_processes` processes whose process 0 serves at `coordinator`
     ("host:port"); blocks until all have joined (at most `timeout_s`).
@@ -233,8 +238,10 @@ def init_distributed(
     processes (or hosts) can form one mesh. Afterwards `global_devices` lists every
     process's devices, a program compiled for them runs when every process calls the same
     compiles and executions in the same order, and each process feeds and reads only its
-    own partitions. Raises `ExecutionError` when the backends already started, the
-    arguments are refused, or the coordinator cannot be reached in time.
+    own partitions. With `transfer_address` ("host:port" the other processes reach this
+    one at), arrays also move between processes (`send_to_devices` /
+    `receive_from_devices`). Raises `ExecutionError` when the backends already started,
+    the arguments are refused, or the coordinator cannot be reached in time.
     """
     import jax
 
@@ -244,6 +251,10 @@ def init_distributed(
             "runtime must start first (run rhino in a fresh process)"
         )
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if transfer_address is not None:
+        # jax 0.10.2's CPU client moves arrays between processes (`jax.device_put` to
+        # another process's device) through a transfer server at this address
+        jax.config.update("jax_cross_host_transfer_socket_address", transfer_address)
     try:
         jax.distributed.initialize(
             coordinator,
@@ -419,7 +430,9 @@ class Compiled:
         return {str(k): float(v) for k, v in dict(self.executable.cost_analysis()).items()}
 
 
-def compile_spmd(hlo_text: str, devices: Sequence[Any], *, num_partitions: int) -> Compiled:
+def compile_spmd(
+    hlo_text: str, devices: Sequence[Any], *, num_partitions: int, optimize: bool = True
+) -> Compiled:
     """Compile annotated HLO text for `num_partitions` SPMD partitions on `devices`.
 
     Sharding annotations in the text drive XLA's (GSPMD) partitioner; unannotated
@@ -429,7 +442,9 @@ def compile_spmd(hlo_text: str, devices: Sequence[Any], *, num_partitions: int) 
     single-device program. Devices may belong to several processes (`global_devices`).
     Raises `XlaRejected` when the text does not parse, `ExecutionError` on any compile
     failure (XLA's message included) or on a program rhino cannot feed (tuple-shaped
-    parameters, uneven shards).
+    parameters, uneven shards). `optimize=False` turns the backend's (LLVM's)
+    optimizations off for this compile: it takes about 40% less time, the program runs
+    slower (for checks of numerics, not for timings).
     """
     import jax
     from jax._src.lib import xla_client
@@ -451,6 +466,8 @@ def compile_spmd(hlo_text: str, devices: Sequence[Any], *, num_partitions: int) 
     # Global device ids, not 0..N-1: in a multi-process job they are e.g. 0-3, 2048-2051.
     ids = np.array([[d.id for d in devices]], dtype=np.int32)
     build.device_assignment = xla_client.DeviceAssignment.create(ids)
+    if not optimize:
+        build.debug_options.xla_backend_optimization_level = 0
     backend = _backend_of(devices)
     try:
         executable = backend.compile_and_load(mlir_text, xla_client.DeviceList(devices), options)
@@ -753,3 +770,117 @@ def time_execution(
         if step >= warmup:
             times.append(time.perf_counter() - start)
     return tuple(times)
+
+
+# --------------------------------------------------------------------------------------
+# Arrays that stay on the devices (pipeline stages: one program's results feed the next)
+
+
+def move_input(compiled: Compiled, index: int, value: np.ndarray | jax.Array) -> jax.Array:
+    """Put a host array, or copy a device array (another program's result, possibly on
+    other devices of this process), where parameter `index` of `compiled` expects it; a
+    device array already there is returned as it is."""
+    import jax
+
+    sharding = compiled._in_shardings[index]
+    if isinstance(value, np.ndarray):
+        spec = compiled.parameters[index]
+        _check_array(compiled, f"input {index}", value, spec.shape, spec.dtype)
+    elif value.sharding.is_equivalent_to(sharding, value.ndim):
+        return value
+    return jax.device_put(value, sharding)
+
+
+def execute_arrays(compiled: Compiled, arrays: Sequence[jax.Array]) -> list[jax.Array]:
+    """Run one step on device arrays placed by `move_input` (checked: a
+    misplaced buffer would crash the process); the results stay on the devices, one
+    global array per output. Does not wait for them (see `wait_ready`)."""
+    import jax
+
+    if len(arrays) != len(compiled.parameters):
+        raise ExecutionError(
+            f"{compiled.name} takes {len(compiled.parameters)} inputs, got {len(arrays)}"
+        )
+    for i, (array, spec, sharding) in enumerate(
+        zip(arrays, compiled.parameters, compiled._in_shardings, strict=True)
+    ):
+        if tuple(array.shape) != spec.shape or np.dtype(array.dtype) != spec.dtype:
+            raise ExecutionError(
+                f"{compiled.name}: input {i} is {array.dtype}{list(array.shape)}, "
+                f"expected {spec.dtype}{list(spec.shape)}"
+            )
+        if not array.sharding.is_equivalent_to(sharding, array.ndim):
+            raise ExecutionError(
+                f"{compiled.name}: input {i} is on {array.sharding}, expected {sharding}"
+            )
+    pieces = _run(compiled, arrays)
+    return [
+        jax.make_array_from_single_device_arrays(spec.shape, sharding, per_device)
+        for spec, sharding, per_device in zip(
+            compiled.outputs, compiled._out_shardings, pieces, strict=True
+        )
+    ]
+
+
+def wait_ready(arrays: Sequence[jax.Array]) -> None:
+    """Block until every array is computed."""
+    import jax
+
+    jax.block_until_ready(list(arrays))
+
+
+def to_host(array: jax.Array) -> np.ndarray:
+    """A device array as a numpy array (every piece must be in this process)."""
+    return np.asarray(array)
+
+
+def process_of(device: Any) -> int:
+    """The index of the process that drives `device`."""
+    return int(device.process_index)
+
+
+def _canonical(devices: Sequence[Any], shape: tuple[int, ...]) -> Any:
+    """The layout an array has in flight between processes, known to both sides without
+    asking: split on dimension 0 over the devices when it divides, else replicated."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(list(devices), dtype=object), ("stage",))
+    split = len(devices) > 1 and bool(shape) and shape[0] % len(devices) == 0
+    return NamedSharding(mesh, PartitionSpec("stage") if split else PartitionSpec())
+
+
+def send_to_devices(array: jax.Array, sources: Sequence[Any], devices: Sequence[Any]) -> None:
+    """Send an array from `sources`, devices of this process (it is first laid out over
+    them as it travels), to `devices` of another process, which must call
+    `receive_from_devices` for it; both processes must make their sends and receives
+    between them in the same order. Returns once it is sent."""
+    import jax
+
+    shape = tuple(array.shape)
+    try:
+        staged = jax.device_put(array, _canonical(sources, shape))
+        jax.block_until_ready(jax.device_put(staged, _canonical(devices, shape)))
+    except (ValueError, RuntimeError) as exc:
+        raise ExecutionError(
+            f"sending to {devices[0]}... failed: {_strip_status(str(exc))}"
+        ) from None
+
+
+def receive_from_devices(
+    shape: tuple[int, ...], dtype: np.dtype[Any], sources: Sequence[Any], devices: Sequence[Any]
+) -> jax.Array:
+    """The array another process sends (`send_to_devices`) from its `sources` devices to
+    this process's `devices`."""
+    import jax
+
+    incoming = jax.make_array_from_single_device_arrays(
+        shape, _canonical(sources, shape), [], dtype=dtype
+    )
+    try:
+        received = jax.device_put(incoming, _canonical(devices, shape))
+        jax.block_until_ready(received)
+    except (ValueError, RuntimeError) as exc:
+        raise ExecutionError(
+            f"receiving from {sources[0]}... failed: {_strip_status(str(exc))}"
+        ) from None
+    return received

@@ -55,6 +55,9 @@ class PipelineRequest:
     tightening: bool = True
     loss: str | None = None
     """Name of the loss instruction (found from the graph when None)."""
+    mesh: tuple[int, ...] | None = None
+    """Hybrid (Rhino §5): the job's mesh, the pipeline on axis 0 (its size is `stages`),
+    each stage's programs sharded over the other axes when the plan runs."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,8 @@ class PipelinePlan:
     instructions: list[dict[str, object]]
     """Every ENTRY instruction: name, opcode, role, stage, free (recomputed wherever read)."""
     timelines: dict[str, Timeline] = field(default_factory=dict, compare=False)
+    mesh: list[int] | None = None
+    """Hybrid: the mesh whose axis 0 the stages are (see `PipelineRequest.mesh`)."""
 
     def to_json(self) -> dict[str, object]:
         doc = asdict(self)
@@ -137,6 +142,9 @@ def check_request(request: PipelineRequest, forward_instructions: int) -> None:
         raise ConfigError(f"--microbatches {request.microbatches}: need at least 1")
     if request.cluster is None:
         raise ConfigError("a pipeline plan needs a cluster (device rates and links)")
+    if request.mesh is not None and request.mesh[0] != request.stages:
+        raise ConfigError(f"--mesh {'x'.join(map(str, request.mesh))}: the pipeline is mesh axis "
+                          f"0, which has {request.mesh[0]} devices, not {request.stages} stages")  # fmt: skip
 
 
 def plan_pipeline(module: Module, request: PipelineRequest,
@@ -202,7 +210,7 @@ def _report(module: Module, request: PipelineRequest, split: StepSplit, problem:
         instructions=[{"name": inst.name, "opcode": inst.opcode_text,
                        "role": split.roles[k].value, "stage": stage[k],
                        "free": inst.name in split.free} for k, inst in enumerate(split.order)],
-        timelines=timelines,
+        timelines=timelines, mesh=list(request.mesh) if request.mesh else None,
     )  # fmt: skip
 
 

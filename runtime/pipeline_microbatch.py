@@ -1,0 +1,626 @@
+"""Cut a training step into micro-batches: which values follow the batch, and the step
+rewritten for a micro-batch.
+
+    batch_facts(module, split, m) -> BatchFacts     (a Module -> Facts pass)
+    microbatch_module(module, facts) -> Module      (a Module -> Module pass)
+
+The data parameters (forward parameters that are not weights, `rhino.search.stages`)
+carry the batch on dimension 0; all of them must have the same size B there, and m must
+divide B. Every instruction of the ENTRY computation (calls inlined) gets a *state*:
+
+    None        batch-independent: the same in every micro-batch (weights, constants)
+    d (an int)  per example, the batch being the major factor of dimension d: a
+                micro-batch holds 1/m of that dimension
+    PARTIAL     a sum over the examples (a `reduce` or `dot` or `scatter` over the
+                batch, and what is computed from it linearly): the full-batch value is
+                the SUM of the micro-batches' values
+    STEP        computed once per step, after the micro-batches: the optimizer update
+                (role update), and anything that uses a sum over the batch non-linearly
+
+The rules are a table by opcode (`_RULES`); a rule reads its operands' states and
+returns the instruction's state, or raises `ConfigError` naming the instruction when the
+micro-batches cannot compute the full-batch step exactly (statistics over the batch fed
+back into per-example values, as batch normalization does; a reduction over the batch
+that is not a sum).
+
+Why summing is exact, read from the graph: a mean over the batch is a sum followed by a
+division by a literal constant (jax writes `divide(reduce(x), broadcast(constant(B*S)))`).
+The rewrite changes shapes, never constants, so a micro-batch computes sum_over_its_rows /
+(B*S), and the m of them add up to the full-batch mean; its gradient (the cotangent
+broadcast(1/(B*S)) over the micro-batch's rows, contracted with the activations) likewise
+adds up to the full-batch gradient. No micro-batch gradient is rescaled; the pass checks
+linearity instead of assuming it (PARTIAL only flows through linear instructions).
+
+An operand that is batch-independent but has the batch's shape where a per-example
+operand meets it (`broadcast(constant)` of the full batch shape, an iota) is *resized*:
+the rewrite gives that use a copy with the micro-batch's shape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from rhino.hlo.errors import ConfigError
+from rhino.hlo.ir import Computation, Instruction, Module
+from rhino.hlo.opcode import ELEMENTWISE, Opcode
+from rhino.hlo.passes import clone_module, flatten
+from rhino.hlo.shape import FLOAT_DTYPES, Shape
+from rhino.search.stages import Role, StepSplit
+
+PARTIAL = "partial"
+STEP = "step"
+
+State: TypeAlias = "int | str | None | tuple[State, ...]"
+"""None, a batched dimension, PARTIAL, STEP, or per element of a tuple."""
+
+
+@dataclass(frozen=True)
+class BatchFacts:
+    """Where the batch is in every instruction of a (flat) training step."""
+
+    batch: int
+    """B: the examples of one step (dimension 0 of every data parameter)."""
+    microbatches: int
+    """m: B / m examples per micro-batch."""
+    data: tuple[str, ...]
+    """The data parameters (tokens, labels, images), split along dimension 0."""
+    state: dict[str, State]
+    """Instruction name -> its state (module docstring)."""
+    resize: dict[tuple[str, int], int] = field(default_factory=dict)
+    """(user, operand index) -> the dimension of that batch-independent operand to cut."""
+
+    def per_microbatch(self, name: str) -> bool:
+        """Does the value differ between micro-batches (per example or a partial sum)?"""
+        return _varies(self.state[name])
+
+    def is_partial(self, name: str) -> bool:
+        return self.state[name] == PARTIAL
+
+
+def _varies(state: State) -> bool:
+    if isinstance(state, tuple):
+        return any(_varies(s) for s in state)
+    return state is not None and state != STEP
+
+
+class _Facts:
+    """The analysis in progress: states so far, and the resize requests."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+        self.state: dict[str, State] = {}
+        self.resize: dict[tuple[str, int], int] = {}
+
+    def of(self, inst: Instruction) -> State:
+        return self.state[inst.name]
+
+    def align(self, user: Instruction, k: int, dim: int) -> None:
+        """Operand k of `user` must be cut along `dim`: fine when it is batched there,
+        resized when it is batch-independent, refused otherwise."""
+        op = user.operands[k]
+        state = self.of(op)
+        if state == dim:
+            return
+        if state is None and op.shape.rank > dim and op.shape.dims[dim] % self.batch == 0:
+            _check_resizable(op, dim)
+            self.resize[(user.name, k)] = dim
+            return
+        raise _refuse(user, f"operand {k} %{op.name} is {_describe(state)} where the batch "
+                      f"is dimension {dim} of the others")  # fmt: skip
+
+
+def _describe(state: State) -> str:
+    if state is None:
+        return "batch-independent"
+    if state == PARTIAL:
+        return "a sum over the batch"
+    if state == STEP:
+        return "computed once per step"
+    if isinstance(state, int):
+        return f"per example (batch in dimension {state})"
+    return "a tuple"
+
+
+def _refuse(inst: Instruction, why: str) -> ConfigError:
+    return ConfigError(f"cannot cut the step into micro-batches at %{inst.name} "
+                       f"({inst.opcode_text}): {why}; run it with 1 micro-batch")  # fmt: skip
+
+
+def flat_step(module: Module) -> tuple[Module, dict[str, str]]:
+    """`module` with its calls and fusions inlined and every get-tuple-element of a
+    tuple replaced by the element (what inlining a call that returns a tuple leaves),
+    dead instructions dropped; and, per inlined instruction, the call or fusion it came
+    from. Post: the module verifies and computes the same values."""
+    origin: dict[str, str] = {}
+    flat = flatten(module, origin)
+    entry = flat.entry
+    for inst in list(entry.instructions):
+        op = inst.operands[0] if inst.operands else None
+        if inst.opcode is Opcode.GET_TUPLE_ELEMENT and op and op.opcode is Opcode.TUPLE:
+            inst.replace_all_uses_with(op.operands[inst.attr("index")])
+    for inst in reversed(list(entry.instructions)):
+        if not inst.users and inst is not entry.root and inst.opcode is not Opcode.PARAMETER:
+            entry.remove(inst)
+    return flat, origin
+
+
+# -- the analysis ------------------------------------------------------------------------
+
+
+def batch_facts(module: Module, split: StepSplit, microbatches: int) -> BatchFacts:
+    """The state of every ENTRY instruction of `module` (calls inlined; `split` made on
+    it). Pre: the module verifies. Raises ConfigError when the data parameters disagree
+    on the batch, m does not divide it, or an instruction cannot be micro-batched."""
+    data = data_parameters(split)
+    if not data:
+        raise ConfigError(f"{module.name}: no data parameter (every forward parameter is a "
+                          "weight the update rewrites): nothing to cut into micro-batches")  # fmt: skip
+    sizes = {p.name: p.shape.dims[0] if p.shape.rank else 0 for p in data}
+    batch = next(iter(sizes.values()))
+    if len(set(sizes.values())) != 1 or batch < 1:
+        listed = ", ".join(f"%{n}: {s}" for n, s in sizes.items())
+        raise ConfigError(f"the data parameters disagree on the batch (dimension 0): {listed}")
+    if microbatches < 1 or batch % microbatches:
+        raise ConfigError(f"{microbatches} micro-batches do not divide the batch of {batch} "
+                          f"examples (dimension 0 of %{data[0].name})")  # fmt: skip
+    facts = _Facts(batch)
+    names = {p.name for p in data}
+    for inst in split.order:
+        facts.state[inst.name] = _state_of(inst, split, names, facts)
+    return BatchFacts(batch, microbatches, tuple(p.name for p in data), facts.state, facts.resize)
+
+
+def data_parameters(split: StepSplit) -> list[Instruction]:
+    """The step's data: forward parameters that the update does not rewrite."""
+    return [inst for inst in split.order
+            if inst.opcode is Opcode.PARAMETER and split.role(inst.name) is Role.FORWARD
+            and inst.name not in split.weights]  # fmt: skip
+
+
+def _state_of(inst: Instruction, split: StepSplit, data: set[str], facts: _Facts) -> State:
+    if inst.opcode is Opcode.PARAMETER:
+        return 0 if inst.name in data else None
+    ops = [facts.of(op) for op in inst.operands]
+    role = split.role(inst.name)
+    if role in (Role.UPDATE, Role.OUTPUT) or STEP in ops:
+        return _step(inst, ops, role)
+    if all(s is None for s in ops):
+        return None
+    return _RULES.get(inst.opcode, _no_rule)(inst, ops, facts)
+
+
+def _step(inst: Instruction, ops: list[State], role: Role) -> State:
+    """Once per step: reads sums (accumulated first) and batch-independent values."""
+    for k, s in enumerate(ops):
+        if s in (None, PARTIAL, STEP) or (role is Role.OUTPUT and s == 0):
+            continue
+        name = inst.operands[k].name
+        if role in (Role.UPDATE, Role.OUTPUT):
+            raise _refuse(inst, f"it runs once per step but reads %{name}, which is "
+                          f"{_describe(s)}")  # fmt: skip
+        total = next(op.name for op, t in zip(inst.operands, ops, strict=True) if t == STEP)
+        raise _refuse(inst, f"it combines %{name}, {_describe(s)}, with %{total}, which needs "
+                      "the whole batch first (e.g. a mean over a batch-dependent count)")  # fmt: skip
+    return STEP if role is not Role.OUTPUT else None
+
+
+Rule: TypeAlias = Callable[[Instruction, list[State], _Facts], State]
+
+
+def _no_rule(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    raise _refuse(inst, "rhino has no micro-batch rule for this opcode with per-example "
+                  "operands")  # fmt: skip
+
+
+def _linear(inst: Instruction, ops: list[State]) -> State:
+    """An instruction that reads a sum over the batch: still a sum when it is linear in
+    it (the other operands batch-independent), else it must wait for the whole sum."""
+    if any(isinstance(s, int) for s in ops):
+        raise _refuse(inst, "it combines per-example values with a sum over the whole batch "
+                      "(batch statistics): each micro-batch would see its own sum")  # fmt: skip
+    partial = [k for k, s in enumerate(ops) if s == PARTIAL]
+    others = [k for k in range(len(ops)) if k not in partial]
+    op = inst.opcode
+    sums_only = all(_is_zero(inst.operands[k]) for k in others)
+    if op in (Opcode.ADD, Opcode.SUBTRACT) and sums_only:
+        return PARTIAL
+    if op is Opcode.MULTIPLY and len(partial) == 1:
+        return PARTIAL
+    if op is Opcode.DIVIDE and partial == [0]:
+        return PARTIAL
+    if (
+        op is Opcode.SELECT
+        and 0 not in partial
+        and all(_is_zero(inst.operands[k]) for k in others if k != 0)
+    ):
+        return PARTIAL
+    if op in (Opcode.NEGATE, Opcode.COPY) or (
+        op is Opcode.CONVERT and inst.shape.dtype in FLOAT_DTYPES
+    ):
+        return PARTIAL
+    return STEP
+
+
+def _elementwise(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    if PARTIAL in ops:
+        return _linear(inst, ops)
+    dims = {s for s in ops if isinstance(s, int)}
+    if len(dims) != 1:
+        raise _refuse(inst, f"its operands hold the batch in different dimensions {sorted(dims)}")
+    (d,) = dims
+    for k, op in enumerate(inst.operands):
+        if op.shape.rank:
+            facts.align(inst, k, d)
+    return d
+
+
+def _is_zero(inst: Instruction) -> bool:
+    """A constant zero, possibly broadcast, converted or reshaped."""
+    while inst.opcode in (Opcode.BROADCAST, Opcode.CONVERT, Opcode.RESHAPE, Opcode.COPY):
+        inst = inst.operands[0]
+    if inst.opcode is not Opcode.CONSTANT or inst.shape.rank or inst.literal is None:
+        return False
+    try:
+        return float(inst.literal.strip()) == 0.0
+    except ValueError:
+        return inst.literal.strip() == "false"
+
+
+def _broadcast(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    (s,) = ops
+    if isinstance(s, int):
+        return int(inst.attr("dimensions")[s])
+    return s
+
+
+def _transpose(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    (s,) = ops
+    if isinstance(s, int):
+        return list(inst.attr("dimensions")).index(s)
+    return s
+
+
+def _reshape(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    (s,) = ops
+    if not isinstance(s, int):
+        return s
+    d = _reshaped_dim(inst.operands[0].shape.dims, inst.shape.dims, s, facts.batch)
+    if d is None:
+        raise _refuse(inst, f"the reshape {list(inst.operands[0].shape.dims)} -> "
+                      f"{list(inst.shape.dims)} splits the batch (dimension {s}) or moves "
+                      "it off the major position")  # fmt: skip
+    return d
+
+
+def _reshaped_dim(dims: tuple[int, ...], out: tuple[int, ...], d: int, batch: int) -> int | None:
+    """The output dimension that holds the batch as its major factor: the one with as
+    many elements before it as dimension d of the input has, and room for the batch."""
+    before = math.prod(dims[:d])
+    for r in range(len(out)):
+        if math.prod(out[:r]) == before and out[r] % batch == 0:
+            return r
+    return None
+
+
+def _reduce(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    n = len(inst.operands) // 2
+    inputs, inits = ops[:n], ops[n:]
+    if any(s is not None for s in inits):
+        raise _refuse(inst, "its initial value depends on the batch")
+    reduced = set(inst.attr("dimensions"))
+    summed = _is_add(inst.called[0]) if inst.called else False
+    if n == 1 and inputs[0] == PARTIAL:
+        return PARTIAL if summed else STEP
+    dims = {s for s in inputs if s is not None}
+    if len(dims) != 1 or not isinstance(next(iter(dims)), int):
+        raise _refuse(inst, "its inputs disagree on the batch")
+    (d,) = dims
+    assert isinstance(d, int)
+    for k in range(n):
+        facts.align(inst, k, d)
+    if d in reduced:
+        if n == 1 and summed:
+            return PARTIAL
+        raise _refuse(inst, "it reduces over the batch with something other than a sum")
+    out = d - sum(1 for r in reduced if r < d)
+    return tuple([out] * n) if inst.shape.is_tuple else out
+
+
+def _is_add(comp: Computation) -> bool:
+    root = comp.root
+    return (root is not None and root.opcode is Opcode.ADD
+            and all(op.opcode is Opcode.PARAMETER for op in root.operands))  # fmt: skip
+
+
+def _dot(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    lhs, rhs = ops
+    if PARTIAL in ops:
+        return PARTIAL if None in ops else STEP
+    lb, rb = list(inst.attr("lhs_batch_dims", ())), list(inst.attr("rhs_batch_dims", ()))
+    lc = list(inst.attr("lhs_contracting_dims", ()))
+    rc = list(inst.attr("rhs_contracting_dims", ()))
+    if isinstance(lhs, int):
+        return _dot_side(inst, facts, 0, lhs, (lb, lc, rb, rc), rhs)
+    assert isinstance(rhs, int)
+    d = _dot_side(inst, facts, 1, rhs, (rb, rc, lb, lc), lhs)
+    if isinstance(d, int) and d >= len(lb):  # the rhs's free dimensions follow the lhs's
+        return d + inst.operands[0].shape.rank - len(lb) - len(lc)
+    return d
+
+
+def _dot_side(inst: Instruction, facts: _Facts, k: int, d: int,
+              dims: tuple[list[int], ...], other: State) -> State:  # fmt: skip
+    """Operand k holds the batch in dimension d; `dims` are its batch and contracting
+    dimensions, then the other operand's."""
+    own_b, own_c, oth_b, oth_c = dims
+    if d in own_b:
+        facts.align(inst, 1 - k, oth_b[own_b.index(d)])
+        return own_b.index(d)
+    if d in own_c:
+        facts.align(inst, 1 - k, oth_c[own_c.index(d)])
+        return PARTIAL
+    if other is not None:
+        raise _refuse(inst, "both operands are per example but the batch is a free dimension")
+    rank = inst.operands[k].shape.rank
+    free = [i for i in range(rank) if i not in own_b and i not in own_c]
+    return len(own_b) + free.index(d)
+
+
+def _convolution(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    lhs, rhs = ops
+    if PARTIAL in ops:
+        return PARTIAL if None in ops else STEP
+    labels = inst.attr("dim_labels")
+    groups = inst.attr("feature_group_count", 1), inst.attr("batch_group_count", 1)
+    if isinstance(lhs, int) and labels.lhs[lhs] == "b":
+        if rhs is not None:
+            raise _refuse(inst, "the kernel is per example")
+        return labels.out.index("b")
+    if isinstance(lhs, int) and labels.lhs[lhs] == "f" and groups == (1, 1):
+        facts.align(inst, 1, labels.rhs.index("i"))
+        return PARTIAL
+    raise _refuse(inst, "the batch is not the input's batch or contracted feature dimension")
+
+
+def _gather(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    operand, indices = ops
+    if operand is not None or not isinstance(indices, int):
+        raise _refuse(inst, "it gathers from a per-example operand")
+    vector = inst.attr("index_vector_dim", inst.operands[1].shape.rank)
+    if indices == vector:
+        raise _refuse(inst, "the batch is the index vector dimension")
+    offset = set(inst.attr("offset_dims", ()))
+    batch_out = [i for i in range(inst.shape.rank) if i not in offset]
+    index_dims = [i for i in range(inst.operands[1].shape.rank) if i != vector]
+    return batch_out[index_dims.index(indices)]
+
+
+def _scatter(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    if len(ops) != 3 or not inst.called or not _is_add(inst.called[0]):
+        raise _refuse(inst, "only a single scatter-add is micro-batched")
+    operand, indices, updates = ops
+    if operand not in (None, PARTIAL) or (operand is None and not _is_zero(inst.operands[0])):
+        raise _refuse(inst, "it scatters into a non-zero or per-example operand")
+    if isinstance(indices, int) and isinstance(updates, int):
+        return PARTIAL  # every example's update is added in: a sum over the batch
+    if indices is None and updates == PARTIAL:
+        return PARTIAL
+    raise _refuse(inst, "its indices and updates disagree on the batch")
+
+
+def _slice(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    (s,) = ops
+    if isinstance(s, int):
+        start, limit, stride = inst.attr("slice").dims[s]
+        if (start, limit, stride) != (0, inst.operands[0].shape.dims[s], 1):
+            raise _refuse(inst, "it slices the batch")
+    return s
+
+
+def _concatenate(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    if PARTIAL in ops:
+        return PARTIAL if all(s == PARTIAL or _is_zero(o) for s, o in zip(ops, inst.operands,
+                                                                         strict=True)) else STEP  # fmt: skip
+    (d,) = {s for s in ops if isinstance(s, int)}
+    if d == inst.attr("dimensions")[0]:
+        raise _refuse(inst, "it concatenates along the batch")
+    for k in range(len(ops)):
+        facts.align(inst, k, d)
+    return d
+
+
+def _pad(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    s, value = ops
+    if value is not None:
+        raise _refuse(inst, "its padding value depends on the batch")
+    if s == PARTIAL:
+        return PARTIAL if _is_zero(inst.operands[1]) else STEP
+    assert isinstance(s, int)
+    if tuple(inst.attr("padding").dims[s]) != (0, 0, 0):
+        raise _refuse(inst, "it pads the batch")
+    return s
+
+
+def _reduce_window(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    if len(ops) != 2 or not isinstance(ops[0], int) or ops[1] is not None:
+        raise _refuse(inst, "only a single-input reduce-window over per-example values")
+    w = inst.attr("window").dims[ops[0]]
+    if (w.size, w.stride, w.pad_low, w.pad_high, w.lhs_dilate, w.rhs_dilate) != (1, 1, 0, 0, 1, 1):
+        raise _refuse(inst, "its window spans several examples")
+    return ops[0]
+
+
+def _select_and_scatter(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    """A max-pool's gradient: per example when its window stays within one example."""
+    operand, source, init = ops
+    if not isinstance(operand, int) or init is not None:
+        raise _refuse(inst, "only per-example operands with a batch-independent initial value")
+    w = inst.attr("window").dims[operand]
+    if (w.size, w.stride, w.pad_low, w.pad_high) != (1, 1, 0, 0):
+        raise _refuse(inst, "its window spans several examples")
+    facts.align(inst, 1, operand)
+    return operand
+
+
+def _reverse(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    (s,) = ops
+    if isinstance(s, int) and s in inst.attr("dimensions"):
+        raise _refuse(inst, "it reverses the batch")
+    return s
+
+
+def _get_tuple_element(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    (s,) = ops
+    return s[inst.attr("index")] if isinstance(s, tuple) else s
+
+
+def _tuple(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    return tuple(ops)
+
+
+_RULES: dict[Opcode, Rule] = {
+    **{op: _elementwise for op in ELEMENTWISE},
+    Opcode.BROADCAST: _broadcast,
+    Opcode.TRANSPOSE: _transpose,
+    Opcode.RESHAPE: _reshape,
+    Opcode.BITCAST: _reshape,
+    Opcode.REDUCE: _reduce,
+    Opcode.DOT: _dot,
+    Opcode.CONVOLUTION: _convolution,
+    Opcode.GATHER: _gather,
+    Opcode.SCATTER: _scatter,
+    Opcode.SLICE: _slice,
+    Opcode.CONCATENATE: _concatenate,
+    Opcode.PAD: _pad,
+    Opcode.REDUCE_WINDOW: _reduce_window,
+    Opcode.SELECT_AND_SCATTER: _select_and_scatter,
+    Opcode.REVERSE: _reverse,
+    Opcode.GET_TUPLE_ELEMENT: _get_tuple_element,
+    Opcode.TUPLE: _tuple,
+}
+"""Opcode -> the state of its result from its operands' (not all batch-independent)."""
+
+
+_RESIZABLE = frozenset({Opcode.BROADCAST, Opcode.IOTA, *ELEMENTWISE, Opcode.TRANSPOSE})
+
+
+def _check_resizable(inst: Instruction, dim: int) -> None:
+    """A batch-independent value can be made with the micro-batch's shape in `dim`."""
+    if inst.opcode not in _RESIZABLE:
+        raise _refuse(inst, f"it is batch-independent but read as if per example (dimension "
+                      f"{dim}); rhino resizes only broadcasts, iotas and element-wise "
+                      "instructions of them")  # fmt: skip
+    if inst.opcode is Opcode.IOTA and inst.attr("iota_dimension") == dim:
+        raise _refuse(inst, "it counts along the batch")
+    d = _operand_dim(inst, dim)
+    for op in _resized_operands(inst, d):
+        _check_resizable(op, d or 0)
+
+
+def _resized_operands(inst: Instruction, d: int | None) -> list[Instruction]:
+    """The operands a resized `inst` needs resized too (none when the batch dimension is
+    one a broadcast adds)."""
+    if d is None:
+        return []
+    return [op for op in inst.operands if op.shape.rank]
+
+
+def _operand_dim(inst: Instruction, dim: int) -> int | None:
+    """The operand dimension that becomes dimension `dim` of a resized instruction."""
+    if inst.opcode is Opcode.BROADCAST:
+        mapped = list(inst.attr("dimensions"))
+        return mapped.index(dim) if dim in mapped else None
+    if inst.opcode is Opcode.TRANSPOSE:
+        return int(inst.attr("dimensions")[dim])
+    return dim
+
+
+# -- the rewrite -------------------------------------------------------------------------
+
+
+def microbatch_module(module: Module, facts: BatchFacts) -> Module:
+    """`module` (flat, as analysed) with every per-example dimension cut to one
+    micro-batch; constants, names and everything batch-independent unchanged.
+    Post: the module verifies; its parameters are those of `module` with the data
+    parameters' dimension 0 divided by m."""
+    m = facts.microbatches
+    module = clone_module(module)
+    entry = module.entry
+    new = Computation(entry.name, is_entry=True)
+    mapping: dict[str, Instruction] = {}
+    resized: dict[tuple[str, int], Instruction] = {}
+
+    def operand(user: Instruction, k: int) -> Instruction:
+        op = user.operands[k]
+        dim = facts.resize.get((user.name, k))
+        if dim is None or m == 1:
+            return mapping[op.name]
+        return _resized(op, dim, m, new, mapping, resized)
+
+    for inst in entry.instructions:
+        state = facts.state.get(inst.name)
+        shape = _cut(inst.shape, state, m)
+        ops = [operand(inst, k) for k in range(len(inst.operands))]
+        clone = _clone(inst, shape, ops)
+        if isinstance(state, int) and inst.opcode is Opcode.SLICE:
+            _cut_slice(clone, state, m)
+        mapping[inst.name] = new.add(clone, root=inst is entry.root)
+    others = [c for c in module.computations if not c.is_entry]
+    return Module(module.name, {}, [*others, new], list(module.sections), module.percent_names)
+
+
+def _cut(shape: Shape, state: State, m: int) -> Shape:
+    if isinstance(state, tuple) and shape.is_tuple:
+        return Shape("tuple", elements=tuple(
+            _cut(e, s, m) for e, s in zip(shape.elements, state, strict=True)))  # fmt: skip
+    if not isinstance(state, int) or isinstance(state, bool):
+        return shape
+    dims = list(shape.dims)
+    dims[state] //= m
+    return shape.with_dims(tuple(dims))
+
+
+def _clone(inst: Instruction, shape: Shape, ops: list[Instruction]) -> Instruction:
+    clone = Instruction(inst.name, inst.opcode, shape, ops, inst.attrs,
+                        opcode_text=inst.opcode_text, parameter_number=inst.parameter_number,
+                        literal=inst.literal)  # fmt: skip
+    clone.called = inst.called
+    return clone
+
+
+def _cut_slice(inst: Instruction, dim: int, m: int) -> None:
+    from rhino.hlo.attrs import SliceDims
+
+    dims = list(inst.attr("slice").dims)
+    start, limit, stride = dims[dim]
+    dims[dim] = (start, limit // m, stride)
+    inst.set_attr("slice", SliceDims(tuple(dims)))
+
+
+def _resized(inst: Instruction, dim: int, m: int, comp: Computation,
+             mapping: dict[str, Instruction], done: dict[tuple[str, int], Instruction]) -> Instruction:  # fmt: skip
+    """A copy of batch-independent `inst` with dimension `dim` cut to a micro-batch."""
+    key = (inst.name, dim)
+    if key in done:
+        return done[key]
+    d = _operand_dim(inst, dim)
+    cut = _resized_operands(inst, d)
+    ops = [_resized(op, d or 0, m, comp, mapping, done) if op in cut else mapping[op.name]
+           for op in inst.operands]  # fmt: skip
+    dims = list(inst.shape.dims)
+    dims[dim] //= m
+    clone = _clone(inst, inst.shape.with_dims(tuple(dims)), ops)
+    clone.name = _fresh(f"{inst.name}.mb", comp)
+    done[key] = comp.add(clone)
+    return done[key]
+
+
+def _fresh(name: str, comp: Computation) -> str:
+    k, candidate = 0, name
+    while comp.get(candidate) is not None:
+        k += 1
+        candidate = f"{name}{k}"
+    return candidate

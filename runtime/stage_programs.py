@@ -1,0 +1,449 @@
+"""A stage plan cut into programs: per stage a forward, a backward and an update program
+(Rhino §6.1), each an HLO module of its own, compiled once and run for every micro-batch.
+
+    stage_programs(module, stage_plan, m) -> StagePrograms
+
+From the module (calls inlined, `flat_step`) rewritten for one micro-batch
+(`pipeline_microbatch`), every ENTRY instruction goes to one program:
+
+    (s, "F")  role forward on stage s      run per micro-batch
+    (s, "B")  role backward on stage s     run per micro-batch
+    (s, "U")  computed once per step (the optimizer update, and anything that uses a sum
+              over the batch non-linearly), on stage s; reads the sums accumulated over
+              the micro-batches
+The stage of an inlined instruction is the stage the plan gave its call. Free
+instructions (from constants alone) and the batch-independent copies the micro-batch
+rewrite makes are recomputed in every program that reads them; so are the update's
+scalars computed from optimizer state alone (the step count, Adam's bias correction),
+which every stage's update reads: sent, they would make the stages' updates wait on
+each other, in a cycle when two stages each compute one the other reads. A program's parameters
+are the values it reads from other programs or from the step's parameters; its results
+(a tuple) are the values other programs or the step's ROOT read.
+
+A value is one result of one program (or a step parameter), known by its instruction
+name. `per_microbatch` values differ between micro-batches and are sent for each; the
+others are sent once per step. `accumulate` values are partial sums over the batch that
+a once-per-step reader (an update program, the step's outputs) reads summed over all
+micro-batches: the local accumulation (LA) tasks of Rhino §6.1 add them up on the stage
+that makes them, with the `accumulate_text` program of that stage.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rhino.hlo.errors import ConfigError
+from rhino.hlo.ir import Computation, Instruction, Module
+from rhino.hlo.opcode import Opcode
+from rhino.hlo.printer import print_computation, print_instruction
+from rhino.hlo.shape import Shape
+from rhino.runtime.pipeline_microbatch import (
+    PARTIAL,
+    STEP,
+    BatchFacts,
+    batch_facts,
+    data_parameters,
+    flat_step,
+    microbatch_module,
+)
+from rhino.search.pipeline import PLAN_FORMAT, PLAN_VERSION
+from rhino.search.stages import Role, StepSplit, split_step
+
+KINDS = ("F", "B", "U")
+"""Forward, backward, update: the programs of a stage, in the order a step runs them."""
+
+ProgramKey = tuple[int, str]
+"""(stage, kind)."""
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What the runtime reads of a `rhino pipeline --out` plan."""
+
+    module: str
+    """Name of the module it was made for."""
+    stages: int
+    microbatches: int
+    """The micro-batches it was planned for (a run may choose another count)."""
+    stage: dict[str, int]
+    """ENTRY instruction name -> stage."""
+    sent_bytes: dict[tuple[int, int], int]
+    """(from, to) -> bytes per step the plan predicts."""
+    schedules: dict[str, dict[str, Any]]
+    """Schedule name -> the plan's predicted step, bubble and peak activations."""
+    mesh: tuple[int, ...] | None = None
+    """Hybrid: the mesh the plan was made for (stages on axis 0), or None."""
+
+    @staticmethod
+    def from_json(doc: Any, where: str = "the stage plan") -> StagePlan:
+        if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
+            raise ConfigError(f"{where} is not a stage plan (format {PLAN_FORMAT!r}, from "
+                              "`rhino pipeline --out`)")  # fmt: skip
+        if doc.get("version") != PLAN_VERSION:
+            raise ConfigError(f"{where} has version {doc.get('version')!r}; this rhino reads "
+                              f"version {PLAN_VERSION}")  # fmt: skip
+        try:
+            sent = {(int(r["stage"]), int(t)): int(b)
+                    for r in doc["stage_reports"] for t, b in r["sent_bytes"].items()}  # fmt: skip
+            return StagePlan(
+                module=str(doc["module"]),
+                stages=int(doc["stages"]),
+                microbatches=int(doc["microbatches"]),
+                stage={str(i["name"]): int(i["stage"]) for i in doc["instructions"]},
+                sent_bytes=sent,
+                schedules=dict(doc["schedules"]),
+                mesh=tuple(int(n) for n in doc["mesh"]) if doc.get("mesh") else None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{where} is malformed: {type(exc).__name__} {exc}") from None
+
+    @staticmethod
+    def read(path: str | Path) -> StagePlan:
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read the stage plan {path}: {exc}") from None
+        return StagePlan.from_json(doc, str(path))
+
+
+def is_stage_plan(path: str | Path) -> bool:
+    """Is the JSON file at `path` a stage plan (rather than a sharding plan)? False when
+    it cannot be read as JSON (the sharding plan's reader then says why)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT
+
+
+@dataclass(frozen=True)
+class Program:
+    """One stage's forward, backward or update: an HLO module of its own."""
+
+    stage: int
+    kind: str
+    """"F", "B" or "U"."""
+    text: str
+    """HLO text, shapes of one micro-batch; its ROOT is the tuple of `outputs`."""
+    inputs: tuple[str, ...]
+    """The values it reads, in parameter order."""
+    outputs: tuple[str, ...]
+    """The values it makes for other programs or the step's outputs, in result order."""
+    instructions: int
+    """ENTRY instructions it computes (parameters and the result tuple not counted)."""
+
+    @property
+    def key(self) -> ProgramKey:
+        return (self.stage, self.kind)
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor that crosses from one program to another (or from the step's inputs)."""
+
+    name: str
+    """The instruction that makes it."""
+    producer: ProgramKey | None
+    """The program that makes it; None for a parameter of the step."""
+    stage: int
+    """Where it is made (a parameter: where the plan put it)."""
+    shape: Shape
+    """One micro-batch's shape."""
+    per_microbatch: bool
+    accumulate: bool
+    readers: tuple[ProgramKey, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape.byte_size
+
+
+@dataclass(frozen=True)
+class StagePrograms:
+    """The programs of a stage plan, and the values that flow between them."""
+
+    module: str
+    stages: int
+    microbatches: int
+    batch: int
+    """Examples per step (dimension 0 of the data parameters); B / m per micro-batch."""
+    programs: dict[ProgramKey, Program]
+    """Only the programs that compute something."""
+    values: dict[str, Value]
+    parameters: tuple[str, ...]
+    """The step's parameters in parameter order (value names)."""
+    data: frozenset[str]
+    """Parameters split into micro-batches along dimension 0."""
+    outputs: tuple[str, ...]
+    """The step's results (its ROOT tuple) as value names."""
+    accumulate_text: dict[ProgramKey, str]
+    """Per program making accumulated values: an HLO module adding two sets of them."""
+
+    def accumulated(self, key: ProgramKey) -> tuple[str, ...]:
+        """The accumulated outputs of program `key`, in its result order."""
+        program = self.programs[key]
+        return tuple(v for v in program.outputs if self.values[v].accumulate)
+
+
+def stage_programs(module: Module, plan: StagePlan, microbatches: int) -> StagePrograms:
+    """Cut `module` (as parsed; the plan was made on it) into the programs of `plan` for
+    `microbatches` micro-batches (see the module docstring). Raises ConfigError when the
+    plan is for another module, or the step cannot be cut into that many micro-batches."""
+    if plan.module != module.name:
+        raise ConfigError(f"the stage plan was made for module {plan.module}, not {module.name}: "
+                          "a stage plan for another module")  # fmt: skip
+    flat, origin = flat_step(module)
+    split = split_step(flat)
+    stage_of = _stages(flat, origin, plan)
+    facts = batch_facts(flat, split, microbatches) if microbatches > 1 else _whole_batch(split)
+    cut = microbatch_module(flat, facts)
+    home = _homes(cut, split, facts, stage_of)
+    shared = _state_scalars(cut, split)
+    return _assemble(module.name, cut, split, facts, stage_of, home, shared, plan.stages)
+
+
+def _stages(flat: Module, origin: dict[str, str], plan: StagePlan) -> dict[str, int]:
+    stage = {}
+    missing = []
+    for inst in flat.entry.instructions:
+        name = origin.get(inst.name, inst.name)
+        if name in plan.stage:
+            stage[inst.name] = plan.stage[name]
+        else:
+            missing.append(name)
+    if missing:
+        raise ConfigError(f"the stage plan has no stage for {len(missing)} instruction(s) of "
+                          f"{flat.name} (%{missing[0]}, ...): a stage plan for another module")  # fmt: skip
+    bad = sorted({s for s in stage.values() if not 0 <= s < plan.stages})
+    if bad:
+        raise ConfigError(f"the stage plan places instructions on stage(s) {bad}, outside "
+                          f"0..{plan.stages - 1}")  # fmt: skip
+    return stage
+
+
+def _whole_batch(split: StepSplit) -> BatchFacts:
+    """One micro-batch: nothing to cut; the update (and what it alone reads) once per step."""
+    state = {inst.name: STEP if split.roles[k] is Role.UPDATE else None
+             for k, inst in enumerate(split.order)}  # fmt: skip
+    data = data_parameters(split)
+    batch = data[0].shape.dims[0] if data and data[0].shape.rank else 1
+    return BatchFacts(batch, 1, tuple(p.name for p in data), dict(state))
+
+
+def _homes(cut: Module, split: StepSplit, facts: BatchFacts,
+           stage_of: dict[str, int]) -> dict[str, ProgramKey]:  # fmt: skip
+    """The program of every instruction that has one (not parameters, the ROOT tuple, free
+    instructions and the micro-batch rewrite's copies: those are recomputed)."""
+    home: dict[str, ProgramKey] = {}
+    for inst in cut.entry.instructions:
+        if inst.name not in split.index or inst.name in split.free:
+            continue
+        role = split.role(inst.name)
+        if inst.opcode is Opcode.PARAMETER or role is Role.OUTPUT:
+            continue
+        if facts.state[inst.name] == STEP:
+            kind = "U"
+        else:
+            kind = "F" if role is Role.FORWARD else "B"
+        home[inst.name] = (stage_of[inst.name], kind)
+    return home
+
+
+def _state_scalars(cut: Module, split: StepSplit) -> frozenset[str]:
+    """Update scalars computed from optimizer state and constants alone."""
+    found: set[str] = set()
+    for inst in cut.entry.instructions:
+        if inst.name not in split.index or split.role(inst.name) is not Role.UPDATE:
+            continue
+        if (
+            inst.shape.rank == 0
+            and not inst.shape.is_tuple
+            and all(
+                op.name in found or op.name in split.free or split.role(op.name) is Role.STATE
+                for op in inst.operands
+            )
+        ):
+            found.add(inst.name)
+    return frozenset(found)
+
+
+def _assemble(name: str, cut: Module, split: StepSplit, facts: BatchFacts,
+              stage_of: dict[str, int], home: dict[str, ProgramKey], shared: frozenset[str],
+              stages: int) -> StagePrograms:  # fmt: skip
+    entry = cut.entry
+    root = entry.root
+    assert root is not None
+    members: dict[ProgramKey, list[Instruction]] = {}
+    for inst in entry.instructions:
+        if inst.name in home:
+            members.setdefault(home[inst.name], []).append(inst)
+    sent = {n: k for n, k in home.items() if n not in shared}
+    inputs = {key: _inputs(insts, sent) for key, insts in members.items()}
+    outputs = _outputs(members, inputs, home, root)
+    values = _values(cut, split, facts, stage_of, home, inputs, root)
+    programs = {
+        key: _program(name, cut, key, members[key], inputs[key], outputs[key])
+        for key in sorted(members)
+        if outputs[key]
+    }
+    accumulate = {}
+    for key, program in programs.items():
+        summed = [v for v in program.outputs if values[v].accumulate]
+        if summed:
+            accumulate[key] = _accumulate_text(name, key, [values[v] for v in summed])
+    params = tuple(p.name for p in entry.parameters)
+    step_outputs = tuple(op.name for op in root.operands) if root.opcode is Opcode.TUPLE else (root.name,)  # fmt: skip
+    return StagePrograms(name, stages, facts.microbatches, facts.batch, programs, values,
+                         params, frozenset(facts.data), step_outputs, accumulate)  # fmt: skip
+
+
+def _inputs(insts: list[Instruction], home: dict[str, ProgramKey]) -> tuple[str, ...]:
+    """What a program reads from elsewhere: operands made by another program or given to
+    the step, looking through the instructions it recomputes."""
+    own = {i.name for i in insts}
+    seen: set[str] = set()
+    found: list[str] = []
+    stack = [op for inst in insts for op in reversed(inst.operands)]
+    stack.reverse()
+    while stack:
+        op = stack.pop()
+        if op.name in own or op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.name in home or op.opcode is Opcode.PARAMETER:
+            found.append(op.name)
+        else:  # recomputed here
+            stack.extend(reversed(op.operands))
+    return tuple(found)
+
+
+def _outputs(members: dict[ProgramKey, list[Instruction]],
+             inputs: dict[ProgramKey, tuple[str, ...]], home: dict[str, ProgramKey],
+             root: Instruction) -> dict[ProgramKey, tuple[str, ...]]:  # fmt: skip
+    read = {v for key, names in inputs.items() for v in names}
+    results = root.operands if root.opcode is Opcode.TUPLE else [root]
+    for op in results:
+        if op.name not in home and op.opcode is not Opcode.PARAMETER:
+            raise ConfigError(f"the step's output %{op.name} is computed from constants alone; "
+                              "rhino pipelines only steps whose outputs are computed values or "
+                              "parameters")  # fmt: skip
+        read.add(op.name)
+    return {key: tuple(i.name for i in insts if i.name in read) for key, insts in members.items()}
+
+
+def _values(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str, int],
+            home: dict[str, ProgramKey], inputs: dict[ProgramKey, tuple[str, ...]],
+            root: Instruction) -> dict[str, Value]:  # fmt: skip
+    readers: dict[str, list[ProgramKey]] = {}
+    for key in sorted(inputs):
+        for v in inputs[key]:
+            readers.setdefault(v, []).append(key)
+    results = {op.name for op in (root.operands if root.opcode is Opcode.TUPLE else [root])}
+    values = {}
+    for name in sorted(set(readers) | results, key=lambda n: split.index[n]):
+        inst = cut.entry[name]
+        if inst.shape.is_tuple:
+            raise ConfigError(f"%{name} crosses from one stage program to another but is a "
+                              "tuple; rhino sends only arrays between programs")  # fmt: skip
+        producer = home.get(name)
+        per_step = producer is not None and producer[1] == "U"
+        once = any(k[1] == "U" for k in readers.get(name, ())) or name in results
+        if producer is None:
+            varies = name in facts.data
+        else:
+            varies = facts.per_microbatch(name) and not per_step
+        values[name] = Value(
+            name=name,
+            producer=producer,
+            stage=stage_of[name],
+            shape=inst.shape,
+            per_microbatch=varies,
+            accumulate=varies and once and facts.state[name] == PARTIAL,
+            readers=tuple(readers.get(name, ())),
+        )
+    return values
+
+
+def _program(module: str, cut: Module, key: ProgramKey, insts: list[Instruction],
+             inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Program:  # fmt: skip
+    """The HLO text of one program: its inputs as parameters, what it computes (and
+    recomputes), and the tuple of its outputs."""
+    entry = cut.entry
+    own = {i.name for i in insts}
+    needed = _recomputed(insts, own, set(inputs))
+    body = [i for i in entry.instructions if i.name in own or i.name in needed]
+    pct = "%" if cut.percent_names else ""
+    lines = [f"  {pct}{v} = {entry[v].shape} parameter({k})" for k, v in enumerate(inputs)]
+    lines += ["  " + print_instruction(i, pct) for i in body]
+    shapes = ", ".join(str(entry[v].shape) for v in outputs)
+    args = ", ".join(pct + v for v in outputs)
+    lines.append(f"  ROOT {pct}{_fresh('outputs', entry)} = ({shapes}) tuple({args})")
+    stage, kind = key
+    called = _called(cut, body)
+    text = "\n\n".join(
+        [f"HloModule {module}_stage{stage}_{kind}"]
+        + [print_computation(c, pct) for c in called]
+        + [f"ENTRY {pct}main {{\n" + "\n".join(lines) + "\n}"]
+    )
+    return Program(stage, kind, text + "\n", inputs, outputs, len(own))
+
+
+def _recomputed(insts: list[Instruction], own: set[str], inputs: set[str]) -> set[str]:
+    needed: set[str] = set()
+    stack = [op for inst in insts for op in inst.operands]
+    while stack:
+        op = stack.pop()
+        if op.name in own or op.name in inputs or op.name in needed:
+            continue
+        needed.add(op.name)
+        stack.extend(op.operands)
+    return needed
+
+
+def _called(module: Module, body: list[Instruction]) -> list[Computation]:
+    """The computations `body` calls, transitively, in the module's (callee-first) order."""
+    reached: set[str] = set()
+    stack = [c for inst in body for c in inst.called]
+    while stack:
+        comp = stack.pop()
+        if comp.name not in reached:
+            reached.add(comp.name)
+            stack.extend(c for inst in comp.instructions for c in inst.called)
+    return [c for c in module.computations if c.name in reached]
+
+
+def _fresh(name: str, comp: Computation) -> str:
+    k, candidate = 0, name
+    while comp.get(candidate) is not None:
+        k += 1
+        candidate = f"{name}.{k}"
+    return candidate
+
+
+def accumulate_program(programs: StagePrograms, key: ProgramKey,
+                       layouts: list[str] | None = None) -> str:  # fmt: skip
+    """The accumulation of program `key`'s sums; with `layouts` (an HloSharding text per
+    sum, e.g. the layouts the program's results came out in), sums and micro-batch
+    values are added in those layouts."""
+    return _accumulate_text(programs.module, key,
+                            [programs.values[v] for v in programs.accumulated(key)], layouts)  # fmt: skip
+
+
+def _accumulate_text(module: str, key: ProgramKey, values: list[Value],
+                     layouts: list[str] | None = None) -> str:  # fmt: skip
+    """An HLO module whose parameters are the running sums then one micro-batch's
+    values, and whose result is their element-wise sums, in `values` order."""
+    n = len(values)
+    where = [f", sharding={x}" for x in layouts] if layouts else [""] * n
+    lines = [f"  sum{k} = {v.shape} parameter({k}){where[k]}" for k, v in enumerate(values)]
+    lines += [f"  part{k} = {v.shape} parameter({n + k}){where[k]}" for k, v in enumerate(values)]
+    lines += [f"  add{k} = {v.shape} add(sum{k}, part{k}){where[k]}" for k, v in enumerate(values)]
+    shapes = ", ".join(str(v.shape) for v in values)
+    root = f", sharding={{{', '.join(layouts)}}}" if layouts else ""
+    lines.append(f"  ROOT sums = ({shapes}) tuple({', '.join(f'add{k}' for k in range(n))}){root}")
+    stage, kind = key
+    return (f"HloModule {module}_stage{stage}_{kind}_accumulate\n\nENTRY main {{\n"
+            + "\n".join(lines) + "\n}\n")  # fmt: skip
