@@ -287,6 +287,14 @@ class Computation:
     def get(self, name: str) -> Instruction | None:
         return self._by_name.get(name)
 
+    def unused_name(self, base: str) -> str:
+        """`base`, or `base.1`, `base.2`, ...: the first no instruction here has."""
+        k, candidate = 0, base
+        while candidate in self._by_name:
+            k += 1
+            candidate = f"{base}.{k}"
+        return candidate
+
     def __getitem__(self, name: str) -> Instruction:
         return self._by_name[name]
 

@@ -613,14 +613,6 @@ def _resized(inst: Instruction, dim: int, m: int, comp: Computation,
     dims = list(inst.shape.dims)
     dims[dim] //= m
     clone = _clone(inst, inst.shape.with_dims(tuple(dims)), ops)
-    clone.name = _fresh(f"{inst.name}.mb", comp)
+    clone.name = comp.unused_name(f"{inst.name}.mb")
     done[key] = comp.add(clone)
     return done[key]
-
-
-def _fresh(name: str, comp: Computation) -> str:
-    k, candidate = 0, name
-    while comp.get(candidate) is not None:
-        k += 1
-        candidate = f"{name}{k}"
-    return candidate

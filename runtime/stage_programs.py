@@ -380,7 +380,7 @@ def _program(module: str, cut: Module, key: ProgramKey, insts: list[Instruction]
     lines += ["  " + print_instruction(i, pct) for i in body]
     shapes = ", ".join(str(entry[v].shape) for v in outputs)
     args = ", ".join(pct + v for v in outputs)
-    lines.append(f"  ROOT {pct}{_fresh('outputs', entry)} = ({shapes}) tuple({args})")
+    lines.append(f"  ROOT {pct}{entry.unused_name('outputs')} = ({shapes}) tuple({args})")
     stage, kind = key
     called = _called(cut, body)
     text = "\n\n".join(
@@ -413,14 +413,6 @@ def _called(module: Module, body: list[Instruction]) -> list[Computation]:
             reached.add(comp.name)
             stack.extend(c for inst in comp.instructions for c in inst.called)
     return [c for c in module.computations if c.name in reached]
-
-
-def _fresh(name: str, comp: Computation) -> str:
-    k, candidate = 0, name
-    while comp.get(candidate) is not None:
-        k += 1
-        candidate = f"{name}.{k}"
-    return candidate
 
 
 def accumulate_program(programs: StagePrograms, key: ProgramKey,
