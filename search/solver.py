@@ -28,7 +28,10 @@ Before CP-SAT, the LP relaxation of the same model runs on HiGHS (costs in micro
 The row/column form is tight: on the problems measured so far its optimum was integral,
 and then it is an optimal plan, proven by the LP (the 4-layer GPT on 1x8: 1.6 s, where
 CP-SAT alone reached a 4% gap in 60 s). Otherwise the rounded LP optimum is CP-SAT's
-starting point, and CP-SAT gets the time that remains.
+starting point, and CP-SAT gets the time that remains. An LP too large for the simplex
+(`LP_FIRST_ORDER_VARIABLES`) runs on PDLP; its row prices give a Lagrangian bound
+whether or not it converged (`_lagrangian_bound`), and CP-SAT, too large to build, is
+skipped: the start (or the rounding) is the plan, optimal when that bound meets it.
 """
 
 from __future__ import annotations
