@@ -284,10 +284,10 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         # 300 s, 11 GiB; with a budget, the 72-layer GPT on 2x8 went past 24 GiB and was
         # killed): the start is the answer, with a budget the smallest layouts; it is
         # proven optimal when the LP's bound meets it
-        objective = problem.evaluate(fallback).objective
-        proven = objective - lp_value <= PROVEN_GAP * abs(objective)
-        status = SolveStatus.OPTIMAL if proven else SolveStatus.FEASIBLE
-        return _answer(problem, fallback, status, lp_value, start, lp_size, "cpsat_skipped")
+        gap = problem.evaluate(fallback).objective - lp_value
+        within = gap <= PROVEN_GAP * abs(lp_value)
+        proven = SolveStatus.OPTIMAL if within else SolveStatus.FEASIBLE
+        return _answer(problem, fallback, proven, lp_value, start, lp_size, "cpsat_skipped")
     total = sum(_finite_max(c) for c in node_cost) + sum(_finite_max(e.cost) for e in pair_edges)
     scale = 1e12 if total * 1e12 < 1e15 else 1e15 / max(total, 1e-30)
 
