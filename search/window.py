@@ -10,7 +10,8 @@ Model
 Points where the same nodes of W are live form one group; its row is the one with the
 largest O_p. The group's O_p is a node with one strategy, live at one point of the
 group, so the window is an ordinary `ShardingProblem` under the budget B. The current
-plan of W fits, and `solve_ilp` starts from it, so a window never makes the plan worse.
+plan of W fits and `solve_ilp` starts from it; a window's answer that costs more (a
+solve stopped by its time limit may return its fallback) is not taken.
 Windows grow breadth-first from a random seed node over the edges.
 """
 
@@ -174,6 +175,10 @@ def lns(g: Graph, start: np.ndarray, deadline: float, seed: int = 0, threads: in
             if solved.choice[i] != s.x[v]:
                 s.apply(v, int(solved.choice[i]))
         new = true_cost(g, s.x)
+        if new > cost:  # a solve stopped by its time limit may hand back a worse plan
+            for i, v in enumerate(nodes):
+                s.apply(v, before[i])
+            continue
         if new < cost - 1e-9 * abs(cost):
             improved += 1
             history.append((time.perf_counter() - begin, new))
