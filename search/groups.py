@@ -27,11 +27,14 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from rhino.search.local import Graph, _one_to_one, _threshold
+from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
+from rhino.search.solver import solve_ilp
 
 CHECK_EVERY = 256
 """Moves between two looks at the clock."""
@@ -40,6 +43,20 @@ KICK_RADIUS = 64
 FRUITLESS_KICKS = 50
 """Kicks end after this many per group (at least MIN_KICKS) in a row found nothing."""
 MIN_KICKS = 2_000
+TREE_GROUPS = 400
+"""Groups in a tree move."""
+WINDOW_GROUPS = 30
+"""Groups in a window move."""
+WINDOW_TIME_S = 1.0
+"""Time limit of one window's solve."""
+WINDOW_MAX_STRATEGIES = 128
+"""Groups with more strategies stay out of windows (their edges' pair variables would
+make one window's LP as large as a whole problem)."""
+PAIR_PASSES = 2
+"""Pair passes before the rounds of tree moves, windows and kicks (a pass over IOPDDL K's
+45k edges takes seconds and the third gains little)."""
+PRICE_TRIES = 6
+"""Prices a tree move tries on overfull points before it gives up."""
 
 
 @dataclass
@@ -328,16 +345,169 @@ class GroupSearch:
         self.cost = before
         return False
 
+    def tree(self, size: int) -> list[tuple[int, int]]:
+        """An induced tree of about `size` groups (no edge between two of them but the
+        tree's), grown breadth first from a random group: (group, its parent; -1 for
+        the root), parents first."""
+        gr, rng = self.gr, self.rng
+        root = int(rng.integers(gr.size))
+        inside = {root: -1}
+        blocked: set[int] = set()  # neighbours of two members: never a member
+        frontier = deque([root])
+        while frontier and len(inside) < size:
+            a = frontier.popleft()
+            row = gr.adj[a]
+            for i in rng.permutation(len(row)).tolist():
+                b = row[i][1]
+                if b in inside or b in blocked or len(inside) >= size:
+                    continue
+                if any(w in inside and w != a for _, w in gr.adj[b]):
+                    blocked.add(b)
+                    continue
+                inside[b] = a
+                frontier.append(b)
+        return list(inside.items())
+
+    def tree_move(self, size: int = TREE_GROUPS) -> bool:
+        """The groups of an induced tree (`tree`) jointly at their best strategies,
+        everything outside held (dynamic programming over the tree: exact; see
+        `joint_move`). True when the total went down."""
+        nodes = self.tree(size)
+        if len(nodes) < 2:
+            return False
+        index = {a: i for i, (a, _) in enumerate(nodes)}
+        edges = [(index[p], i, next(m for m, b in self.gr.adj[p] if b == a))
+                 for i, (a, p) in enumerate(nodes) if i]  # fmt: skip
+        return self.joint_move([a for a, _ in nodes], edges,
+                               lambda unary: _tree_dp(nodes, index, unary, edges))  # fmt: skip
+
+    def window_move(self, size: int = WINDOW_GROUPS, time_limit: float = WINDOW_TIME_S) -> bool:
+        """About `size` groups grown breadth first from a random one (of at most
+        WINDOW_MAX_STRATEGIES strategies each) jointly at their best strategies by the
+        exact solver (`solve_ilp` without memory rows; see `joint_move`). True when the
+        total went down."""
+        gr, rng = self.gr, self.rng
+        small = [len(c) <= WINDOW_MAX_STRATEGIES for c in gr.cost]
+        root = int(rng.integers(gr.size))
+        if not small[root]:
+            return False
+        index, queue = {root: 0}, deque([root])
+        while queue and len(index) < size:
+            row = gr.adj[queue.popleft()]
+            for i in rng.permutation(len(row)).tolist():
+                b = row[i][1]
+                if b not in index and small[b] and len(index) < size:
+                    index[b] = len(index)
+                    queue.append(b)
+        nodes = list(index)
+        edges = [(i, index[b], m) for i, a in enumerate(nodes) for m, b in gr.adj[a]
+                 if index.get(b, -1) > i]  # fmt: skip
+
+        def exact(unary: list[np.ndarray]) -> list[int]:
+            problem = ShardingProblem(
+                tuple(ProblemNode(str(a), tuple(map(str, range(len(u)))), u, np.zeros(len(u)))
+                      for a, u in zip(nodes, unary, strict=True)),
+                tuple(ProblemEdge(i, j, m) for i, j, m in edges),
+            )  # fmt: skip
+            limit = max(0.05, min(time_limit, self.deadline - time.perf_counter()))
+            options = SolveOptions(time_limit_s=limit, seed=self.moves)
+            return list(
+                solve_ilp(problem, options, start=tuple(int(self.y[a]) for a in nodes)).choice
+            )
+
+        return self.joint_move(nodes, edges, exact)
+
+    def joint_move(self, nodes: list[int], edges: list[tuple[int, int, np.ndarray]],
+                   solve: Callable[[list[np.ndarray]], list[int]]) -> bool:  # fmt: skip
+        """`nodes` (groups; `edges` every edge among them, (i, j, C) by position) at the
+        strategies `solve` picks for their costs `unary` (own cost plus the edges to
+        groups outside, held), taken when the total goes down and the level stays within
+        the limit; when it does not, solved again with the usage on the overfull points
+        priced (the first price trades the move's gain for its excess, then doubled, up
+        to PRICE_TRIES times). True when the total went down."""
+        gr = self.gr
+        inside = set(nodes)
+        unary = []
+        for a in nodes:
+            u = gr.cost[a]
+            for m, b in gr.adj[a]:
+                if b not in inside:
+                    u = u + m[:, self.y[b]]
+            unary.append(u)
+
+        def value(choice: list[int]) -> float:
+            total = sum(float(u[k]) for u, k in zip(unary, choice, strict=True))
+            return total + sum(float(m[choice[i], choice[j]]) for i, j, m in edges)
+
+        before = value([int(self.y[a]) for a in nodes])
+        if not math.isfinite(before):
+            return False
+        price = 0.0
+        hot = np.zeros(len(self.level), dtype=bool)
+        for _ in range(PRICE_TRIES):
+            priced = [u + price * self._hot_usage(a, hot) if price else u
+                      for u, a in zip(unary, nodes, strict=True)]  # fmt: skip
+            choice = solve(priced)
+            after = value(choice)
+            if not after < _threshold(before):
+                return False
+            old = [(a, int(self.y[a])) for a in nodes]
+            for a, k in zip(nodes, choice, strict=True):
+                if k != self.y[a]:
+                    self.apply(a, k, 0.0)
+            over = self.level > gr.limit
+            if not over.any():
+                self.cost -= before - after
+                return True
+            excess = float((self.level - gr.limit)[over].sum())
+            for a, k in old:
+                self.apply(a, k, 0.0)
+            hot |= over
+            price = (before - after) / excess if not price else price * 2
+        return False
+
+    def _hot_usage(self, a: int, hot: np.ndarray) -> np.ndarray:
+        """Per strategy of a, its usage summed over its segments that hold a hot point."""
+        cuts, usage = self.gr.cuts[a], self.gr.usage[a]
+        if cuts[-1] <= cuts[0]:
+            return np.zeros(usage.shape[1])
+        held = np.logical_or.reduceat(hot[cuts[0] : cuts[-1]], cuts[:-1] - cuts[0])
+        return usage[held].sum(axis=0)
+
     def run(self) -> None:
-        """Descent, pair passes while they help, then kicks until the deadline or until
-        FRUITLESS_KICKS per group in a row found nothing."""
+        """Descent, up to PAIR_PASSES pair passes while they help, then rounds of a tree
+        move, a window move and kicks until the deadline or until FRUITLESS_KICKS per
+        group in a row found nothing."""
         self.descend()
-        while not self.out_of_time() and self.pairs():
-            pass
+        for _ in range(PAIR_PASSES):
+            if self.out_of_time() or not self.pairs():
+                break
         fruitless, enough = 0, max(MIN_KICKS, FRUITLESS_KICKS * self.gr.size)
         while fruitless < enough and not self.out_of_time():
+            fruitless = 0 if self.tree_move() else fruitless + 1
+            fruitless = 0 if self.window_move() else fruitless + 1
             for _ in range(CHECK_EVERY // 8):
                 fruitless = 0 if self.kick() else fruitless + 1
+
+
+def _tree_dp(nodes: list[tuple[int, int]], index: dict[int, int], unary: list[np.ndarray],
+             edges: list[tuple[int, int, np.ndarray]]) -> list[int]:  # fmt: skip
+    """Dynamic programming over a tree (nodes parents first; edges[i - 1] = (parent's
+    position, i, C[parent, i])):
+        f_i[k]     = unary_i[k] + sum_{children c} min_l (C[i, c][k, l] + f_c[l])
+    the argmin at the root, then each child's argmin given its parent's choice."""
+    f = [u.copy() for u in unary]
+    best: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(nodes)
+    for i in range(len(nodes) - 1, 0, -1):
+        p, _, m = edges[i - 1]
+        joint = m + f[i][None, :]
+        best[i] = np.argmin(joint, axis=1)
+        f[p] = f[p] + joint[np.arange(len(joint)), best[i]]
+    choice = [0] * len(nodes)
+    choice[0] = int(np.argmin(f[0]))
+    for i in range(1, len(nodes)):
+        choice[i] = int(best[i][choice[index[nodes[i][1]]]])
+    return choice
 
 
 def bool_all(ok: np.ndarray) -> np.ndarray:

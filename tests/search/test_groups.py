@@ -4,6 +4,8 @@ its own total right, on seeded random instances with chains of ties."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -96,3 +98,42 @@ def test_group_search_keeps_the_limit_and_its_total(seed: int) -> None:
     judged = iopddl.check(instance, merged.expand(search.y).tolist())
     assert judged.peak <= instance.limit
     assert judged.feasible or not np.isfinite(before)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_tree_dp_against_brute_force(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = 6
+    sizes = rng.integers(1, 4, n).tolist()
+    nodes = [(0, -1)] + [(i, int(rng.integers(i))) for i in range(1, n)]  # parents first
+    index = {a: a for a, _ in nodes}
+    unary = [rng.integers(0, 50, k).astype(float) for k in sizes]
+    edges = [(p, i, rng.integers(0, 50, (sizes[p], sizes[i])).astype(float))
+             for i, p in nodes[1:]]  # fmt: skip
+
+    def value(choice: tuple[int, ...]) -> float:
+        total = sum(float(u[k]) for u, k in zip(unary, choice, strict=True))
+        return total + sum(float(m[choice[i], choice[j]]) for i, j, m in edges)
+
+    best = min(value(c) for c in itertools.product(*(range(k) for k in sizes)))
+    assert value(tuple(groups._tree_dp(nodes, index, unary, edges))) == best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tree_is_induced(seed: int) -> None:
+    instance = iopddl.parse(tied_doc(seed + 200, n=14))
+    try:
+        g = local.build(iopddl.to_problem(instance))
+    except InfeasibleError:
+        pytest.skip("a node has no strategy left in this draw")
+    merged = groups.merge(g)
+    search = groups.GroupSearch(merged, np.zeros(merged.size, dtype=np.int64), float("inf"), seed)
+    for size in (3, 6, 100):
+        nodes = search.tree(size)
+        parent = dict(nodes)
+        assert len(nodes) <= size and nodes[0][1] == -1
+        assert all(p in parent for _, p in nodes[1:])
+        for a, _ in nodes:  # every edge among the members is a tree edge
+            for _, b in merged.adj[a]:
+                if b in parent:
+                    assert parent[a] == b or parent[b] == a
