@@ -18,8 +18,15 @@ The search (`GroupSearch`) keeps the usage level per point within the limit:
     single move   G takes argmin_k c_G[k] + sum_H C_GH[k, x_H] among the k that fit
     pair move     G and a neighbour H take the best (k, l) of
                   local_G[k] - C_GH[k, x_H] + local_H[l] - C_GH[x_G, l] + C_GH[k, l]
-    kick          a random group to a random strategy that fits, a descent around it,
-                  undone unless the total went down (iterated local search)
+    kick          a group (half the time drawn by what it costs now) to a random
+                  strategy that fits, a descent around it, undone unless the total went
+                  down (iterated local search)
+    tree move     the groups of an induced tree (no edge among them but the tree's)
+                  jointly at their best, the rest held: dynamic programming, exact
+    window move   a few dozen neighbouring groups jointly at their best by the exact
+                  solver (`solve_ilp`), the rest held
+A tree or window answer that breaks the limit is solved again with a price on the usage
+at the overfull points (the price doubled on each try); none that fits is not taken.
 """
 
 from __future__ import annotations
@@ -55,6 +62,8 @@ make one window's LP as large as a whole problem)."""
 PAIR_PASSES = 2
 """Pair passes before the rounds of tree moves, windows and kicks (a pass over IOPDDL K's
 45k edges takes seconds and the third gains little)."""
+REWEIGH_EVERY = 5_000
+"""Picks between two updates of the weights `pick` draws by."""
 PRICE_TRIES = 6
 """Prices a tree move tries on overfull points before it gives up."""
 
@@ -206,6 +215,10 @@ class GroupSearch:
         self.moves = 0
         self.log: list[tuple[int, int]] | None = None
         """(group, strategy before) per move while a kick may be undone."""
+        self.movable = np.flatnonzero([len(c) > 1 for c in groups.cost])
+        self.weights = np.zeros(0)
+        """Per movable group, its share of the total (`pick`), as of `picks_left` ago."""
+        self.picks_left = 0
 
     def out_of_time(self) -> bool:
         return time.perf_counter() >= self.deadline
@@ -322,10 +335,31 @@ class GroupSearch:
                 break
         return moved
 
+    def pick(self) -> int:
+        """A movable group (-1: none): half the time drawn by what it costs now (its own
+        cost and half of each of its edges; where the plan is dear, a move is likely to
+        pay), else uniformly."""
+        if not len(self.movable):
+            return -1
+        if self.rng.random() < 0.5:
+            return int(self.rng.choice(self.movable))
+        if self.picks_left <= 0:
+            self.picks_left = REWEIGH_EVERY
+            dear = np.array([self.gr.cost[a][self.y[a]] + 0.5 * sum(float(m[self.y[a], self.y[b]])
+                             for m, b in self.gr.adj[a]) for a in self.movable.tolist()])  # fmt: skip
+            dear[~np.isfinite(dear)] = 0.0
+            self.weights = (
+                dear / dear.sum() if dear.sum() > 0 else np.full(len(dear), 1 / len(dear))
+            )
+        self.picks_left -= 1
+        return int(self.movable[self.rng.choice(len(self.movable), p=self.weights)])
+
     def kick(self) -> bool:
         """One kick of the module doc; True when it lowered the total."""
         gr = self.gr
-        a = int(self.rng.integers(gr.size))
+        a = self.pick()
+        if a < 0:
+            return False
         allowed = np.flatnonzero(np.isfinite(self.local(a)) & self.fits(a))
         allowed = allowed[allowed != self.y[a]]
         if not len(allowed):
@@ -347,10 +381,12 @@ class GroupSearch:
 
     def tree(self, size: int) -> list[tuple[int, int]]:
         """An induced tree of about `size` groups (no edge between two of them but the
-        tree's), grown breadth first from a random group: (group, its parent; -1 for
+        tree's), grown breadth first from a random movable group: (group, its parent; -1 for
         the root), parents first."""
         gr, rng = self.gr, self.rng
-        root = int(rng.integers(gr.size))
+        if not len(self.movable):
+            return []
+        root = int(rng.choice(self.movable))
         inside = {root: -1}
         blocked: set[int] = set()  # neighbours of two members: never a member
         frontier = deque([root])
@@ -388,7 +424,9 @@ class GroupSearch:
         total went down."""
         gr, rng = self.gr, self.rng
         small = [len(c) <= WINDOW_MAX_STRATEGIES for c in gr.cost]
-        root = int(rng.integers(gr.size))
+        if not len(self.movable):
+            return False
+        root = int(rng.choice(self.movable))
         if not small[root]:
             return False
         index, queue = {root: 0}, deque([root])
@@ -461,7 +499,8 @@ class GroupSearch:
                 return True
             excess = float((self.level - gr.limit)[over].sum())
             for a, k in old:
-                self.apply(a, k, 0.0)
+                if k != self.y[a]:
+                    self.apply(a, k, 0.0)
             hot |= over
             price = (before - after) / excess if not price else price * 2
         return False
