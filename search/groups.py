@@ -56,6 +56,15 @@ WINDOW_GROUPS = 30
 """Groups in a window move."""
 WINDOW_TIME_S = 1.0
 """Time limit of one window's solve."""
+WINDOW_PAIRS = 20_000
+"""Pairs of strategies (the LP's edge variables) in a window move at most."""
+WHOLE_GROUPS = 1_000
+WHOLE_PAIRS = 300_000
+"""A merged problem of at most WHOLE_GROUPS groups (each within WINDOW_MAX_STRATEGIES)
+and this many pairs of strategies on its edges is solved whole once, as one window
+(IOPDDL B: 2 s to the best known cost; D's 13929 groups: 4.6 s a solve)."""
+WHOLE_TIME_S = 60.0
+"""The whole problem's solve at most (half the time left at most)."""
 WINDOW_MAX_STRATEGIES = 128
 """Groups with more strategies stay out of windows (their edges' pair variables would
 make one window's LP as large as a whole problem)."""
@@ -417,26 +426,34 @@ class GroupSearch:
         return self.joint_move([a for a, _ in nodes], edges,
                                lambda unary: _tree_dp(nodes, index, unary, edges))  # fmt: skip
 
-    def window_move(self, size: int = WINDOW_GROUPS, time_limit: float = WINDOW_TIME_S) -> bool:
+    def window_move(self, size: int = WINDOW_GROUPS, time_limit: float = WINDOW_TIME_S,
+                    pairs: int = WINDOW_PAIRS) -> bool:  # fmt: skip
         """About `size` groups grown breadth first from a random one (of at most
-        WINDOW_MAX_STRATEGIES strategies each) jointly at their best strategies by the
-        exact solver (`solve_ilp` without memory rows; see `joint_move`). True when the
-        total went down."""
+        WINDOW_MAX_STRATEGIES strategies each, the window's edges at most `pairs` pairs
+        of strategies) jointly at their best strategies by the exact solver
+        (`solve_ilp` without memory rows; see `joint_move`). True when the total went
+        down."""
         gr, rng = self.gr, self.rng
-        small = [len(c) <= WINDOW_MAX_STRATEGIES for c in gr.cost]
         if not len(self.movable):
             return False
         root = int(rng.choice(self.movable))
-        if not small[root]:
+        if len(gr.cost[root]) > WINDOW_MAX_STRATEGIES:
             return False
-        index, queue = {root: 0}, deque([root])
+        index, queue, held = {root: 0}, deque([root]), 0
+        if size >= gr.size:  # the whole problem
+            index = {a: i for i, a in enumerate(self.movable.tolist())}
+            queue.clear()
         while queue and len(index) < size:
             row = gr.adj[queue.popleft()]
             for i in rng.permutation(len(row)).tolist():
                 b = row[i][1]
-                if b not in index and small[b] and len(index) < size:
+                if b in index or len(gr.cost[b]) > WINDOW_MAX_STRATEGIES or len(index) >= size:
+                    continue
+                more = sum(m.size for m, w in gr.adj[b] if w in index)
+                if held + more <= pairs:
                     index[b] = len(index)
                     queue.append(b)
+                    held += more
         nodes = list(index)
         edges = [(i, index[b], m) for i, a in enumerate(nodes) for m, b in gr.adj[a]
                  if index.get(b, -1) > i]  # fmt: skip
@@ -483,6 +500,8 @@ class GroupSearch:
         price = 0.0
         hot = np.zeros(len(self.level), dtype=bool)
         for _ in range(PRICE_TRIES):
+            if price and self.out_of_time():
+                return False
             priced = [u + price * self._hot_usage(a, hot) if price else u
                       for u, a in zip(unary, nodes, strict=True)]  # fmt: skip
             choice = solve(priced)
@@ -514,13 +533,20 @@ class GroupSearch:
         return usage[held].sum(axis=0)
 
     def run(self) -> None:
-        """Descent, up to PAIR_PASSES pair passes while they help, then rounds of a tree
-        move, a window move and kicks until the deadline or until FRUITLESS_KICKS per
-        group in a row found nothing."""
+        """Descent, up to PAIR_PASSES pair passes while they help, the whole problem as
+        one window when it is small enough (WHOLE_PAIRS; half the time left), then
+        rounds of a tree move, a window move and kicks until the deadline or until
+        FRUITLESS_KICKS per group in a row found nothing."""
         self.descend()
         for _ in range(PAIR_PASSES):
             if self.out_of_time() or not self.pairs():
                 break
+        gr = self.gr
+        whole = sum(m.size for row in gr.adj for m, _ in row) // 2
+        if (gr.size <= WHOLE_GROUPS and whole <= WHOLE_PAIRS
+                and all(len(c) <= WINDOW_MAX_STRATEGIES for c in gr.cost)):  # fmt: skip
+            left = self.deadline - time.perf_counter()
+            self.window_move(size=gr.size, time_limit=min(left / 2, WHOLE_TIME_S), pairs=whole)
         fruitless, enough = 0, max(MIN_KICKS, FRUITLESS_KICKS * self.gr.size)
         while fruitless < enough and not self.out_of_time():
             fruitless = 0 if self.tree_move() else fruitless + 1

@@ -220,7 +220,7 @@ SMALL_NODES = 5_000
 """Up to this many nodes, the exact solver (reductions, LP, CP-SAT) runs on the whole
 problem after the group search (its LP is tight on these problems and gives the lower
 bound); above, the windows of `rhino.search.window` have what the group search leaves."""
-GROUP_SHARE = {"small": 0.2, "large": 0.9}
+GROUP_SHARE = {"small": 0.5, "large": 0.9}
 """The group search's share of the time after the model is built."""
 ILP_SHARE = 0.6
 """On a small problem, the whole-problem solve's share of the time after the group
