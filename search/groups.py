@@ -176,11 +176,14 @@ def merge(g: Graph) -> Groups:
                     found.append(w)
                     queue.append(w)
         members.append(np.array(found, dtype=np.int64))
-    cost = [np.sum([g.cost[v][maps[v]] for v in found.tolist()], axis=0) for found in members]
+    alone = np.array([len(found) == 1 for found in members])  # the usual group: maps[v] is 0..k-1
+    cost = [g.cost[int(found[0])].copy() if alone[a] else
+            np.sum([g.cost[v][maps[v]] for v in found.tolist()], axis=0)
+            for a, found in enumerate(members)]  # fmt: skip
     between: dict[tuple[int, int], np.ndarray] = {}
     for u, v, m in g.edges:
         a, b = int(group[u]), int(group[v])
-        mapped = m[np.ix_(maps[u], maps[v])]
+        mapped = m if alone[a] and alone[b] else m[np.ix_(maps[u], maps[v])]
         if a == b:
             cost[a] = cost[a] + np.diagonal(mapped)
             continue
@@ -197,6 +200,10 @@ def merge(g: Graph) -> Groups:
 
 def _segments(g: Graph, found: np.ndarray, maps: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """A group's cuts and its usage per segment and strategy (see `Groups`)."""
+    if len(found) == 1:
+        v = int(found[0])
+        if g.hi[v] > g.lo[v]:
+            return np.array([g.lo[v], g.hi[v]]), g.usage[v][None, :]
     lo, hi = g.lo[found], g.hi[found]
     live = hi > lo
     k = len(maps[int(found[0])])

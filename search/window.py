@@ -38,6 +38,9 @@ WINDOW_NODES = 300
 """Nodes in a window."""
 WINDOW_TIME_S = 2.0
 """Time limit of one window's solve."""
+FIRST_WINDOW_S = 0.5
+"""What a window is taken to last before one has been timed (A's first window, started
+0.3 s before the deadline, ended 1.7 s past it)."""
 WINDOW_MAX_STRATEGIES = 128
 """Nodes with more strategies stay out of windows (their edges' pair variables would
 make one window's LP as large as a whole problem); single moves still change them."""
@@ -153,7 +156,7 @@ def lns(g: Graph, start: np.ndarray, deadline: float, seed: int = 0, threads: in
     movable = np.flatnonzero([1 < len(c) <= WINDOW_MAX_STRATEGIES for c in g.cost])
     windows = improved = 0
     ties = tied(g)
-    longest = 0.0  # the longest window so far: none is started that would end past the deadline
+    longest = FIRST_WINDOW_S  # the longest window so far: none is started that would end past the deadline
     while deadline - time.perf_counter() > longest and len(movable) and windows != most:
         opened = time.perf_counter()
         nodes = grow(g, _seed(g, s, rng, movable), size, rng, ties)
