@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rhino.search.local import Graph, _one_to_one, _threshold
+from rhino.search.local import Graph, _threshold
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
 from rhino.search.solver import solve_ilp
 
@@ -154,8 +154,8 @@ class Groups:
 def merge(g: Graph) -> Groups:
     """Groups of g's tied nodes (components of its one-to-one edges), each a node."""
     links: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(g.size)]
-    for u, v, m in g.edges:
-        if _one_to_one(m):
+    for (u, v, m), tie in zip(g.edges, g.ties, strict=True):
+        if tie:
             finite = np.isfinite(m)
             links[u].append((np.argmax(finite, axis=1), v))
             links[v].append((np.argmax(finite, axis=0), u))
