@@ -254,7 +254,7 @@ class GroupSearch:
             return np.ones(usage.shape[1], dtype=bool)
         highest = np.maximum.reduceat(self.level[cuts[0] : cuts[-1]], cuts[:-1] - cuts[0])
         grow = usage - usage[:, self.y[a], None]
-        return bool_all(highest[:, None] + grow <= self.gr.limit)
+        return _column_all(highest[:, None] + grow <= self.gr.limit)
 
     def apply(self, a: int, k: int, gain: float) -> None:
         """a takes k; `gain` is what the total drops by."""
@@ -582,11 +582,6 @@ def _tree_dp(nodes: list[tuple[int, int]], index: dict[int, int], unary: list[np
     return choice
 
 
-def bool_all(ok: np.ndarray) -> np.ndarray:
+def _column_all(ok: np.ndarray) -> np.ndarray:
     """Column-wise all, as a bool array (mypy: numpy's `all` is typed loosely)."""
     return np.asarray(ok.all(axis=0), dtype=bool)
-
-
-def fits_limit(groups: Groups, y: np.ndarray) -> bool:
-    level = groups.levels(y)
-    return not len(level) or float(level.max()) <= groups.limit or math.isinf(groups.limit)
