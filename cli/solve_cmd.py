@@ -20,7 +20,7 @@ Examples:
   rhino solve problem.json | tail -1 > answer.txt      # the contest's answer line
 """
 
-SAFETY_S = 1.0
+SAFETY_S = 2.0
 SAFETY_SHARE = 0.02
 """The search ends SAFETY_S plus this share of the limit before it (the answer still has
 to be checked and written)."""

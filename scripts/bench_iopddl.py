@@ -31,7 +31,7 @@ DATA = ROOT.parent / "shared" / "iopddl"
 """The instances, beside the repository (../shared/iopddl); `--data` names another folder."""
 LIMITS = {"ABCDE": 60, "FGHIJ": 120, "KLMNO": 180, "PQRST": 240, "UVWXY": 300}
 """Contest time limits (seconds on 8 cores) by instance letter."""
-STARTUP_S = 3.0
+STARTUP_S = 4.0
 """Of the halved limit, left for starting the process (imports) before the solver's clock."""
 
 

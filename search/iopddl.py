@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from rhino.hlo.errors import InfeasibleError, RhinoError
-from rhino.search import local, window
+from rhino.search import groups, local, window
 from rhino.search.problem import (
     ProblemEdge,
     ProblemNode,
@@ -218,10 +218,15 @@ def answer_line(choice: list[int] | tuple[int, ...]) -> str:
 
 SMALL_NODES = 5_000
 """Up to this many nodes, the exact solver (reductions, LP, CP-SAT) runs on the whole
-problem first (its LP is tight on these problems and gives the lower bound); above, the
-windows of `rhino.search.window` have all the time."""
+problem after the group search (its LP gives the lower bound), then the windows of
+`rhino.search.window` until the deadline; above, the group search has all the time."""
+GROUP_SHARE = {"small": 0.5, "large": 1.0}
+"""The group search's share of the time after the model is built (a large problem's
+windows on single nodes found little after it, and one of C's, started 1.4 s before the
+deadline, ended 3.7 s past it)."""
 ILP_SHARE = 0.6
-"""On a small problem, the whole-problem solve's share of the time."""
+"""On a small problem, the whole-problem solve's share of the time after the group
+search."""
 
 
 @dataclass(frozen=True)
@@ -233,16 +238,17 @@ class Solved:
     bound: float
     """A proven lower bound on the cost of any feasible plan."""
     phases: dict[str, float]
-    """Seconds per phase (model, start, ilp, windows, check)."""
+    """Seconds per phase (model, start, groups, ilp, windows, check)."""
     windows: int = 0
     """Windows solved by the large neighbourhood search."""
 
 
 def solve(instance: Instance, options: SolveOptions) -> Solved:
     """The cheapest feasible plan found within the options' time limit (every phase
-    counted): every node at its smallest usage, single moves that keep the limit, then
-    on a small problem the exact solver from there, then (unless it proved its plan
-    optimal) windows until the deadline.
+    counted): a plan that fits (`local.legal_start`), the group search of
+    `rhino.search.groups` from it (tied nodes moved together: single and pair moves,
+    then kicks), then on a small problem the exact solver from there, then (unless it
+    proved its plan optimal) windows until the deadline.
     InfeasibleError when no plan fits the limit."""
     options = options.started()
     phases: dict[str, float] = {}
@@ -256,14 +262,26 @@ def solve(instance: Instance, options: SolveOptions) -> Solved:
 
     problem = to_problem(instance)
     g = local.build(problem)
-    bound = local.lower_bound(g)
+    merged = groups.merge(g)
+    bound = max(local.lower_bound(g), merged.lower_bound())
     lap("model")
-    search = local.Search(g, local.legal_start(g), options.deadline or 0.0)
-    search.descend()
-    x = search.x
+    x = local.legal_start(g)
     lap("start")
+    small = g.size <= SMALL_NODES
+    y = merged.contract(x)
+    if y is not None:
+        share = GROUP_SHARE["small" if small else "large"]
+        search = groups.GroupSearch(merged, y, time.perf_counter() + options.left() * share,
+                                    seed=options.seed)  # fmt: skip
+        search.run()
+        x = merged.expand(search.y)
+    else:  # the start breaks a tie: single moves on the nodes
+        descent = local.Search(g, x, options.deadline or 0.0)
+        descent.descend()
+        x = descent.x
+    lap("groups")
     proven = False
-    if g.size <= SMALL_NODES and options.left() > 0:
+    if small and options.left() > 0:
         solved = solve_ilp(problem, dataclasses.replace(options, deadline=time.perf_counter() + options.left() * ILP_SHARE),
                            start=tuple(int(k) for k in x))  # fmt: skip
         bound = max(bound, solved.bound)

@@ -54,6 +54,8 @@ class Graph:
     edges: list[tuple[int, int, np.ndarray]]
     fixed_edges: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
     """Edges folded into costs (kept for the true cost)."""
+    ties: list[bool] = field(default_factory=list)
+    """Per edge of `edges`, is it one-to-one (`_one_to_one`: its ends are tied)?"""
 
     @property
     def size(self) -> int:
@@ -93,7 +95,8 @@ def build(problem: ShardingProblem) -> Graph:
     _forbid_unmatched(cost, adj)
     budget = math.inf if problem.budget is None else float(problem.budget)
     limit = budget * (1 + 1e-12) - problem.constant_memory
-    return Graph(cost, usage, lo, hi, len(starts), limit, adj, edges, fixed)
+    ties = [_one_to_one(m) for _, _, m in edges]
+    return Graph(cost, usage, lo, hi, len(starts), limit, adj, edges, fixed, ties)
 
 
 def _forbid_unmatched(cost: list[np.ndarray], adj: list[list[tuple[np.ndarray, int]]]) -> None:
@@ -172,8 +175,8 @@ def tied(g: Graph) -> list[list[int]]:
             a = root[a]
         return a
 
-    for u, v, m in g.edges:
-        if _one_to_one(m):
+    for (u, v, _), tie in zip(g.edges, g.ties, strict=True):
+        if tie:
             root[find(u)] = find(v)
     groups: dict[int, list[int]] = {}
     for v in range(g.size):
@@ -193,8 +196,8 @@ def follow_ties(g: Graph, x: np.ndarray) -> np.ndarray:
     of its group, breadth first: a plan that keeps the one-to-one edges where it can."""
     x = x.copy()
     links: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(g.size)]
-    for u, v, m in g.edges:
-        if _one_to_one(m):
+    for (u, v, m), tie in zip(g.edges, g.ties, strict=True):
+        if tie:
             links[u].append((np.argmax(np.isfinite(m), axis=1), v))  # u's k -> v's l
             links[v].append((np.argmax(np.isfinite(m), axis=0), u))
     done = np.zeros(g.size, dtype=bool)
@@ -231,7 +234,7 @@ def legal_start(g: Graph) -> np.ndarray:
         [np.where(np.isfinite(c), m, np.inf) for c, m in zip(g.cost, g.usage, strict=True)],
         g.usage, g.lo, g.hi, g.points, g.limit,
         [[(np.where(np.isfinite(m), 0.0, np.inf), w) for m, w in row] for row in g.adj],
-        [(u, v, np.where(np.isfinite(m), 0.0, np.inf)) for u, v, m in g.edges],
+        [(u, v, np.where(np.isfinite(m), 0.0, np.inf)) for u, v, m in g.edges], [], g.ties,
     )  # fmt: skip
     s = Search(zero_one, x, deadline=math.inf)
     s.hard = False

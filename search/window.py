@@ -10,7 +10,8 @@ Model
 Points where the same nodes of W are live form one group; its row is the one with the
 largest O_p. The group's O_p is a node with one strategy, live at one point of the
 group, so the window is an ordinary `ShardingProblem` under the budget B. The current
-plan of W fits, and `solve_ilp` starts from it, so a window never makes the plan worse.
+plan of W fits and `solve_ilp` starts from it; a window's answer that costs more (a
+solve stopped by its time limit may return its fallback) is not taken.
 Windows grow breadth-first from a random seed node over the edges.
 """
 
@@ -37,6 +38,9 @@ WINDOW_NODES = 300
 """Nodes in a window."""
 WINDOW_TIME_S = 2.0
 """Time limit of one window's solve."""
+FIRST_WINDOW_S = 0.5
+"""What a window is taken to last before one has been timed (A's first window, started
+0.3 s before the deadline, ended 1.7 s past it)."""
 WINDOW_MAX_STRATEGIES = 128
 """Nodes with more strategies stay out of windows (their edges' pair variables would
 make one window's LP as large as a whole problem); single moves still change them."""
@@ -152,7 +156,7 @@ def lns(g: Graph, start: np.ndarray, deadline: float, seed: int = 0, threads: in
     movable = np.flatnonzero([1 < len(c) <= WINDOW_MAX_STRATEGIES for c in g.cost])
     windows = improved = 0
     ties = tied(g)
-    longest = 0.0  # the longest window so far: none is started that would end past the deadline
+    longest = FIRST_WINDOW_S  # the longest window so far: none is started that would end past the deadline
     while deadline - time.perf_counter() > longest and len(movable) and windows != most:
         opened = time.perf_counter()
         nodes = grow(g, _seed(g, s, rng, movable), size, rng, ties)
@@ -174,6 +178,10 @@ def lns(g: Graph, start: np.ndarray, deadline: float, seed: int = 0, threads: in
             if solved.choice[i] != s.x[v]:
                 s.apply(v, int(solved.choice[i]))
         new = true_cost(g, s.x)
+        if new > cost:  # a solve stopped by its time limit may hand back a worse plan
+            for i, v in enumerate(nodes):
+                s.apply(v, before[i])
+            continue
         if new < cost - 1e-9 * abs(cost):
             improved += 1
             history.append((time.perf_counter() - begin, new))
