@@ -306,9 +306,10 @@ def _fold_separable(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untype
         if r.inseparable.get(key) is r.edges[key]:
             continue  # found not separable before, and unchanged since
         m = r.matrix(v, w)
-        a, b = m[:, 0], m[0, :] - m[0, 0]
-        # C - (a + b), nan or inf where C is not finite
-        off = float(np.abs(m - a[:, None] - b[None, :]).max())
+        # C - (a + b), nan or inf where C is not finite (a forbidden pair: not separable)
+        with np.errstate(invalid="ignore"):
+            a, b = m[:, 0], m[0, :] - m[0, 0]
+            off = float(np.abs(m - a[:, None] - b[None, :]).max())
         if off != 0.0 and not (
             math.isfinite(off) and off <= SEPARABLE_RTOL * float(np.abs(m).max())
         ):
