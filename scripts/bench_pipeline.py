@@ -40,6 +40,7 @@ MODELS: dict[str, tuple[str, str, int | None] | str] = {
     "wresnet_tiny": "wresnet_tiny.hlo",
     "dnabert_tiny": "dnabert_tiny.hlo",
     "unet_base": ("unet", "base", None),
+    "unet_ddpm": ("unet", "ddpm", None),
     "encdec_base": ("encdec", "base", None),
     "gpt_hidden512_layers24": ("gpt", "hidden512", 24),
 }

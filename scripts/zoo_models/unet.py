@@ -1,7 +1,12 @@
 """UNet as in diffusion models: conv blocks down and up, with skip connections by concat.
 
 NHWC throughout. Level i works at ``base_channels * multipliers[i]`` channels; each level's
-block is two (3x3 conv, group norm, silu) steps. Going down: the block's output is kept as a
+block is two (3x3 conv, group norm, silu) steps, or with ``residual`` DDPM's residual block
+(Ho et al. 2020): group norm, silu, 3x3 conv, plus a projection of the time embedding;
+group norm, silu, 3x3 conv; added to the block's input, through a 1x1 conv where the
+channels change. The time embedding is sinusoidal features of each image's noise level
+through a two-layer silu MLP, computed once and read by every block (a branch beside
+the image path, as the 1x1 shortcut is beside the block). Going down: the block's output is kept as a
 skip, then a stride-2 3x3 conv halves the resolution. Going up: nearest-neighbour 2x
 upsampling (broadcast + reshape) and a 3x3 conv, then concatenation with the skip on the
 channel axis and a block. A final 3x3 conv maps back to the input channels; the loss is the
@@ -16,7 +21,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from zoo_models.common import Batch, ModelSpec, Params, ZooError, conv2d, conv_shapes, f32
+from zoo_models.common import (
+    Batch,
+    ModelSpec,
+    Params,
+    ZooError,
+    conv2d,
+    conv_shapes,
+    dense,
+    dense_shapes,
+    f32,
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +50,8 @@ class UNetConfig:
     """Group-norm groups (divides every level's channels)."""
     batch: int
     """Images per step."""
+    residual: bool = False
+    """DDPM residual blocks with a time embedding (see the module docstring)."""
 
 
 CONFIGS: dict[str, UNetConfig] = {
@@ -45,6 +62,15 @@ CONFIGS: dict[str, UNetConfig] = {
     ),
     "base": UNetConfig(
         levels=4, base_channels=64, image_size=64, in_channels=4, groups=32, batch=16
+    ),
+    "ddpm": UNetConfig(
+        levels=4,
+        base_channels=64,
+        image_size=64,
+        in_channels=4,
+        groups=32,
+        batch=16,
+        residual=True,
     ),
 }
 
@@ -79,6 +105,35 @@ def conv_block_shapes(c_in: int, c_out: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def res_block(x: jax.Array, temb: jax.Array, p: Params, groups: int) -> jax.Array:
+    """DDPM's residual block on x [B, H, W, C] with the time embedding temb [B, E]."""
+    h = conv2d(jax.nn.silu(group_norm(x, p["gn1"], groups)), p["conv1"])
+    h = h + dense(jax.nn.silu(temb), p["temb"])[:, None, None, :]
+    h = conv2d(jax.nn.silu(group_norm(h, p["gn2"], groups)), p["conv2"])
+    return h + (conv2d(x, p["shortcut"]) if "shortcut" in p else x)
+
+
+def res_block_shapes(c_in: int, c_out: int, embed: int) -> dict[str, Any]:
+    """Shapes of a ``res_block``'s weights."""
+    shapes = {
+        "gn1": {"scale": f32(c_in), "bias": f32(c_in)}, "conv1": conv_shapes(3, c_in, c_out),
+        "temb": dense_shapes(embed, c_out),
+        "gn2": {"scale": f32(c_out), "bias": f32(c_out)}, "conv2": conv_shapes(3, c_out, c_out),
+    }  # fmt: skip
+    if c_in != c_out:
+        shapes["shortcut"] = conv_shapes(1, c_in, c_out)
+    return shapes
+
+
+def time_embedding(t: jax.Array, p: Params, features: int) -> jax.Array:
+    """Sinusoidal features of the noise levels t [B] through a two-layer silu MLP."""
+    half = features // 2
+    freqs = jnp.exp(-jnp.log(10000.0) * jnp.arange(half, dtype=jnp.float32) / half)
+    angles = t[:, None] * freqs[None, :]
+    e = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+    return dense(jax.nn.silu(dense(e, p["dense1"])), p["dense2"])
+
+
 def upsample(x: jax.Array) -> jax.Array:
     """Nearest-neighbour 2x upsampling of x [B, H, W, C] -> [B, 2H, 2W, C]."""
     b, h, w, c = x.shape
@@ -88,16 +143,26 @@ def upsample(x: jax.Array) -> jax.Array:
 
 def param_shapes(cfg: UNetConfig) -> dict[str, Any]:
     """Shapes of all UNet weights."""
-    n = cfg.levels
-    down = [conv_block_shapes(channels(cfg, max(i - 1, 0)), channels(cfg, i)) for i in range(n)]
+    n, embed = cfg.levels, 4 * cfg.base_channels
+
+    def block(c_in: int, c_out: int) -> dict[str, Any]:
+        return (
+            res_block_shapes(c_in, c_out, embed) if cfg.residual else conv_block_shapes(c_in, c_out)
+        )
+
+    down = [block(channels(cfg, max(i - 1, 0)), channels(cfg, i)) for i in range(n)]
     pools = [conv_shapes(3, channels(cfg, i), channels(cfg, i)) for i in range(n - 1)]
     ups = [conv_shapes(3, channels(cfg, i + 1), channels(cfg, i)) for i in range(n - 1)]
-    up_blocks = [conv_block_shapes(2 * channels(cfg, i), channels(cfg, i)) for i in range(n - 1)]
-    return {
+    up_blocks = [block(2 * channels(cfg, i), channels(cfg, i)) for i in range(n - 1)]
+    shapes = {
         "stem": conv_shapes(3, cfg.in_channels, cfg.base_channels),
         "down": down, "downsample": pools, "upsample": ups, "up": up_blocks,
         "out": conv_shapes(3, cfg.base_channels, cfg.in_channels),
     }  # fmt: skip
+    if cfg.residual:
+        shapes["time"] = {"dense1": dense_shapes(cfg.base_channels, embed),
+                          "dense2": dense_shapes(embed, embed)}  # fmt: skip
+    return shapes
 
 
 def check(cfg: UNetConfig) -> None:
@@ -115,19 +180,29 @@ def build(name: str, cfg: UNetConfig) -> ModelSpec:
     check(cfg)
 
     def loss_fn(params: Params, batch: Batch) -> jax.Array:
+        if cfg.residual:
+            temb = time_embedding(batch["noise_levels"], params["time"], cfg.base_channels)
+
+        def block(x: jax.Array, p: Params) -> jax.Array:
+            return (
+                res_block(x, temb, p, cfg.groups) if cfg.residual else conv_block(x, p, cfg.groups)
+            )
+
         h = conv2d(batch["images"], params["stem"])
         skips = []
         for i, p in enumerate(params["down"]):
-            h = conv_block(h, p, cfg.groups)
+            h = block(h, p)
             if i < cfg.levels - 1:
                 skips.append(h)
                 h = conv2d(h, params["downsample"][i], stride=2)
         for i in reversed(range(cfg.levels - 1)):
             h = conv2d(upsample(h), params["upsample"][i])
-            h = conv_block(jnp.concatenate([h, skips[i]], axis=-1), params["up"][i], cfg.groups)
+            h = block(jnp.concatenate([h, skips[i]], axis=-1), params["up"][i])
         out = conv2d(h, params["out"])
         return jnp.mean(jnp.square(out - batch["targets"]))
 
     shape = (cfg.batch, cfg.image_size, cfg.image_size, cfg.in_channels)
     batch = {"images": f32(*shape), "targets": f32(*shape)}
+    if cfg.residual:
+        batch["noise_levels"] = f32(cfg.batch)
     return ModelSpec(name=name, loss_fn=loss_fn, params=param_shapes(cfg), batch=batch)

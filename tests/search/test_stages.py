@@ -152,3 +152,20 @@ def test_zoo_plans_keep_the_flow_and_beat_every_balanced_baseline(file: str, sta
     for b in plan.baselines:
         if b["within_balance"]:
             assert plan.cut_bytes <= b["cut_bytes"]
+
+
+def test_residual_unet_plan_cuts_less_than_either_topological_split() -> None:
+    """DDPM's UNet (residual blocks with 1x1 shortcuts beside them, a time embedding beside
+    the image path) is not a line: a stage may hold a shortcut conv before the block it
+    sits beside. Neither DP over one order (program, as late as possible) can; the ILP
+    does, and proves its plan optimal."""
+    from tests.search.test_zoo_plans import zoo_module
+
+    module = zoo_module("unet", "ddpm")
+    request = PipelineRequest(4, 0.1, 4, load_cluster("m8"), SolveOptions(time_limit_s=60))
+    plan = plan_pipeline(module, request)
+    assert plan.status == "optimal"
+    splits = {b["name"]: b for b in plan.baselines}
+    for name in ("best_split", "best_split_late"):
+        assert splits[name]["within_balance"]
+        assert plan.cut_bytes < 0.8 * splits[name]["cut_bytes"], (name, splits[name])
