@@ -42,7 +42,9 @@ MODELS: dict[str, tuple[str, str, int | None] | str] = {
     "unet_base": ("unet", "base", None),
     "unet_ddpm": ("unet", "ddpm", None),
     "encdec_base": ("encdec", "base", None),
+    "encdec_large": ("encdec", "large", None),
     "gpt_hidden512_layers24": ("gpt", "hidden512", 24),
+    "gpt_hidden512_layers72": ("gpt", "hidden512", 72),
 }
 STAGES = (2, 4, 8)
 

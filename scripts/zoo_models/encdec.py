@@ -58,6 +58,8 @@ class EncDecConfig:
 CONFIGS: dict[str, EncDecConfig] = {
     "tiny": EncDecConfig(2, 2, 64, 256, 4, 16, vocab=512, seq=64, batch=8),
     "base": EncDecConfig(6, 6, 512, 2048, 8, 64, vocab=8192, seq=256, batch=8),
+    # T5-large's depth and widths (24 + 24 blocks), for stage planning at real graph sizes
+    "large": EncDecConfig(24, 24, 1024, 4096, 16, 64, vocab=32128, seq=512, batch=8),
 }
 
 
