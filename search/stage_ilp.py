@@ -303,7 +303,7 @@ def _build(problem: StageProblem, windows: Windows) -> tuple[cp_model.CpModel, l
     return model, y
 
 
-def _x(y: list[Prefix], i: int, t: int) -> cp_model.LinearExprT:
+def _x(y: list[Prefix], i: int, t: int) -> cp_model.LinearExpr | int:
     """B[i] = t, as y[i][t] - y[i][t-1]."""
     return y[i][t] - y[i][t - 1]
 
