@@ -116,19 +116,14 @@ def test_o2_meets_a_binding_budget_without_building_a_memory_row(
     assert plan.solver["budget_search"]["solves"] >= 2
 
 
-@pytest.mark.parametrize("seed", range(6))
 def test_o3_under_a_binding_budget_starts_from_o2s_plan_within_it(
-    seed: int, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """O3's ILP with memory rows may stop at its time limit (the 12-layer GPT on 2x4 at
     2.9 GiB does); it must then still hold O2's plan within the budget, never the
     smallest layouts it fell back to before (19% dearer there than O2)."""
     from rhino.search import planner
 
-    problem = random_problem(seed, budget=True)
-    free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
-    if solve_merged(free, OPTIONS).peak_memory <= problem.budget:  # type: ignore[operator]
-        pytest.skip("the budget does not bind")
     starts: list[tuple[int, ...] | None] = []
 
     def recording(
@@ -138,8 +133,17 @@ def test_o3_under_a_binding_budget_starts_from_o2s_plan_within_it(
         return solver.solve_ilp(p, options, start=start)  # type: ignore[arg-type]
 
     monkeypatch.setattr(planner, "solve_ilp", recording)
-    found = planner.solve_whole(problem, OPTIONS)
-    o2 = budget.solve_within_budget(problem, OPTIONS, solve_merged)
-    assert starts and starts[0] is not None
-    assert problem.peak_memory(starts[0])[0] <= problem.budget * (1 + 1e-9)  # type: ignore[operator]
-    assert found.objective <= o2.objective + 1e-12
+    binding = 0
+    for seed in range(8):
+        problem = random_problem(seed, budget=True)
+        free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
+        if solve_merged(free, OPTIONS).peak_memory <= problem.budget:  # type: ignore[operator]
+            continue  # the budget does not bind
+        binding += 1
+        starts.clear()
+        found = planner.solve_whole(problem, OPTIONS)
+        o2 = budget.solve_within_budget(problem, OPTIONS, solve_merged)
+        assert starts and starts[0] is not None
+        assert problem.peak_memory(starts[0])[0] <= problem.budget * (1 + 1e-9)  # type: ignore[operator]
+        assert found.objective <= o2.objective + 1e-12
+    assert binding >= 5
