@@ -75,7 +75,7 @@ def rounds(
     while (time.perf_counter() < deadline - MIN_ROUND_S and best.rounds != most
            and best.rounds - found < FRUITLESS_ROUNDS):  # fmt: skip
         best.rounds += 1
-        end = _slice(deadline)
+        begin, end = time.perf_counter(), _slice(deadline)
         priced = dataclasses.replace(free, cost=_priced(gr, price))
         search = GroupSearch(priced, current, time.perf_counter() + (end - time.perf_counter()) * (1 - POLISH_SHARE),
                              seed=seed + best.rounds)  # fmt: skip
@@ -88,7 +88,9 @@ def rounds(
         hot |= over
         fixed = current
         if over.any():
-            fixed = repair(gr, current, end)
+            fixed = repair(
+                gr, current, min(deadline, 2 * end - begin), best.y
+            )  # a round more at most
             best.repaired += 1
             if fixed is None:
                 continue
@@ -126,11 +128,13 @@ def _priced(gr: Groups, price: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def repair(gr: Groups, y: np.ndarray, deadline: float) -> np.ndarray | None:
+def repair(gr: Groups, y: np.ndarray, deadline: float,
+           anchor: np.ndarray | None = None) -> np.ndarray | None:  # fmt: skip
     """y moved into the limit greedily: while some point is over, the moves that free
     bytes at the fullest point p and lift no point above the limit and p's level, the
-    cheapest per byte freed (up to the excess) first, until p's excess is freed. None
-    when no move frees any, or at the deadline."""
+    cheapest per byte freed (up to the excess) first, until p's excess is freed; a
+    group back to its strategy in `anchor` (a plan that fits) before any other move.
+    None when no move frees any, or at the deadline."""
     s = GroupSearch(gr, y, deadline)
     first = np.array([c[0] for c in gr.cuts])
     last = np.array([c[-1] for c in gr.cuts])
@@ -141,28 +145,34 @@ def repair(gr: Groups, y: np.ndarray, deadline: float) -> np.ndarray | None:
             return s.y
         if s.out_of_time():
             return None
-        live = s.movable[(first[s.movable] <= p) & (last[s.movable] > p)]
-        rated = sorted((_freeing(s, a, p), a) for a in live.tolist())
+        live = s.movable[(first[s.movable] <= p) & (last[s.movable] > p)].tolist()
+        back = [a for a in live if anchor is not None and anchor[a] != s.y[a]]
+        rated = sorted((_freeing(s, a, p, int(anchor[a])), a) for a in back)  # type: ignore[index]
+        if not rated or not math.isfinite(rated[0][0][0]):
+            rated = sorted((_freeing(s, a, p), a) for a in live)
         if not rated or not math.isfinite(rated[0][0][0]):
             return None
-        for (rate, _), a in rated:
+        for (rate, k), a in rated:
             if not math.isfinite(rate) or s.level[p] <= gr.limit:
                 break
-            _, k = _freeing(s, a, p)  # again: the moves before may have changed it
-            if k >= 0:
+            again, k = _freeing(s, a, p, k)  # the moves before may have changed it
+            if math.isfinite(again):
                 total = s.local(a)
                 s.apply(a, k, float(total[s.y[a]] - total[k]))
 
 
-def _freeing(s: GroupSearch, a: int, p: int) -> tuple[float, int]:
-    """(cost per byte freed at p, strategy) of group a's best move that frees bytes at p
-    and lifts no point above both the limit and p's level; (inf, -1) when none does."""
+def _freeing(s: GroupSearch, a: int, p: int, only: int = -1) -> tuple[float, int]:
+    """(cost per byte freed at p, strategy) of group a's best move (to `only` if that is
+    not -1) that frees bytes at p and lifts no point above both the limit and p's level;
+    (inf, -1) when none does."""
     gr = s.gr
     cuts, usage = gr.cuts[a], gr.usage[a]
     cur = int(s.y[a])
     segment = int(np.searchsorted(cuts, p, "right")) - 1
     freed = usage[segment, cur] - usage[segment]
     ok = freed > 0
+    if only >= 0:
+        ok &= np.arange(len(ok)) == only
     if not ok.any():
         return math.inf, -1
     highest = np.maximum.reduceat(s.level[cuts[0] : cuts[-1]], cuts[:-1] - cuts[0])
