@@ -242,7 +242,7 @@ class Solved:
     bound: float
     """A proven lower bound on the cost of any feasible plan."""
     phases: dict[str, float]
-    """Seconds per phase (model, start, groups, ilp, windows, check)."""
+    """Seconds per phase (model, start, groups, rounds, ilp, windows, check)."""
     windows: int = 0
     """Windows solved by the large neighbourhood search."""
 
@@ -271,8 +271,9 @@ def solve(instance: Instance, options: SolveOptions) -> Solved:
     """The cheapest feasible plan found within the options' time limit (every phase
     counted): a plan that fits (`local.legal_start`), the group search of
     `rhino.search.groups` from it (tied nodes moved together: single and pair moves,
-    then kicks), then on a small problem the exact solver from there, then (unless it
-    proved its plan optimal) windows until the deadline.
+    then kicks) and the Lagrangian rounds of `rhino.search.lagrange` (`_search_groups`),
+    then on a small problem the exact solver from there, then (unless it proved its
+    plan optimal) windows until the deadline.
     InfeasibleError when no plan fits the limit."""
     options = options.started()
     phases: dict[str, float] = {}

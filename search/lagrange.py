@@ -8,15 +8,18 @@ reaches 8.5e8 on K, 5.7e8 on U, 5.1e8 on S, while the best plans that fit cost 2
 
 Data (`Groups`: c_G, C_GH, U_G per segment; the limit B per point p)
     hot        the points some priced plan put over B (grown each round)
-    mu         the price of a byte at a hot point (one scalar)
+    lambda_p   the price of a byte at point p (0 off the hot points)
 Model (relaxed)
-    minimize   sum_G c_G[y_G] + sum_GH C_GH[y_G, y_H] + mu * sum_{p hot} L_p(y)
+    minimize   sum_G c_G[y_G] + sum_GH C_GH[y_G, y_H] + sum_p lambda_p * L_p(y)
     no limit   L_p(y) <= B is not kept
-A round searches the priced problem from where the last one stopped (`GroupSearch`,
-every move, limit +inf), then `repair` (greedy: at the fullest point over B, the move
-that frees its bytes at the least cost per byte, until none is over) and a search under
-the limit from the repaired plan (`polish`). mu grows (x UP) after a round whose priced
-plan broke the limit, else shrinks (x DOWN): the rounds walk along the limit's edge.
+The first search has no prices; the points it puts over B are hot, each priced at its
+gap to the plan that fits over the total excess. A round searches the priced problem
+from where the last one stopped (`GroupSearch`, every move, limit +inf), multiplies each
+hot point's price by exp(RATE * (L_p / B - 1)) (clipped; a new hot point takes the
+median price), then `repair`s the plan (greedy: at the fullest point over B, a group
+back to its strategy in the best plan, else the move that frees bytes at the least cost
+per byte) and searches under the limit from there: the rounds walk along the limit's
+edge. They end at the deadline or after FRUITLESS_ROUNDS in a row found nothing.
 """
 
 from __future__ import annotations
