@@ -69,7 +69,7 @@ def rounds(
     current = first.y
     level = gr.levels(current)
     excess = float(np.maximum(level - gr.limit, 0.0).sum())
-    if excess <= 0:  # the limit did not bind
+    if excess <= 0 or not math.isfinite(best.cost - first.cost):  # no limit binds, or no price
         _keep(best, gr, current)
         return best
     hot = level > gr.limit
@@ -91,10 +91,9 @@ def rounds(
         hot |= over
         fixed = current
         if over.any():
-            fixed = repair(
-                gr, current, min(deadline, 2 * end - begin), best.y
-            )  # a round more at most
             best.repaired += 1
+            more = min(deadline, 2 * end - begin)  # a round more at most
+            fixed = repair(gr, current, more, best.y)
             if fixed is None:
                 continue
         polished = GroupSearch(gr, fixed, end, seed=seed + best.rounds)
