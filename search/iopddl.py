@@ -221,7 +221,7 @@ SMALL_NODES = 5_000
 """Up to this many nodes, the exact solver (reductions, LP, CP-SAT) runs on the whole
 problem after the group search (its LP gives the lower bound), then the windows of
 `rhino.search.window` until the deadline; above, the group search has all the time."""
-GROUP_SHARE = {"small": 0.5, "large": 0.35}
+GROUP_SHARE = {"small": 0.5, "large": 0.5}
 """The group search's share of the time after the model is built."""
 ROUNDS_SHARE = {"small": 0.5, "large": 1.0}
 """The Lagrangian rounds' (`rhino.search.lagrange`) share of the time after the group

@@ -37,7 +37,7 @@ ROUND_SHARE = 0.1
 MIN_ROUND_S = 1.0
 POLISH_SHARE = 0.5
 """Of a round's time, the share of the search under the limit after the repair."""
-FRUITLESS_ROUNDS = 10
+FRUITLESS_ROUNDS = 5
 """The rounds end after this many in a row found no cheaper plan (K finds one every
 round or two)."""
 RATE = 30.0
