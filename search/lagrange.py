@@ -93,9 +93,10 @@ def rounds(
         if over.any():
             best.repaired += 1
             more = min(deadline, 2 * end - begin)  # a round more at most
-            fixed = repair(gr, current, more, best.y)
-            if fixed is None:
+            repaired = repair(gr, current, more, best.y)
+            if repaired is None:
                 continue
+            fixed = repaired
         polished = GroupSearch(gr, fixed, end, seed=seed + best.rounds)
         polished.run()
         if _keep(best, gr, polished.y):
@@ -148,8 +149,8 @@ def repair(gr: Groups, y: np.ndarray, deadline: float,
         if s.out_of_time():
             return None
         live = s.movable[(first[s.movable] <= p) & (last[s.movable] > p)].tolist()
-        back = [a for a in live if anchor is not None and anchor[a] != s.y[a]]
-        rated = sorted((_freeing(s, a, p, int(anchor[a])), a) for a in back)  # type: ignore[index]
+        home = s.y if anchor is None else anchor
+        rated = sorted((_freeing(s, a, p, int(home[a])), a) for a in live if home[a] != s.y[a])
         if not rated or not math.isfinite(rated[0][0][0]):
             rated = sorted((_freeing(s, a, p), a) for a in live)
         if not rated or not math.isfinite(rated[0][0][0]):
