@@ -18,6 +18,7 @@ import dataclasses
 import gzip
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from rhino.hlo.errors import InfeasibleError, RhinoError
-from rhino.search import groups, local, window
+from rhino.search import groups, lagrange, local, window
 from rhino.search.problem import (
     ProblemEdge,
     ProblemNode,
@@ -220,10 +221,13 @@ SMALL_NODES = 5_000
 """Up to this many nodes, the exact solver (reductions, LP, CP-SAT) runs on the whole
 problem after the group search (its LP gives the lower bound), then the windows of
 `rhino.search.window` until the deadline; above, the group search has all the time."""
-GROUP_SHARE = {"small": 0.5, "large": 1.0}
-"""The group search's share of the time after the model is built (a large problem's
-windows on single nodes found little after it, and one of C's, started 1.4 s before the
-deadline, ended 3.7 s past it)."""
+GROUP_SHARE = {"small": 0.5, "large": 0.5}
+"""The group search's share of the time after the model is built."""
+ROUNDS_SHARE = {"small": 0.5, "large": 1.0}
+"""The Lagrangian rounds' (`rhino.search.lagrange`) share of the time after the group
+search; on a large problem a group search from their plan has what they leave (they
+stop early when the limit does not bind), as a large problem's windows on single nodes
+found little (and one of C's, started 1.4 s before the deadline, ended 3.7 s past it)."""
 ILP_SHARE = 0.6
 """On a small problem, the whole-problem solve's share of the time after the group
 search."""
@@ -238,17 +242,38 @@ class Solved:
     bound: float
     """A proven lower bound on the cost of any feasible plan."""
     phases: dict[str, float]
-    """Seconds per phase (model, start, groups, ilp, windows, check)."""
+    """Seconds per phase (model, start, groups, rounds, ilp, windows, check)."""
     windows: int = 0
     """Windows solved by the large neighbourhood search."""
+
+
+def _search_groups(merged: groups.Groups, y: np.ndarray, options: SolveOptions, kind: str,
+                   lap: Callable[[str], None]) -> np.ndarray:  # fmt: skip
+    """The group search from y (GROUP_SHARE of the time left), the Lagrangian rounds
+    from its plan (ROUNDS_SHARE), then on a large problem the group search again from
+    theirs until the deadline; the cheapest group plan that fits."""
+    search = groups.GroupSearch(merged, y, time.perf_counter() + options.left() * GROUP_SHARE[kind],
+                                seed=options.seed)  # fmt: skip
+    search.run()
+    lap("groups")
+    best = lagrange.rounds(merged, search.y, time.perf_counter() + options.left() * ROUNDS_SHARE[kind],
+                           seed=options.seed)  # fmt: skip
+    lap("rounds")
+    if kind == "small" or options.left() <= lagrange.MIN_ROUND_S:
+        return best.y
+    again = groups.GroupSearch(merged, best.y, options.deadline or 0.0, seed=options.seed + 1)
+    again.run()
+    lap("groups")
+    return again.y if again.cost < best.cost else best.y
 
 
 def solve(instance: Instance, options: SolveOptions) -> Solved:
     """The cheapest feasible plan found within the options' time limit (every phase
     counted): a plan that fits (`local.legal_start`), the group search of
     `rhino.search.groups` from it (tied nodes moved together: single and pair moves,
-    then kicks), then on a small problem the exact solver from there, then (unless it
-    proved its plan optimal) windows until the deadline.
+    then kicks) and the Lagrangian rounds of `rhino.search.lagrange` (`_search_groups`),
+    then on a small problem the exact solver from there, then (unless it proved its
+    plan optimal) windows until the deadline.
     InfeasibleError when no plan fits the limit."""
     options = options.started()
     phases: dict[str, float] = {}
@@ -270,16 +295,12 @@ def solve(instance: Instance, options: SolveOptions) -> Solved:
     small = g.size <= SMALL_NODES
     y = merged.contract(x)
     if y is not None:
-        share = GROUP_SHARE["small" if small else "large"]
-        search = groups.GroupSearch(merged, y, time.perf_counter() + options.left() * share,
-                                    seed=options.seed)  # fmt: skip
-        search.run()
-        x = merged.expand(search.y)
+        x = merged.expand(_search_groups(merged, y, options, "small" if small else "large", lap))
     else:  # the start breaks a tie: single moves on the nodes
         descent = local.Search(g, x, options.deadline or 0.0)
         descent.descend()
         x = descent.x
-    lap("groups")
+        lap("groups")
     proven = False
     if small and options.left() > 0:
         solved = solve_ilp(problem, dataclasses.replace(options, deadline=time.perf_counter() + options.left() * ILP_SHARE),

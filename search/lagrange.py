@@ -1,0 +1,193 @@
+"""Lagrangian rounds on the group problem: the memory rows priced instead of kept, the
+priced problem searched with no limit, its plan repaired into the limit and polished.
+
+On IOPDDL's large instances the limit is what costs: with no limit the group search
+reaches 8.5e8 on K, 5.7e8 on U, 5.1e8 on S, while the best plans that fit cost 2.3e9,
+2.6e9 and 1.5e9, and a search that never leaves the limit stops far above those (3.8e9,
+4.2e9, 2.0e9). A search under prices crosses the infeasible region the limit walls off.
+
+Data (`Groups`: c_G, C_GH, U_G per segment; the limit B per point p)
+    hot        the points some priced plan put over B (grown each round)
+    lambda_p   the price of a byte at point p (0 off the hot points)
+Model (relaxed)
+    minimize   sum_G c_G[y_G] + sum_GH C_GH[y_G, y_H] + sum_p lambda_p * L_p(y)
+    no limit   L_p(y) <= B is not kept
+The first search has no prices; the points it puts over B are hot, each priced at its
+gap to the plan that fits over the total excess. A round searches the priced problem
+from where the last one stopped (`GroupSearch`, every move, limit +inf), multiplies each
+hot point's price by exp(RATE * (L_p / B - 1)) (clipped; a new hot point takes the
+median price), then `repair`s the plan (greedy: at the fullest point over B, a group
+back to its strategy in the best plan, else the move that frees bytes at the least cost
+per byte) and searches under the limit from there: the rounds walk along the limit's
+edge. They end at the deadline or after FRUITLESS_ROUNDS in a row found nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from rhino.search.groups import Groups, GroupSearch, _column_all
+
+ROUND_SHARE = 0.1
+"""A round's time, as a share of the time the rounds have (at least MIN_ROUND_S)."""
+MIN_ROUND_S = 1.0
+POLISH_SHARE = 0.5
+"""Of a round's time, the share of the search under the limit after the repair."""
+FRUITLESS_ROUNDS = 5
+"""The rounds end after this many in a row found no cheaper plan (K finds one every
+round or two)."""
+RATE = 30.0
+STEP = 1.0
+"""After a round, a hot point's price is multiplied by exp(RATE * (L_p / B - 1)), the
+exponent clipped to [-STEP, STEP]: 1 % over the limit, x1.35; 1 % under, x0.74."""
+
+
+@dataclasses.dataclass
+class Best:
+    """The cheapest plan that fits found so far."""
+
+    y: np.ndarray
+    cost: float
+    rounds: int = 0
+    repaired: int = 0
+    """Rounds whose priced plan broke the limit and was repaired."""
+
+
+def rounds(
+    gr: Groups, y: np.ndarray, deadline: float, seed: int = 0, most: int | None = None
+) -> Best:
+    """Lagrangian rounds (module doc) from `y`, a plan that fits, until `deadline` (or
+    `most` rounds); the cheapest plan that fits (y itself if none beats it)."""
+    best = Best(y.copy(), gr.total(y))
+    free = dataclasses.replace(gr, limit=math.inf)
+    first = GroupSearch(free, y, _slice(deadline), seed=seed)
+    first.run()
+    current = first.y
+    level = gr.levels(current)
+    excess = float(np.maximum(level - gr.limit, 0.0).sum())
+    if excess <= 0 or not math.isfinite(best.cost - first.cost):  # no limit binds, or no price
+        _keep(best, gr, current)
+        return best
+    hot = level > gr.limit
+    price = np.where(hot, max(best.cost - first.cost, 1.0) / excess, 0.0)
+    found = 0  # the round that last found a cheaper plan
+    while (time.perf_counter() < deadline - MIN_ROUND_S and best.rounds != most
+           and best.rounds - found < FRUITLESS_ROUNDS):  # fmt: skip
+        best.rounds += 1
+        begin, end = time.perf_counter(), _slice(deadline)
+        priced = dataclasses.replace(free, cost=_priced(gr, price))
+        search = GroupSearch(priced, current, time.perf_counter() + (end - time.perf_counter()) * (1 - POLISH_SHARE),
+                             seed=seed + best.rounds)  # fmt: skip
+        search.run()
+        current = search.y
+        level = gr.levels(current)
+        over = level > gr.limit
+        price[hot] *= np.exp(np.clip(RATE * (level[hot] / gr.limit - 1), -STEP, STEP))
+        price[over & ~hot] = np.median(price[hot])
+        hot |= over
+        fixed = current
+        if over.any():
+            best.repaired += 1
+            more = min(deadline, 2 * end - begin)  # a round more at most
+            repaired = repair(gr, current, more, best.y)
+            if repaired is None:
+                continue
+            fixed = repaired
+        polished = GroupSearch(gr, fixed, end, seed=seed + best.rounds)
+        polished.run()
+        if _keep(best, gr, polished.y):
+            found = best.rounds
+    return best
+
+
+def _slice(deadline: float) -> float:
+    left = deadline - time.perf_counter()
+    return time.perf_counter() + min(left, max(MIN_ROUND_S, left * ROUND_SHARE))
+
+
+def _keep(best: Best, gr: Groups, y: np.ndarray) -> bool:
+    """y as the best plan if it fits and costs less; True when it does."""
+    cost = gr.total(y)
+    if cost < best.cost and (gr.levels(y) <= gr.limit).all():
+        best.y, best.cost = y.copy(), cost
+        return True
+    return False
+
+
+def _priced(gr: Groups, price: np.ndarray) -> list[np.ndarray]:
+    """c_G[k] + sum_p price_p * (G's usage at p under k)."""
+    out = []
+    counts = np.concatenate([[0.0], np.cumsum(price)])
+    for c, cuts, usage in zip(gr.cost, gr.cuts, gr.usage, strict=True):
+        if cuts[-1] <= cuts[0]:
+            out.append(c)
+            continue
+        per_segment = np.diff(counts[cuts]).astype(np.float64)
+        out.append(c + per_segment @ usage)
+    return out
+
+
+def repair(gr: Groups, y: np.ndarray, deadline: float,
+           anchor: np.ndarray | None = None) -> np.ndarray | None:  # fmt: skip
+    """y moved into the limit greedily: while some point is over, the moves that free
+    bytes at the fullest point p and lift no point above the limit and p's level, the
+    cheapest per byte freed (up to the excess) first, until p's excess is freed; a
+    group back to its strategy in `anchor` (a plan that fits) before any other move.
+    None when no move frees any, or at the deadline."""
+    s = GroupSearch(gr, y, deadline)
+    first = np.array([c[0] for c in gr.cuts])
+    last = np.array([c[-1] for c in gr.cuts])
+    while True:
+        over = s.level - gr.limit
+        p = int(np.argmax(over))
+        if over[p] <= 0:
+            return s.y
+        if s.out_of_time():
+            return None
+        live = s.movable[(first[s.movable] <= p) & (last[s.movable] > p)].tolist()
+        home = s.y if anchor is None else anchor
+        rated = sorted((_freeing(s, a, p, int(home[a])), a) for a in live if home[a] != s.y[a])
+        if not rated or not math.isfinite(rated[0][0][0]):
+            rated = sorted((_freeing(s, a, p), a) for a in live)
+        if not rated or not math.isfinite(rated[0][0][0]):
+            return None
+        for (rate, k), a in rated:
+            if not math.isfinite(rate) or s.level[p] <= gr.limit:
+                break
+            again, k = _freeing(s, a, p, k)  # the moves before may have changed it
+            if math.isfinite(again):
+                total = s.local(a)
+                s.apply(a, k, float(total[s.y[a]] - total[k]))
+
+
+def _freeing(s: GroupSearch, a: int, p: int, only: int = -1) -> tuple[float, int]:
+    """(cost per byte freed at p, strategy) of group a's best move (to `only` if that is
+    not -1) that frees bytes at p and lifts no point above both the limit and p's level;
+    (inf, -1) when none does."""
+    gr = s.gr
+    cuts, usage = gr.cuts[a], gr.usage[a]
+    cur = int(s.y[a])
+    segment = int(np.searchsorted(cuts, p, "right")) - 1
+    freed = usage[segment, cur] - usage[segment]
+    ok = freed > 0
+    if only >= 0:
+        ok &= np.arange(len(ok)) == only
+    if not ok.any():
+        return math.inf, -1
+    highest = np.maximum.reduceat(s.level[cuts[0] : cuts[-1]], cuts[:-1] - cuts[0])
+    grow = usage - usage[:, cur, None]
+    ceiling = max(gr.limit, float(s.level[p]) - 1.0)
+    ok &= _column_all((highest[:, None] + grow <= ceiling) | (grow <= 0))
+    total = s.local(a)
+    ok &= np.isfinite(total)
+    if not ok.any():
+        return math.inf, -1
+    per_byte = np.full(len(total), np.inf)
+    excess = float(s.level[p]) - gr.limit
+    per_byte[ok] = (total[ok] - total[cur]) / np.minimum(freed[ok], excess)
+    k = int(np.argmin(per_byte))
+    return float(per_byte[k]), k

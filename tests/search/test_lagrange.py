@@ -1,0 +1,74 @@
+"""Lagrangian rounds on the group problem (rhino.search.lagrange): the priced costs are
+the costs plus the priced usage the nodes hold, a repaired plan keeps the limit, and the
+rounds hand back a plan that fits and costs no more than their start, on seeded random
+instances with chains of ties."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from rhino.hlo.errors import InfeasibleError
+from rhino.search import groups, iopddl, lagrange, local
+from tests.search.test_groups import tied_doc
+
+
+def merged_and_start(seed: int, n: int = 12) -> tuple[iopddl.Instance, groups.Groups, np.ndarray]:
+    instance = iopddl.parse(tied_doc(seed, n=n))
+    try:
+        g = local.build(iopddl.to_problem(instance))
+        x = local.legal_start(g)
+    except InfeasibleError:
+        pytest.skip("no plan fits this draw")
+    merged = groups.merge(g)
+    y = merged.contract(x)
+    if y is None:
+        pytest.skip("the start breaks a tie")
+    return instance, merged, y
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_priced_costs_add_the_priced_usage(seed: int) -> None:
+    _, merged, _ = merged_and_start(seed + 300)
+    rng = np.random.default_rng(seed)
+    price = rng.random(merged.points) * (rng.random(merged.points) < 0.5)
+    priced = lagrange._priced(merged, price)
+    for _ in range(10):
+        y = np.array([rng.integers(len(c)) for c in merged.cost])
+        own = sum(float(c[k]) for c, k in zip(merged.cost, y.tolist(), strict=True))
+        with_prices = sum(float(c[k]) for c, k in zip(priced, y.tolist(), strict=True))
+        if np.isfinite(own):
+            assert with_prices == pytest.approx(own + float(price @ merged.levels(y)))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_repair_keeps_the_limit(seed: int) -> None:
+    instance, merged, start = merged_and_start(seed + 400)
+    merged = dataclasses.replace(merged, limit=float(merged.levels(start).max()))  # tight
+    rng = np.random.default_rng(seed)
+    tried = 0
+    for _ in range(20):
+        y = np.array([rng.integers(len(c)) for c in merged.cost])
+        if (merged.levels(y) <= merged.limit).all():
+            continue
+        tried += 1
+        fixed = lagrange.repair(merged, y, float("inf"))
+        if fixed is not None:
+            assert (merged.levels(fixed) <= merged.limit).all()
+            assert iopddl.check(instance, merged.expand(fixed).tolist()).peak <= instance.limit
+    if not tried:
+        pytest.skip("every drawn plan fits")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_rounds_keep_the_limit_and_never_lose(seed: int) -> None:
+    instance, merged, y = merged_and_start(seed + 500)
+    before = merged.total(y)
+    best = lagrange.rounds(merged, y, float("inf"), seed=seed, most=4)
+    assert best.cost == merged.total(best.y)
+    assert best.cost <= before
+    judged = iopddl.check(instance, merged.expand(best.y).tolist())
+    assert judged.peak <= instance.limit
+    assert judged.feasible or not np.isfinite(before)
