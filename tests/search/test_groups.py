@@ -76,9 +76,8 @@ def test_merged_lower_bound_holds(seed: int) -> None:
     assert merged.lower_bound() <= best
 
 
-@pytest.mark.parametrize("seed", range(10))
-def test_group_search_keeps_the_limit_and_its_total(seed: int) -> None:
-    instance = iopddl.parse(tied_doc(seed + 50, n=12))
+def merged_and_start(seed: int, n: int = 12) -> tuple[iopddl.Instance, groups.Groups, np.ndarray]:
+    instance = iopddl.parse(tied_doc(seed, n=n))
     try:
         g = local.build(iopddl.to_problem(instance))
         x = local.legal_start(g)
@@ -88,6 +87,12 @@ def test_group_search_keeps_the_limit_and_its_total(seed: int) -> None:
     y = merged.contract(x)
     if y is None:
         pytest.skip("the start breaks a tie")
+    return instance, merged, y
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_group_search_keeps_the_limit_and_its_total(seed: int) -> None:
+    instance, merged, y = merged_and_start(seed + 50)
     before = merged.total(y)
     search = groups.GroupSearch(merged, y, deadline=float("inf"), seed=seed)
     search.run()  # ends by its fruitless kicks

@@ -10,23 +10,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rhino.hlo.errors import InfeasibleError
-from rhino.search import groups, iopddl, lagrange, local
-from tests.search.test_groups import tied_doc
-
-
-def merged_and_start(seed: int, n: int = 12) -> tuple[iopddl.Instance, groups.Groups, np.ndarray]:
-    instance = iopddl.parse(tied_doc(seed, n=n))
-    try:
-        g = local.build(iopddl.to_problem(instance))
-        x = local.legal_start(g)
-    except InfeasibleError:
-        pytest.skip("no plan fits this draw")
-    merged = groups.merge(g)
-    y = merged.contract(x)
-    if y is None:
-        pytest.skip("the start breaks a tie")
-    return instance, merged, y
+from rhino.search import iopddl, lagrange
+from tests.search.test_groups import merged_and_start
 
 
 @pytest.mark.parametrize("seed", range(8))
