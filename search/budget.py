@@ -57,9 +57,11 @@ STEP_SHARE = 0.5
 Solver = Callable[[ShardingProblem, SolveOptions, "tuple[int, ...] | None"], Solution]
 
 
-def solve_within_budget(problem: ShardingProblem, options: SolveOptions, solve: Solver) -> Solution:
+def solve_within_budget(problem: ShardingProblem, options: SolveOptions, solve: Solver,
+                        first: Solution | None = None) -> Solution:  # fmt: skip
     """The cheapest plan within the problem's budget that O2 (`solve`, on problems without
-    a budget, from a start) finds by the relaxation of the module doc."""
+    a budget, from a start) finds by the relaxation of the module doc; `first`, when
+    given, is O2's plan of the problem without the budget (not solved again)."""
     if problem.budget is None:
         raise ValueError("solve_within_budget needs a budget")
     check_budget(problem)  # the clear message when nothing can fit
@@ -67,7 +69,8 @@ def solve_within_budget(problem: ShardingProblem, options: SolveOptions, solve: 
     begin = time.perf_counter()
     budget = float(problem.budget)
     free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
-    first = solve(free, _share(options, FREE_SHARE), None)
+    if first is None:
+        first = solve(free, _share(options, FREE_SHARE), None)
     stats = {**first.stats, "budget_free_peak": first.peak_memory}
     if first.peak_memory <= budget * (1 + 1e-9):  # the budget does not bind
         return _final(problem, first.choice, first, begin, {**stats, "budget_solves": 1.0})

@@ -194,7 +194,7 @@ def solve_whole(
             options, deadline=time.perf_counter() + options.left() / 2
         )
         fitted = solve_within_budget(
-            problem, fit_options, functools.partial(solve_merged, memo=memo)
+            problem, fit_options, functools.partial(solve_merged, memo=memo), first=warm
         )
         found = solve_ilp(problem, options, start=fitted.choice)
         return dataclasses.replace(found, stats={**found.stats, "warm_start_s": warm.solve_time_s + fitted.solve_time_s,
