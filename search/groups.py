@@ -247,14 +247,18 @@ class GroupSearch:
                 total = total + m[:, self.y[b]]
         return total
 
+    def highest(self, a: int) -> np.ndarray:
+        """Per segment of a's live points, the highest level in it (a must have some)."""
+        cuts = self.gr.cuts[a]
+        return np.maximum.reduceat(self.level[cuts[0] : cuts[-1]], cuts[:-1] - cuts[0])
+
     def fits(self, a: int) -> np.ndarray:
         """Per strategy of a: does the level stay within the limit if a takes it?"""
         cuts, usage = self.gr.cuts[a], self.gr.usage[a]
         if cuts[-1] <= cuts[0]:
             return np.ones(usage.shape[1], dtype=bool)
-        highest = np.maximum.reduceat(self.level[cuts[0] : cuts[-1]], cuts[:-1] - cuts[0])
         grow = usage - usage[:, self.y[a], None]
-        return _column_all(highest[:, None] + grow <= self.gr.limit)
+        return column_all(self.highest(a)[:, None] + grow <= self.gr.limit)
 
     def apply(self, a: int, k: int, gain: float) -> None:
         """a takes k; `gain` is what the total drops by."""
@@ -582,6 +586,6 @@ def _tree_dp(nodes: list[tuple[int, int]], index: dict[int, int], unary: list[np
     return choice
 
 
-def _column_all(ok: np.ndarray) -> np.ndarray:
+def column_all(ok: np.ndarray) -> np.ndarray:
     """Column-wise all, as a bool array (mypy: numpy's `all` is typed loosely)."""
     return np.asarray(ok.all(axis=0), dtype=bool)

@@ -221,8 +221,8 @@ SMALL_NODES = 5_000
 """Up to this many nodes, the exact solver (reductions, LP, CP-SAT) runs on the whole
 problem after the group search (its LP gives the lower bound), then the windows of
 `rhino.search.window` until the deadline; above, the group search has all the time."""
-GROUP_SHARE = {"small": 0.5, "large": 0.5}
-"""The group search's share of the time after the model is built."""
+GROUP_SHARE = 0.5
+"""The group search's share of the time after the model is built (small or large)."""
 ROUNDS_SHARE = {"small": 0.5, "large": 1.0}
 """The Lagrangian rounds' (`rhino.search.lagrange`) share of the time after the group
 search; on a large problem a group search from their plan has what they leave (they
@@ -252,7 +252,7 @@ def _search_groups(merged: groups.Groups, y: np.ndarray, options: SolveOptions, 
     """The group search from y (GROUP_SHARE of the time left), the Lagrangian rounds
     from its plan (ROUNDS_SHARE), then on a large problem the group search again from
     theirs until the deadline; the cheapest group plan that fits."""
-    search = groups.GroupSearch(merged, y, time.perf_counter() + options.left() * GROUP_SHARE[kind],
+    search = groups.GroupSearch(merged, y, time.perf_counter() + options.left() * GROUP_SHARE,
                                 seed=options.seed)  # fmt: skip
     search.run()
     lap("groups")

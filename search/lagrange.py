@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from rhino.search.groups import Groups, GroupSearch, _column_all
+from rhino.search.groups import Groups, GroupSearch, column_all
 
 ROUND_SHARE = 0.1
 """A round's time, as a share of the time the rounds have (at least MIN_ROUND_S)."""
@@ -178,10 +178,9 @@ def _freeing(s: GroupSearch, a: int, p: int, only: int = -1) -> tuple[float, int
         ok &= np.arange(len(ok)) == only
     if not ok.any():
         return math.inf, -1
-    highest = np.maximum.reduceat(s.level[cuts[0] : cuts[-1]], cuts[:-1] - cuts[0])
     grow = usage - usage[:, cur, None]
     ceiling = max(gr.limit, float(s.level[p]) - 1.0)
-    ok &= _column_all((highest[:, None] + grow <= ceiling) | (grow <= 0))
+    ok &= column_all((s.highest(a)[:, None] + grow <= ceiling) | (grow <= 0))
     total = s.local(a)
     ok &= np.isfinite(total)
     if not ok.any():
