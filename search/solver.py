@@ -32,6 +32,8 @@ starting point, and CP-SAT gets the time that remains. An LP too large for the s
 (`LP_FIRST_ORDER_VARIABLES`) runs on PDLP; its row prices give a Lagrangian bound
 whether or not it converged (`_lagrangian_bound`), and CP-SAT, too large to build, is
 skipped: the start (or the rounding) is the plan, optimal when that bound meets it.
+The LP holds (memory) as a running sum over the rows, a node where it enters and where
+it leaves (`_running_usage`), not once per row it is live at.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import math
 import os
 import sys
 import time
@@ -95,9 +98,6 @@ O2's refinement) solves twice as fast without (40 windows of the 24-layer GPT on
 1.8 s, 3.7 s with presolve; same optima)."""
 LP_UNIT = 1e6
 """The LP counts microseconds: HiGHS' tolerances (~1e-7) would swallow costs in seconds."""
-LP_BYTES = 2.0**30
-"""The LP's memory rows count GiB: in bytes (up to 1e10) next to costs of ~1 they left
-PDLP far from converging on the 24-layer GPT's nine rows."""
 
 
 def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None,
@@ -226,10 +226,15 @@ class _Rows:
     rows: list[tuple[np.ndarray, int]]
 
     def fits(self, choice: tuple[int, ...] | list[int]) -> bool:
-        return all(
-            sum(int(self.terms[v][choice[v]]) for v in members if v in self.terms) <= rhs
-            for members, rhs in self.rows
-        )
+        if not self.rows:
+            return True
+        held = np.zeros(len(choice), dtype=np.int64)
+        for v, terms in self.terms.items():
+            held[v] = terms[choice[v]]
+        members = [m for m, _ in self.rows]
+        row = np.repeat(np.arange(len(members)), [len(m) for m in members])
+        usage = np.bincount(row, weights=held[np.concatenate(members)], minlength=len(members))
+        return bool(np.all(usage <= np.array([rhs for _, rhs in self.rows])))
 
 
 def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None = None,
@@ -433,7 +438,7 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
     if integral, the LP value as a lower bound, the rounded LP choice as a hint, and the
     LP's (variables, constraints)).
     """
-    from scipy.sparse import coo_array, vstack
+    from scipy.sparse import coo_array
 
     sizes = np.array([len(n.labels) for n in problem.nodes], dtype=np.int64)
     first = np.concatenate(([0], np.cumsum(sizes)))  # node v's s variables: first[v]..
@@ -462,36 +467,24 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
         cols += [pair.ravel(), first[e.v] + np.arange(len(of_v))]
         vals += [np.ones(gu * gv), -np.ones(len(of_v))]
         n_rows += gv
-    eq = coo_array(
-        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_rows, n_vars)
-    ).tocsc()  # HiGHS takes the matrix by columns
-    rhs = np.zeros(n_rows)
-    rhs[: len(sizes)] = 1.0
-    a_ub = b_ub = None
-    if memory is not None and memory.rows:
-        ub_rows, ub_cols, ub_vals = [], [], []
-        for r, (members, _) in enumerate(memory.rows):
-            for v in members.tolist():
-                if v in memory.terms:
-                    ub_rows.append(np.full(sizes[v], r))
-                    ub_cols.append(first[v] + np.arange(sizes[v]))
-                    ub_vals.append(memory.terms[v] / LP_BYTES)
-        if ub_rows:
-            a_ub = coo_array(
-                (np.concatenate(ub_vals), (np.concatenate(ub_rows), np.concatenate(ub_cols))),
-                shape=(len(memory.rows), n_vars),
-            ).tocsc()
-            b_ub = np.array([limit / LP_BYTES for _, limit in memory.rows])
-    size = (n_vars, n_rows + (0 if a_ub is None else a_ub.shape[0]))
-    matrix, lower, upper = eq, rhs, rhs
-    if a_ub is not None and b_ub is not None:
-        matrix = vstack([eq, a_ub], format="csc")
-        lower = np.concatenate([rhs, np.full(len(b_ub), -np.inf)])
-        upper = np.concatenate([rhs, b_ub])
     cost = np.concatenate(objective)
     forbidden = ~np.isfinite(cost)  # a forbidden choice or pair: the variable is 0
     cost[forbidden] = 0.0
     col_upper = np.where(forbidden, 0.0, 1.0)
+    rhs = np.zeros(n_rows)
+    rhs[: len(sizes)] = 1.0
+    if memory is not None and memory.rows:  # (memory) as a running sum, its own columns
+        more_rows, more_cols, more_vals, limits = _running_usage(memory, first, n_rows, n_vars)
+        rows, cols, vals = rows + more_rows, cols + more_cols, vals + more_vals
+        n_rows, n_vars = n_rows + len(limits), n_vars + len(limits)
+        cost = np.concatenate([cost, np.zeros(len(limits))])
+        col_upper = np.concatenate([col_upper, limits])
+        rhs = np.concatenate([rhs, np.zeros(len(limits))])
+    matrix = coo_array(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_rows, n_vars)
+    ).tocsc()  # HiGHS takes the matrix by columns
+    lower = upper = rhs
+    size = (n_vars, n_rows)
     first_order = n_vars >= LP_FIRST_ORDER_VARIABLES
     run = _run_highs(
         cost, matrix, lower, upper, col_upper, time_limit=max(MIN_CPSAT_S, options.left() * LP_SHARE),
@@ -514,6 +507,53 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
     )
     bound = _lagrangian_bound(pure, matrix, lower, upper, col_upper, prices)
     return None, (bound / LP_UNIT if np.isfinite(bound) else 0.0), hint, size
+
+
+def _memory_unit(memory: _Rows) -> float:
+    """The LP's unit of memory: the power of two at or above the largest right-hand
+    side, so usage is about 1 (GiB on a GPU). In bytes (up to 1e10) next to costs of ~1
+    they left PDLP far from converging on the 24-layer GPT's rows, and a unit far above
+    the usage (GiB for a budget of 50 B) drops its excess below HiGHS' tolerance."""
+    largest = max((abs(rhs) for _, rhs in memory.rows), default=1)
+    return 2.0 ** math.ceil(math.log2(max(largest, 1)))
+
+
+def _running_usage(memory: _Rows, first: np.ndarray, row0: int, col0: int
+                   ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], np.ndarray]:  # fmt: skip
+    """The memory rows as a running sum: a column L_r per row r, in [0, rhs_r] (in
+    `_memory_unit`s), and the equality rows
+        L_r - L_{r-1} - sum_{v entering at r} sum_k m_v[k] s_v[k]
+                      + sum_{v leaving at r}  sum_k m_v[k] s_v[k] = 0      (L_{-1} = 0)
+    where v enters at r when it is a member of row r and not of r - 1, and leaves when
+    it is a member of r - 1 and not of r; L_r is then row r's usage exactly. The rows
+    lie in program order and a node is a member of consecutive rows, so each node is in
+    two of these rows, where the rows themselves held it once per row it is live at (on
+    the 24-layer GPT on 2x8 under a budget, 112M nonzeros, and PDLP's run reached 20 GB).
+    The rows are numbered from row0 and the L columns from col0; returns the matrix's
+    (rows, columns, values) and the L columns' upper bounds."""
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+    unit = _memory_unit(memory)
+
+    def add(r: int, nodes: np.ndarray, sign: float) -> None:
+        for v in nodes.tolist():
+            terms = memory.terms.get(v)
+            if terms is not None and terms.any():
+                rows.append(np.full(len(terms), row0 + r))
+                cols.append(first[v] + np.arange(len(terms)))
+                vals.append(sign * terms / unit)
+
+    before = np.zeros(0, dtype=np.int64)
+    for r, (members, _) in enumerate(memory.rows):
+        add(r, np.setdiff1d(members, before, assume_unique=True), -1.0)
+        add(r, np.setdiff1d(before, members, assume_unique=True), 1.0)
+        before = members
+    running = np.arange(len(memory.rows))
+    rows += [row0 + running, row0 + running[1:]]
+    cols += [col0 + running, col0 + running[:-1]]
+    vals += [np.ones(len(running)), -np.ones(len(running) - 1)]
+    return rows, cols, vals, np.array([rhs / unit for _, rhs in memory.rows])
 
 
 def _lagrangian_bound(cost: np.ndarray, matrix: Any, lower: np.ndarray, upper: np.ndarray,

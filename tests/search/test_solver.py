@@ -243,3 +243,34 @@ def test_the_first_order_lp_bounds_the_optimum_and_proves_a_start(
     assert found.bound <= best.objective + 1e-9
     if found.status.value == "optimal":
         assert found.objective - found.bound <= 1e-7 * abs(found.objective) + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_lps_running_usage_is_each_memory_rows_usage(seed: int) -> None:
+    """The LP holds the memory rows as a running sum (`_running_usage`): whatever the
+    (fractional) choice, its L column for row r comes out as row r's usage, for members
+    in consecutive rows (as `memory_rows` makes them) and for any others."""
+    from scipy.sparse import coo_array
+
+    import rhino.search.solver as solver
+
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 4, size=8)
+    first = np.concatenate(([0], np.cumsum(sizes)))
+    n_vars = int(first[-1])
+    terms = {v: rng.integers(0, 1000, size=int(sizes[v])) for v in range(8) if v != 3}
+    rows = [(np.array(sorted(rng.choice(8, size=int(rng.integers(0, 9)), replace=False)), dtype=np.int64),
+             int(rng.integers(1000, 3000))) for _ in range(5)]  # fmt: skip
+    memory = solver._Rows(terms, rows)
+    at, cols, vals, limits = solver._running_usage(memory, first, 0, n_vars)
+    matrix = coo_array(
+        (np.concatenate(vals), (np.concatenate(at), np.concatenate(cols))),
+        shape=(len(rows), n_vars + len(rows)),
+    ).toarray()
+    s = rng.random(n_vars)
+    usage = np.linalg.solve(matrix[:, n_vars:], -matrix[:, :n_vars] @ s)
+    unit = solver._memory_unit(memory)
+    expected = [sum(terms[v] @ s[first[v] : first[v + 1]] for v in m if v in terms) / unit
+                for m, _ in rows]  # fmt: skip
+    assert usage == pytest.approx(expected)
+    assert limits == pytest.approx([rhs / unit for _, rhs in rows])
