@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -118,6 +119,16 @@ def test_o2_meets_a_binding_budget_without_building_a_memory_row(
     assert plan.solver["budget_search"]["solves"] >= 2
 
 
+def binding_problems() -> Iterator[tuple[ShardingProblem, ShardingProblem]]:
+    """(problem, the problem without its budget) over the random problems with a budget
+    that O2's plan without it does not fit."""
+    for seed in range(8):
+        problem = random_problem(seed, budget=True)
+        free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
+        if solve_merged(free, OPTIONS).peak_memory > problem.budget:  # type: ignore[operator]
+            yield problem, free
+
+
 def test_o3_under_a_binding_budget_starts_from_o2s_plan_within_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -137,11 +148,7 @@ def test_o3_under_a_binding_budget_starts_from_o2s_plan_within_it(
 
     monkeypatch.setattr(planner, "solve_ilp", recording)
     binding = 0
-    for seed in range(8):
-        problem = random_problem(seed, budget=True)
-        free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
-        if solve_merged(free, OPTIONS).peak_memory <= problem.budget:  # type: ignore[operator]
-            continue  # the budget does not bind
+    for problem, _ in binding_problems():
         binding += 1
         starts.clear()
         found = planner.solve_whole(problem, OPTIONS)
@@ -173,11 +180,7 @@ def test_o3_under_a_binding_budget_keeps_the_bound_of_the_problem_without_it(
 
     monkeypatch.setattr(planner, "solve_ilp", unproven)
     checked = 0
-    for seed in range(8):
-        problem = random_problem(seed, budget=True)
-        free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
-        if solve_merged(free, OPTIONS).peak_memory <= problem.budget:  # type: ignore[operator]
-            continue  # the budget does not bind
+    for problem, free in binding_problems():
         unbounded = solver.solve_ilp(free, OPTIONS)
         if unbounded.peak_memory <= problem.budget:  # type: ignore[operator]
             continue  # O3's plan without the budget is the answer
