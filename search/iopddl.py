@@ -221,11 +221,14 @@ SMALL_NODES = 5_000
 """Up to this many nodes, the exact solver (reductions, LP, CP-SAT) runs on the whole
 problem after the group search (its LP gives the lower bound), then the windows of
 `rhino.search.window` until the deadline; above, the group search has all the time."""
-GROUP_SHARE = 0.5
+GROUP_SHARE = 0.25
 """The group search's share of the time after the model is built (small or large)."""
+PASSING_SHARE = 0.5
+"""The Lagrangian rounds with message passing: their share of the time after the group
+search (they stop early when they stop finding)."""
 ROUNDS_SHARE = {"small": 0.5, "large": 1.0}
-"""The Lagrangian rounds' (`rhino.search.lagrange`) share of the time after the group
-search; on a large problem a group search from their plan has what they leave (they
+"""The Lagrangian rounds' (`rhino.search.lagrange`) share of the time after the rounds with
+message passing; on a large problem a group search from their plan has what they leave (they
 stop early when the limit does not bind), as a large problem's windows on single nodes
 found little (and one of C's, started 1.4 s before the deadline, ended 3.7 s past it)."""
 ILP_SHARE = 0.6
@@ -250,13 +253,16 @@ class Solved:
 def _search_groups(merged: groups.Groups, y: np.ndarray, options: SolveOptions, kind: str,
                    lap: Callable[[str], None]) -> np.ndarray:  # fmt: skip
     """The group search from y (GROUP_SHARE of the time left), the Lagrangian rounds
-    from its plan (ROUNDS_SHARE), then on a large problem the group search again from
-    theirs until the deadline; the cheapest group plan that fits."""
+    with message passing from its plan (PASSING_SHARE), the rounds with the group
+    search alone from theirs (ROUNDS_SHARE), then on a large problem the group search
+    again until the deadline; the cheapest group plan that fits."""
     search = groups.GroupSearch(merged, y, time.perf_counter() + options.left() * GROUP_SHARE,
                                 seed=options.seed)  # fmt: skip
     search.run()
     lap("groups")
-    best = lagrange.rounds(merged, search.y, time.perf_counter() + options.left() * ROUNDS_SHARE[kind],
+    best = lagrange.rounds(merged, search.y, time.perf_counter() + options.left() * PASSING_SHARE,
+                           seed=options.seed, passing=True)  # fmt: skip
+    best = lagrange.rounds(merged, best.y, time.perf_counter() + options.left() * ROUNDS_SHARE[kind],
                            seed=options.seed)  # fmt: skip
     lap("rounds")
     if kind == "small" or options.left() <= lagrange.MIN_ROUND_S:

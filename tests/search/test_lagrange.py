@@ -47,11 +47,12 @@ def test_repair_keeps_the_limit(seed: int) -> None:
         pytest.skip("every drawn plan fits")
 
 
+@pytest.mark.parametrize("passing", [False, True])
 @pytest.mark.parametrize("seed", range(8))
-def test_rounds_keep_the_limit_and_never_lose(seed: int) -> None:
+def test_rounds_keep_the_limit_and_never_lose(seed: int, passing: bool) -> None:
     instance, merged, y = merged_and_start(seed + 500)
     before = merged.total(y)
-    best = lagrange.rounds(merged, y, float("inf"), seed=seed, most=4)
+    best = lagrange.rounds(merged, y, float("inf"), seed=seed, most=4, passing=passing)
     assert best.cost == merged.total(best.y)
     assert best.cost <= before
     judged = iopddl.check(instance, merged.expand(best.y).tolist())
