@@ -28,6 +28,10 @@ optimum (IOPDDL M with no limit: 9.6e10 after 25 s; message passing and the sear
 its plan: 4.8e10, below the best plan that fits, 5.0e10), while on U, whose unlimited
 plans hold 3.7 times the limit, the rounds from the local search's plans did better
 (3.8e9 against 5.3e9 in 60 s): `rhino.search.iopddl` runs both, one after the other.
+Where message passing decodes no plan cheaper than its start on the first relaxed
+problem, the rounds with it end there: on IOPDDL N (no tied nodes) it never did, in any
+round, and its rounds took 21 s from the rounds without it, which found a cheaper plan
+in 6 of 11 rounds; on K, M and V it gains at once.
 """
 
 from __future__ import annotations
@@ -89,6 +93,9 @@ def rounds(gr: Groups, y: np.ndarray, deadline: float, seed: int = 0, most: int 
     free = dataclasses.replace(gr, limit=math.inf)
     messages = MessagePassing(free, y) if passing else None
     first = _relaxed(free, y, messages, _slice(deadline), seed)
+    if messages is not None and not messages.gained:  # it adds nothing to the group search
+        _keep(best, gr, first.y)
+        return best
     level = gr.levels(first.y)
     excess = float(np.maximum(level - gr.limit, 0.0).sum())
     if excess <= 0 or not math.isfinite(best.cost - first.cost):  # no limit binds, or no price

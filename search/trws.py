@@ -62,6 +62,8 @@ class MessagePassing:
             self.gamma[a] = 1.0 / max(before, len(self.pairs[a]) - before, 1)
         self.rank = rank
         self.passes = 0
+        self.gained = False
+        """Did the last `run` decode a plan cheaper than its start?"""
 
     def reprice(self, cost: list[np.ndarray]) -> None:
         """New unary costs c_a (the pair costs stay; the messages too, a warm start);
@@ -105,9 +107,12 @@ class MessagePassing:
 
     def run(self, deadline: float, most: int = MOST_PASSES) -> np.ndarray:
         """Forward and backward passes until `deadline` (or `most` passes); the cheapest
-        plan decoded (the start when none is cheaper)."""
+        plan decoded (the start when none is cheaper). `gained` says whether this run
+        decoded a plan cheaper than its start."""
+        start = self.cost
         for _ in range(most):
             if time.perf_counter() >= deadline:
                 break
             self.sweep(forward=self.passes % 2 == 0)
+        self.gained = self.cost < start
         return self.y

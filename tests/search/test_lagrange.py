@@ -58,3 +58,31 @@ def test_rounds_keep_the_limit_and_never_lose(seed: int, passing: bool) -> None:
     judged = iopddl.check(instance, merged.expand(best.y).tolist())
     assert judged.peak <= instance.limit
     assert judged.feasible or not np.isfinite(before)
+
+
+@pytest.mark.parametrize("gains", [False, True])
+def test_rounds_with_message_passing_end_where_it_gains_nothing(
+    gains: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Message passing that decodes no plan cheaper than its start on the first relaxed
+    problem adds nothing to the group search after it: the rounds with it end there (the
+    rounds without it have the time); where it gains, they go on."""
+    from rhino.search import trws
+
+    def run(self: trws.MessagePassing, deadline: float, most: int = 0) -> np.ndarray:
+        self.gained = gains
+        return self.y
+
+    monkeypatch.setattr(trws.MessagePassing, "run", run)
+    for seed in range(8):
+        _, merged, y = merged_and_start(seed + 400)
+        merged = dataclasses.replace(merged, limit=float(merged.levels(y).max()))  # tight
+        free = dataclasses.replace(merged, limit=float("inf"))
+        if (
+            merged.levels(lagrange._relaxed(free, y, None, float("inf"), seed).y) <= merged.limit
+        ).all():
+            continue  # no limit binds: no rounds either way
+        best = lagrange.rounds(merged, y, float("inf"), seed=seed, most=2, passing=True)
+        assert best.rounds == (2 if gains else 0)
+        return
+    pytest.fail("no drawn instance where the limit binds")
