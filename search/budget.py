@@ -70,7 +70,7 @@ def solve_within_budget(problem: ShardingProblem, options: SolveOptions, solve: 
     budget = float(problem.budget)
     free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
     if first is None:
-        first = solve(free, _share(options, FREE_SHARE), None)
+        first = solve(free, share_of(options, FREE_SHARE), None)
     stats = {**first.stats, "budget_free_peak": first.peak_memory}
     if first.peak_memory <= budget * (1 + 1e-9):  # the budget does not bind
         return _final(problem, first.choice, first, begin, {**stats, "budget_solves": 1.0})
@@ -126,7 +126,7 @@ class _LagrangeSearch:
     def _try(self, lam: float) -> bool:
         """Solve the relaxed problem at lam from the last plan; did its plan fit?"""
         relaxed = penalized(self.free, self._shares(), lam)
-        found = self.solve(relaxed, _share(self.options, STEP_SHARE), self.last)
+        found = self.solve(relaxed, share_of(self.options, STEP_SHARE), self.last)
         self.solves += 1
         self.last = found.choice
         if found.peak_memory > self.budget * (1 + 1e-9):  # the relaxed problem's: same memory
@@ -181,7 +181,8 @@ def improve_within(problem: ShardingProblem, choice: tuple[int, ...], budget: fl
     return tuple(improve(problem, node_cost, list(choice), sweeps, within))
 
 
-def _share(options: SolveOptions, share: float) -> SolveOptions:
+def share_of(options: SolveOptions, share: float) -> SolveOptions:
+    """The options with `share` of the time left (their deadline moved in)."""
     return dataclasses.replace(options, deadline=time.perf_counter() + options.left() * share)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
-from rhino.search.budget import solve_within_budget
+from rhino.search.budget import share_of, solve_within_budget
 from rhino.search.builder import ShardingGraph, build_graph
 from rhino.search.cluster import Cluster
 from rhino.search.combine import combine, node_latencies, search_groups
@@ -194,15 +194,15 @@ def solve_whole(
         check_budget(problem)  # the clear message, before anything else
     budget = np.inf if problem.budget is None else float(problem.budget)
     free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
-    warm = solve_merged(free, _half(options), memo=memo)
+    warm = solve_merged(free, share_of(options, 0.5), memo=memo)
     if warm.peak_memory > budget:  # the budget binds: its bound, O2 within it, the rows
-        unbound = solve_ilp(free, _half(options), start=warm.choice)
+        unbound = solve_ilp(free, share_of(options, 0.5), start=warm.choice)
         fits = unbound.peak_memory <= budget
         if fits and unbound.status is SolveStatus.OPTIMAL:
             return dataclasses.replace(unbound, stats={**unbound.stats, "warm_start_s": warm.solve_time_s,
                                                        "warm_start_cost": warm.objective})  # fmt: skip
         fitted = solve_within_budget(
-            problem, _half(options), functools.partial(solve_merged, memo=memo), first=warm
+            problem, share_of(options, 0.5), functools.partial(solve_merged, memo=memo), first=warm
         )
         start = unbound if fits and unbound.objective < fitted.objective else fitted
         found = solve_ilp(problem, options, start=start.choice)
@@ -220,11 +220,6 @@ def solve_whole(
         found = solve_ilp(problem, options, start=warm.choice)
     return dataclasses.replace(found, stats={**found.stats, "warm_start_s": warm.solve_time_s,
                                              "warm_start_cost": warm.objective})  # fmt: skip
-
-
-def _half(options: SolveOptions) -> SolveOptions:
-    """The options with half the time left."""
-    return dataclasses.replace(options, deadline=time.perf_counter() + options.left() / 2)
 
 
 def solve_largest_sharded(graph: ShardingGraph, problem: ShardingProblem, options: SolveOptions,
