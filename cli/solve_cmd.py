@@ -56,7 +56,7 @@ def solve_command(
     if as_json:
         emit_json("solve", {"name": instance.name, "nodes": instance.size[0], "edges": instance.size[1],
                             "cost": c.cost, "bound": solved.bound, "peak": c.peak, "limit": instance.limit,
-                            "feasible": c.feasible, "windows": solved.windows, "time_s": total,
+                            "feasible": c.feasible, "windows": solved.windows, "helped": solved.helped, "time_s": total,
                             "phases_s": phases, "choice": list(solved.choice)})  # fmt: skip
         return
     table = Table(
@@ -71,5 +71,6 @@ def solve_command(
     )
     table.add_row("time", f"{total:.1f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
     table.add_row("windows", str(solved.windows))
+    table.add_row("plan from", "toulbar2 helper" if solved.helped else "search")
     stdout.print(table)
     click.echo(answer_line(solved.choice))

@@ -92,9 +92,11 @@ def main(data: str, only: tuple[str, ...], threads: int, out: str) -> None:
             judged = check(load(path), doc["choice"])  # judged again, here
             row |= {"cost": judged.cost, "feasible": judged.feasible, "bound": doc["bound"],
                     "points": best[letter] / judged.cost if judged.feasible else 0.0,
-                    "phases_s": doc["phases_s"], "windows": doc["windows"]}  # fmt: skip
+                    "phases_s": doc["phases_s"], "windows": doc["windows"],
+                    "helped": doc["helped"]}  # fmt: skip
         results.append(row)
-        console.print(f"{letter}: {row.get('cost', '-')} points {row['points']:.3f} wall {wall:.1f} s",
+        console.print(f"{letter}: {row.get('cost', '-')} points {row['points']:.3f} wall {wall:.1f} s"
+                      + (" (toulbar2 helper's plan)" if row.get("helped") else ""),
                       row.get("error", ""))  # fmt: skip
     table = Table(
         title=f"rhino solve on IOPDDL, contest limits halved ({revision('search', 'cli')})"

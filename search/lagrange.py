@@ -39,11 +39,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 
+from rhino.search import wcsp
 from rhino.search.groups import Groups, GroupSearch, column_all
 from rhino.search.trws import MessagePassing
+from rhino.search.wcsp import Wcsp
 
 ROUND_SHARE = 0.1
 """A round's time, as a share of the time the rounds have (at least MIN_ROUND_S)."""
@@ -61,6 +65,11 @@ STEP = 1.0
 exponent clipped to [-STEP, STEP]: 1 % over the limit, x1.35; 1 % under, x0.74."""
 
 
+Relax = Literal["search", "passing", "wcsp"]
+Relaxer = MessagePassing | Wcsp
+"""What solves a relaxed problem before the group search (they share an interface)."""
+
+
 @dataclasses.dataclass
 class Best:
     """The cheapest plan that fits found so far."""
@@ -70,6 +79,8 @@ class Best:
     rounds: int = 0
     repaired: int = 0
     """Rounds whose priced plan broke the limit and was repaired."""
+    report: Callable[[np.ndarray], None] | None = None
+    """Handed each cheaper plan as it is kept."""
 
 
 @dataclasses.dataclass
@@ -80,19 +91,26 @@ class _Chain:
     current: np.ndarray
     price: np.ndarray
     hot: np.ndarray
-    passing: MessagePassing | None
+    passing: Relaxer | None
 
 
 def rounds(gr: Groups, y: np.ndarray, deadline: float, seed: int = 0, most: int | None = None,
-           passing: bool = False) -> Best:  # fmt: skip
+           relax: Relax = "search", report: Callable[[np.ndarray], None] | None = None) -> Best:  # fmt: skip
     """Lagrangian rounds (module doc) from `y`, a plan that fits, until `deadline` (or
-    `most` rounds); the cheapest plan that fits (y itself if none beats it). With
-    `passing`, every relaxed problem is searched from message passing's plan first (see
-    `_relaxed`), the first one too."""
-    best = Best(y.copy(), gr.total(y))
+    `most` rounds); the cheapest plan that fits (y itself if none beats it). `relax`
+    names what solves each relaxed problem (the first one too) before the group search
+    (see `_relaxed`): nothing ("search"), message passing ("passing") or toulbar2
+    ("wcsp", rounds of `wcsp.ROUND_S` at least). `report` is handed every cheaper plan
+    that fits as it is found."""
+    best = Best(y.copy(), gr.total(y), report=report)
     free = dataclasses.replace(gr, limit=math.inf)
-    messages = MessagePassing(free, y) if passing else None
-    first = _relaxed(free, y, messages, _slice(deadline), seed)
+    messages: Relaxer | None = None
+    least = MIN_ROUND_S
+    if relax == "passing":
+        messages = MessagePassing(free, y)
+    elif relax == "wcsp":
+        messages, least = Wcsp(free, y, seed), wcsp.ROUND_S
+    first = _relaxed(free, y, messages, _slice(deadline, least), seed)
     if messages is not None and not messages.gained:  # it adds nothing to the group search
         _keep(best, gr, first.y)
         return best
@@ -108,15 +126,17 @@ def rounds(gr: Groups, y: np.ndarray, deadline: float, seed: int = 0, most: int 
     while (time.perf_counter() < deadline - MIN_ROUND_S and best.rounds != most
            and best.rounds - found < FRUITLESS_ROUNDS):  # fmt: skip
         best.rounds += 1
-        if _round(gr, chain, best, deadline, seed + best.rounds):
+        if _round(gr, chain, best, deadline, seed + best.rounds, least):
             found = best.rounds
     return best
 
 
-def _round(gr: Groups, chain: _Chain, best: Best, deadline: float, seed: int) -> bool:
-    """One round of `chain`: its priced problem searched, its prices moved, its plan
-    repaired and polished; True when that gave a cheaper plan that fits."""
-    begin, end = time.perf_counter(), _slice(deadline)
+def _round(gr: Groups, chain: _Chain, best: Best, deadline: float, seed: int,
+           least: float = MIN_ROUND_S) -> bool:  # fmt: skip
+    """One round of `chain` (`least` seconds at least): its priced problem searched, its
+    prices moved, its plan repaired and polished; True when that gave a cheaper plan that
+    fits."""
+    begin, end = time.perf_counter(), _slice(deadline, least)
     priced = dataclasses.replace(gr, limit=math.inf, cost=_priced(gr, chain.price))
     search = _relaxed(priced, chain.current, chain.passing,
                       time.perf_counter() + (end - time.perf_counter()) * (1 - POLISH_SHARE), seed)  # fmt: skip
@@ -140,31 +160,35 @@ def _round(gr: Groups, chain: _Chain, best: Best, deadline: float, seed: int) ->
     return _keep(best, gr, polished.y)
 
 
-def _relaxed(gr: Groups, y: np.ndarray, passing: MessagePassing | None, deadline: float,
+def _relaxed(gr: Groups, y: np.ndarray, passing: Relaxer | None, deadline: float,
              seed: int) -> GroupSearch:  # fmt: skip
-    """The relaxed problem `gr` (limit +inf) searched from y; with `passing`, first
-    PASSING_SHARE of the time on message passing (`rhino.search.trws`, warm from its
-    last round's messages), and the group search from the cheaper of y and its plan."""
+    """The relaxed problem `gr` (limit +inf) searched from y; with `passing`, first its
+    share of the time (PASSING_SHARE for message passing, `rhino.search.trws`, warm from
+    its last round's messages; `wcsp.SHARE` for toulbar2) on it, and the group search from
+    the cheaper of y and its plan."""
     if passing is not None:
+        share = wcsp.SHARE if isinstance(passing, Wcsp) else PASSING_SHARE
         passing.y = y.copy()
         passing.reprice(gr.cost)
-        passing.run(time.perf_counter() + (deadline - time.perf_counter()) * PASSING_SHARE)
+        passing.run(time.perf_counter() + (deadline - time.perf_counter()) * share)
         y = passing.y
     found = GroupSearch(gr, y, deadline, seed=seed)
     found.run()
     return found
 
 
-def _slice(deadline: float) -> float:
+def _slice(deadline: float, least: float = MIN_ROUND_S) -> float:
     left = deadline - time.perf_counter()
-    return time.perf_counter() + min(left, max(MIN_ROUND_S, left * ROUND_SHARE))
+    return time.perf_counter() + min(left, max(least, left * ROUND_SHARE))
 
 
 def _keep(best: Best, gr: Groups, y: np.ndarray) -> bool:
-    """y as the best plan if it fits and costs less; True when it does."""
+    """y as the best plan if it fits and costs less (reported); True when it does."""
     cost = gr.total(y)
     if cost < best.cost and (gr.levels(y) <= gr.limit).all():
         best.y, best.cost = y.copy(), cost
+        if best.report is not None:
+            best.report(best.y)
         return True
     return False
 

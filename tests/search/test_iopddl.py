@@ -193,6 +193,56 @@ def test_descent_and_windows_keep_the_limit_and_never_lose(seed: int) -> None:
     assert local.lower_bound(g) <= brute_force(instance)  # type: ignore[operator]
 
 
+def optimum(instance: iopddl.Instance) -> tuple[int, ...]:
+    """The cheapest feasible choice (brute force; the draw must have one)."""
+    feasible = (c for c in itertools.product(*(range(len(c)) for c in instance.costs))
+                if iopddl.check(instance, c).feasible)  # fmt: skip
+    return min(feasible, key=lambda c: iopddl.check(instance, c).cost)
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_the_helper_runs_beside_the_search_and_ends(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large problem with two threads: the rounds with toulbar2 run in a helper process
+    beside the search; the answer is still the optimum, and the helper is gone."""
+    import multiprocessing
+
+    instance = iopddl.parse(random_doc(seed, n=8))
+    monkeypatch.setattr(iopddl, "SMALL_NODES", 0)  # "large"
+    solved = iopddl.solve(instance, SolveOptions(time_limit_s=4, threads=2))
+    assert solved.check.feasible
+    assert solved.check.cost == iopddl.check(instance, optimum(instance)).cost
+    assert multiprocessing.active_children() == []
+
+
+def test_the_helpers_plan_is_taken_where_it_is_cheaper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the searches of this process held at their start, the answer is the plan the
+    helper sends (the optimum), checked and marked as the helper's."""
+    from rhino.search import groups, lagrange
+
+    instance = iopddl.parse(random_doc(1, n=8))
+    best = np.array(optimum(instance))
+    start = local.legal_start(local.build(iopddl.to_problem(instance)))
+    assert iopddl.check(instance, start.tolist()).cost > iopddl.check(instance, best).cost
+
+    def helper(merged, y, deadline, seed, slot):  # type: ignore[no-untyped-def]
+        slot.put(merged.contract(best))
+
+    def held(gr, y, deadline, **_):  # type: ignore[no-untyped-def]
+        return lagrange.Best(y.copy(), gr.total(y))
+
+    monkeypatch.setattr(iopddl, "SMALL_NODES", 0)
+    monkeypatch.setattr(iopddl, "_help", helper)
+    monkeypatch.setattr(groups.GroupSearch, "run", lambda self: None)
+    monkeypatch.setattr(lagrange, "rounds", held)
+    monkeypatch.setattr(window, "lns", lambda g, x, *a, **k: window.LnsResult(x, 0.0, 0, 0, []))
+    solved = iopddl.solve(instance, SolveOptions(time_limit_s=3, threads=2))
+    assert solved.choice == tuple(best.tolist()) and solved.helped
+    one = iopddl.solve(instance, SolveOptions(time_limit_s=3, threads=1))  # no helper
+    assert one.choice == tuple(start.tolist()) and not one.helped
+
+
 def test_solve_command(tmp_path: Path) -> None:
     path = tmp_path / "example.json"
     path.write_text(json.dumps(example_doc()))

@@ -47,14 +47,22 @@ def test_repair_keeps_the_limit(seed: int) -> None:
         pytest.skip("every drawn plan fits")
 
 
-@pytest.mark.parametrize("passing", [False, True])
+@pytest.mark.parametrize("relax", ["search", "passing", "wcsp"])
 @pytest.mark.parametrize("seed", range(8))
-def test_rounds_keep_the_limit_and_never_lose(seed: int, passing: bool) -> None:
+def test_rounds_keep_the_limit_and_never_lose(seed: int, relax: lagrange.Relax) -> None:
     instance, merged, y = merged_and_start(seed + 500)
     before = merged.total(y)
-    best = lagrange.rounds(merged, y, float("inf"), seed=seed, most=4, passing=passing)
+    reported: list[np.ndarray] = []
+    best = lagrange.rounds(merged, y, float("inf"), seed=seed, most=4, relax=relax,
+                           report=reported.append)  # fmt: skip
     assert best.cost == merged.total(best.y)
     assert best.cost <= before
+    assert [merged.total(r) for r in reported] == sorted(
+        (merged.total(r) for r in reported), reverse=True
+    )
+    assert (best.cost == before) == (not reported)
+    if reported:
+        assert (reported[-1] == best.y).all()
     judged = iopddl.check(instance, merged.expand(best.y).tolist())
     assert judged.peak <= instance.limit
     assert judged.feasible or not np.isfinite(before)
@@ -82,7 +90,7 @@ def test_rounds_with_message_passing_end_where_it_gains_nothing(
             merged.levels(lagrange._relaxed(free, y, None, float("inf"), seed).y) <= merged.limit
         ).all():
             continue  # no limit binds: no rounds either way
-        best = lagrange.rounds(merged, y, float("inf"), seed=seed, most=2, passing=True)
+        best = lagrange.rounds(merged, y, float("inf"), seed=seed, most=2, relax="passing")
         assert best.rounds == (2 if gains else 0)
         return
     pytest.fail("no drawn instance where the limit binds")
