@@ -257,7 +257,7 @@ class Solved:
 
 
 def _search_groups(merged: groups.Groups, y: np.ndarray, options: SolveOptions, kind: str,
-                   lap: Callable[[str], None]) -> tuple[np.ndarray, bool]:  # fmt: skip
+                   lap: Callable[[str], None]) -> tuple[np.ndarray, bool, float]:  # fmt: skip
     """The group search from y (GROUP_SHARE of the time left), the Lagrangian rounds
     with message passing from its plan (PASSING_SHARE; where message passing gains
     nothing, the group search goes on for that time instead: IOPDDL N, no tied nodes,
@@ -265,8 +265,8 @@ def _search_groups(merged: groups.Groups, y: np.ndarray, options: SolveOptions, 
     rounds with the group search alone (ROUNDS_SHARE), then on a large problem the group
     search again until the deadline, from the cheaper of their plan and the helper's
     (`_Helper`: on a large problem with two threads or more, the rounds with toulbar2 run
-    beside all this from y). The cheapest group plan that fits, and whether it is the
-    helper's."""
+    beside all this from y). The cheapest group plan that fits, whether it is the
+    helper's, and the helper's lower bound (-inf: none)."""
     helper = _Helper(merged, y, options) if kind == "large" and options.threads > 1 else None
     try:
         search = groups.GroupSearch(merged, y, time.perf_counter() + options.left() * GROUP_SHARE,
@@ -284,21 +284,23 @@ def _search_groups(merged: groups.Groups, y: np.ndarray, options: SolveOptions, 
         best = lagrange.rounds(merged, y, time.perf_counter() + options.left() * ROUNDS_SHARE[kind],
                                seed=options.seed)  # fmt: skip
         lap("rounds")
-        if kind == "small" or options.left() <= lagrange.MIN_ROUND_S:
-            return best.y, False
+        if kind == "small":
+            return best.y, False, -math.inf
         y, cost, helped = best.y, best.cost, False
         if helper is not None and helper.take() < cost:
             y, cost, helped = helper.y, helper.cost, True
-        again = groups.GroupSearch(merged, y, options.deadline or 0.0, seed=options.seed + 1)
-        again.run()
-        lap("groups")
-        if again.cost < cost:
-            y, cost = again.y, again.cost
-        if helper is not None:
-            helper.finish()
-            if helper.take() < cost:
-                y, helped = helper.y, True
-        return y, helped
+        if options.left() > lagrange.MIN_ROUND_S:
+            again = groups.GroupSearch(merged, y, options.deadline or 0.0, seed=options.seed + 1)
+            again.run()
+            lap("groups")
+            if again.cost < cost:
+                y, cost = again.y, again.cost
+        if helper is None:
+            return y, helped, -math.inf
+        helper.finish()
+        if helper.take() < cost:
+            y, helped = helper.y, True
+        return y, helped, helper.bound
     finally:
         if helper is not None:
             helper.finish()
@@ -326,6 +328,8 @@ class _Helper:
         self.merged = merged
         self.y = y.copy()
         self.cost = math.inf
+        self.bound = -math.inf
+        """The best lower bound the helper found (its Lagrangian rounds' `Best.bound`)."""
         context = multiprocessing.get_context("fork")
         self.slot = _Slot(context, merged.size)
         self.seen = 0
@@ -337,7 +341,7 @@ class _Helper:
     def take(self) -> float:
         """The cost of the cheapest plan the helper found so far (`self.y`), checked
         against the groups; inf when none."""
-        version, y = self.slot.get()
+        version, y, self.bound = self.slot.get()
         if version != self.seen:
             self.seen = version
             cost = self.merged.total(y)
@@ -362,17 +366,22 @@ class _Slot:
         self.plan = context.Array("q", max(size, 1))  # int64, with a lock
         self.size = size
         self.version = context.RawValue("q", 0)
+        self.bound = context.RawValue("d", -math.inf)
 
-    def put(self, y: np.ndarray) -> None:
+    def put(self, y: np.ndarray, bound: float) -> None:
         with self.plan.get_lock():
-            np.frombuffer(self.plan.get_obj(), dtype=np.int64)[: self.size] = y
+            self._view()[: self.size] = y
             self.version.value += 1
+            self.bound.value = bound
 
-    def get(self) -> tuple[int, np.ndarray]:
-        """(plans put so far, the last one)."""
+    def _view(self) -> np.ndarray:
+        return np.ctypeslib.as_array(self.plan.get_obj())
+
+    def get(self) -> tuple[int, np.ndarray, float]:
+        """(puts so far, the last plan put, the last bound put)."""
         with self.plan.get_lock():
-            plan = np.frombuffer(self.plan.get_obj(), dtype=np.int64)[: self.size].copy()
-            return self.version.value, plan
+            plan = self._view()[: self.size].copy()
+            return self.version.value, plan, self.bound.value
 
 
 def _help(merged: groups.Groups, y: np.ndarray, deadline: float, seed: int, slot: _Slot) -> None:
@@ -411,7 +420,10 @@ def solve(instance: Instance, options: SolveOptions) -> Solved:
     y = merged.contract(x)
     helped = False
     if y is not None:
-        y, helped = _search_groups(merged, y, options, "small" if small else "large", lap)
+        y, helped, helper_bound = _search_groups(
+            merged, y, options, "small" if small else "large", lap
+        )
+        bound = max(bound, helper_bound)
         x = merged.expand(y)
     else:  # the start breaks a tie: single moves on the nodes
         descent = local.Search(g, x, options.deadline or 0.0)

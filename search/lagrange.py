@@ -79,8 +79,12 @@ class Best:
     rounds: int = 0
     repaired: int = 0
     """Rounds whose priced plan broke the limit and was repaired."""
-    report: Callable[[np.ndarray], None] | None = None
-    """Handed each cheaper plan as it is kept."""
+    bound: float = -math.inf
+    """The best Lagrangian lower bound on the cost of a plan that fits: a relaxed
+    problem's lower bound (where its solver gives one, `Wcsp`), less the limit times the
+    sum of its prices."""
+    report: Callable[[np.ndarray, float], None] | None = None
+    """Handed (plan, bound) each time a cheaper plan is kept or the bound rises."""
 
 
 @dataclasses.dataclass
@@ -95,13 +99,13 @@ class _Chain:
 
 
 def rounds(gr: Groups, y: np.ndarray, deadline: float, seed: int = 0, most: int | None = None,
-           relax: Relax = "search", report: Callable[[np.ndarray], None] | None = None) -> Best:  # fmt: skip
+           relax: Relax = "search", report: Callable[[np.ndarray, float], None] | None = None) -> Best:  # fmt: skip
     """Lagrangian rounds (module doc) from `y`, a plan that fits, until `deadline` (or
     `most` rounds); the cheapest plan that fits (y itself if none beats it). `relax`
     names what solves each relaxed problem (the first one too) before the group search
     (see `_relaxed`): nothing ("search"), message passing ("passing") or toulbar2
-    ("wcsp", rounds of `wcsp.ROUND_S` at least). `report` is handed every cheaper plan
-    that fits as it is found."""
+    ("wcsp", rounds of `wcsp.ROUND_S` at least). `report` is handed (the best plan that fits, the
+    best bound) as either improves."""
     best = Best(y.copy(), gr.total(y), report=report)
     free = dataclasses.replace(gr, limit=math.inf)
     messages: Relaxer | None = None
@@ -111,6 +115,7 @@ def rounds(gr: Groups, y: np.ndarray, deadline: float, seed: int = 0, most: int 
     elif relax == "wcsp":
         messages, least = Wcsp(free, y, seed), wcsp.ROUND_S
     first = _relaxed(free, y, messages, _slice(deadline, least), seed)
+    _bound(best, messages, 0.0)
     if messages is not None and not messages.gained:  # it adds nothing to the group search
         _keep(best, gr, first.y)
         return best
@@ -141,6 +146,7 @@ def _round(gr: Groups, chain: _Chain, best: Best, deadline: float, seed: int,
     search = _relaxed(priced, chain.current, chain.passing,
                       time.perf_counter() + (end - time.perf_counter()) * (1 - POLISH_SHARE), seed)  # fmt: skip
     chain.current = search.y
+    _bound(best, chain.passing, float(chain.price.sum()) * gr.limit)
     level = gr.levels(search.y)
     over = level > gr.limit
     price, hot = chain.price, chain.hot
@@ -188,9 +194,19 @@ def _keep(best: Best, gr: Groups, y: np.ndarray) -> bool:
     if cost < best.cost and (gr.levels(y) <= gr.limit).all():
         best.y, best.cost = y.copy(), cost
         if best.report is not None:
-            best.report(best.y)
+            best.report(best.y, best.bound)
         return True
     return False
+
+
+def _bound(best: Best, solver: Relaxer | None, priced: float) -> None:
+    """The bound of the relaxed problem `solver` last solved (its prices add `priced`
+    = limit x sum of prices to every plan's cost) as best's bound if higher (reported)."""
+    bound = getattr(solver, "bound", -math.inf) - priced
+    if bound > best.bound:
+        best.bound = bound
+        if best.report is not None:
+            best.report(best.y, best.bound)
 
 
 def _priced(gr: Groups, price: np.ndarray) -> list[np.ndarray]:

@@ -55,6 +55,7 @@ class Wcsp:
         self.pairs = pairs(gr)
         self.gained = False
         """Did the last `run` find a plan cheaper than its start?"""
+        self.bound = -math.inf
         self.runs = 0
 
     def reprice(self, cost: list[np.ndarray]) -> None:
@@ -63,27 +64,41 @@ class Wcsp:
         self.cost = self.gr.total(self.y)
 
     def run(self, deadline: float) -> np.ndarray:
-        """One solve until `deadline`; the cheaper of its plan and the last best."""
+        """One solve until `deadline`; the cheaper of its plan and the last best.
+        `bound` is then the solve's lower bound on the problem under the current costs
+        (-inf when it did not run)."""
         start = self.cost
         self.gained = False
+        self.bound = -math.inf
         left = deadline - time.perf_counter()
         if left < LEAST_S or not math.isfinite(start):
             return self.y
         found = solve(self.gr, deadline, self.seed + self.runs, start, self.pairs)
         self.runs += 1
-        if found is not None:
-            cost = self.gr.total(found)
+        self.bound = found.bound
+        if found.y is not None:
+            cost = self.gr.total(found.y)
             if cost < self.cost:
-                self.y, self.cost = found, cost
+                self.y, self.cost = found.y, cost
         self.gained = self.cost < start
         return self.y
 
 
+@dataclasses.dataclass(frozen=True)
+class Solution:
+    y: np.ndarray | None
+    """The best plan found (None: none by the deadline)."""
+    bound: float
+    """A lower bound on every plan's cost (toulbar2's dual bound, back in the problem's
+    units: scaled up, less half a unit per rounded function, plus the constant costs of
+    the groups of one strategy); -inf when it has none."""
+
+
 def solve(gr: Groups, deadline: float, seed: int = 0, reference: float = 0.0,
-          between: list[tuple[int, int, np.ndarray]] | None = None) -> np.ndarray | None:  # fmt: skip
-    """toulbar2's best plan of the group problem `gr` (usage ignored) found by `deadline`;
-    None when it found none. `reference`: a plan's cost, to scale the costs by;
-    `between`: `pairs(gr)`, where the caller has it."""
+          between: list[tuple[int, int, np.ndarray]] | None = None) -> Solution:  # fmt: skip
+    """toulbar2 on the group problem `gr` (usage ignored) until `deadline`: its best plan
+    and its lower bound. `reference`: a plan's cost, to scale the costs by; `between`:
+    `pairs(gr)`, where the caller has it."""
     import pytoulbar2  # type: ignore[import-untyped]  # (16 MB of solver, loaded where it runs)
 
     scale = 2.0 ** max(0, math.ceil(math.log2(max(reference, 1.0) / TOTAL_COST)))
@@ -91,23 +106,29 @@ def solve(gr: Groups, deadline: float, seed: int = 0, reference: float = 0.0,
     cfn.Option.lds = LDS
     for a, c in enumerate(gr.cost):
         cfn.AddVariable(f"g{a}", range(len(c)))
+    constant, rounded = 0.0, 0
     for a, c in enumerate(gr.cost):
         if len(c) > 1:
-            cfn.AddFunction([a], _integral(c, scale))
+            costs, exact = _integral(c, scale)
+            cfn.AddFunction([a], costs)
+            rounded += not exact
+        else:
+            constant += float(c[0])
     for a, b, m in pairs(gr) if between is None else between:
-        cfn.AddFunction([a, b], _integral(m.ravel(), scale))
+        costs, exact = _integral(m.ravel(), scale)
+        cfn.AddFunction([a, b], costs)
+        rounded += not exact
     seconds = 0  # no limit
     if math.isfinite(deadline):
         seconds = int(deadline - time.perf_counter())
         if seconds < 1:
-            return None
+            return Solution(None, -math.inf)
     try:
         found = cfn.Solve(showSolutions=0, timeLimit=seconds)
     except cfn.Contradiction:  # every plan forbidden: never so for a problem with a plan
-        return None
-    if not found:
-        return None
-    return np.array(found[0], dtype=np.int64)
+        return Solution(None, -math.inf)
+    bound = (float(cfn.GetDDualBound()) - 0.5 * rounded) * scale + constant
+    return Solution(np.array(found[0], dtype=np.int64) if found else None, bound)
 
 
 def pairs(gr: Groups) -> list[tuple[int, int, np.ndarray]]:
@@ -115,6 +136,9 @@ def pairs(gr: Groups) -> list[tuple[int, int, np.ndarray]]:
     return [(a, b, m) for a, row in enumerate(gr.adj) for m, b in row if b > a]
 
 
-def _integral(costs: np.ndarray, scale: float) -> list[float]:
-    """Costs / scale, rounded (+inf kept: toulbar2's forbidden)."""
-    return np.rint(costs / scale).tolist()  # type: ignore[no-any-return]
+def _integral(costs: np.ndarray, scale: float) -> tuple[list[float], bool]:
+    """Costs / scale, rounded (+inf kept: toulbar2's forbidden), and whether that was
+    exact."""
+    scaled = costs / scale
+    rounded = np.rint(scaled)
+    return rounded.tolist(), bool(np.array_equal(rounded, scaled))

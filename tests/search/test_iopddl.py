@@ -227,7 +227,7 @@ def test_the_helpers_plan_is_taken_where_it_is_cheaper(monkeypatch: pytest.Monke
     assert iopddl.check(instance, start.tolist()).cost > iopddl.check(instance, best).cost
 
     def helper(merged, y, deadline, seed, slot):  # type: ignore[no-untyped-def]
-        slot.put(merged.contract(best))
+        slot.put(merged.contract(best), 7.0)
 
     def held(gr, y, deadline, **_):  # type: ignore[no-untyped-def]
         return lagrange.Best(y.copy(), gr.total(y))
@@ -239,6 +239,7 @@ def test_the_helpers_plan_is_taken_where_it_is_cheaper(monkeypatch: pytest.Monke
     monkeypatch.setattr(window, "lns", lambda g, x, *a, **k: window.LnsResult(x, 0.0, 0, 0, []))
     solved = iopddl.solve(instance, SolveOptions(time_limit_s=3, threads=2))
     assert solved.choice == tuple(best.tolist()) and solved.helped
+    assert solved.bound >= 7.0  # the helper's bound is taken too
     one = iopddl.solve(instance, SolveOptions(time_limit_s=3, threads=1))  # no helper
     assert one.choice == tuple(start.tolist()) and not one.helped
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rhino.search import iopddl, lagrange
+from rhino.search.problem import SolveOptions
 from tests.search.test_groups import merged_and_start
 
 
@@ -52,17 +53,21 @@ def test_repair_keeps_the_limit(seed: int) -> None:
 def test_rounds_keep_the_limit_and_never_lose(seed: int, relax: lagrange.Relax) -> None:
     instance, merged, y = merged_and_start(seed + 500)
     before = merged.total(y)
-    reported: list[np.ndarray] = []
+    reported: list[tuple[np.ndarray, float]] = []
     best = lagrange.rounds(merged, y, float("inf"), seed=seed, most=4, relax=relax,
-                           report=reported.append)  # fmt: skip
+                           report=lambda y, bound: reported.append((y.copy(), bound)))  # fmt: skip
     assert best.cost == merged.total(best.y)
     assert best.cost <= before
-    assert [merged.total(r) for r in reported] == sorted(
-        (merged.total(r) for r in reported), reverse=True
-    )
-    assert (best.cost == before) == (not reported)
+    costs = [merged.total(r) for r, _ in reported]
+    assert costs == sorted(costs, reverse=True)
+    assert (best.cost == before) == (not costs or costs[-1] == before)
     if reported:
-        assert (reported[-1] == best.y).all()
+        assert (reported[-1][0] == best.y).all() and reported[-1][1] == best.bound
+    if relax == "wcsp":  # toulbar2's bounds, less the prices: below every plan that fits
+        optimum = iopddl.solve(instance, SolveOptions(time_limit_s=3600)).check.cost  # proven
+        assert -np.inf < best.bound <= optimum + 1e-6
+    else:
+        assert best.bound == -np.inf
     judged = iopddl.check(instance, merged.expand(best.y).tolist())
     assert judged.peak <= instance.limit
     assert judged.feasible or not np.isfinite(before)

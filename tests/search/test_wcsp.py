@@ -13,10 +13,14 @@ from rhino.search import wcsp
 from tests.search.test_trws import brute_force, merged
 
 
-def random_graph(seed: int, scale: float = 1.0):  # type: ignore[no-untyped-def]
+def random_graph(seed: int, scale: float = 1.0, fixed: bool = False):  # type: ignore[no-untyped-def]
+    """Six nodes of 2-3 strategies (node 0 of one where `fixed`), nine random edges, one
+    forbidden pair; costs below 50 x scale."""
     rng = np.random.default_rng(seed)
     n = 6
     sizes = rng.integers(2, 4, n)
+    if fixed:
+        sizes[0] = 1
     costs = [(rng.integers(0, 50, k) * scale).tolist() for k in sizes]
     pairs = {(int(u), int(v)) for u, v in rng.integers(0, n, (9, 2)) if u < v}
     edges = [(u, v, rng.integers(0, 50, (sizes[u], sizes[v])) * scale) for u, v in sorted(pairs)]
@@ -27,18 +31,34 @@ def random_graph(seed: int, scale: float = 1.0):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("seed", range(8))
 def test_solve_is_exact(seed: int) -> None:
     gr = random_graph(seed)
-    y = wcsp.solve(gr, float("inf"))
-    assert y is not None
-    assert gr.total(y) == brute_force(gr)
+    found = wcsp.solve(gr, float("inf"))
+    assert found.y is not None
+    assert gr.total(found.y) == brute_force(gr) == found.bound  # proven: its bound is tight
 
 
 @pytest.mark.parametrize("scale", [2.0**40, 2.0**62])
 def test_solve_scales_costs_too_large_for_its_integers(scale: float) -> None:
     """Costs near 2^62 each would overflow toulbar2's 64-bit sums unscaled."""
     gr = random_graph(3, scale)
-    y = wcsp.solve(gr, float("inf"), reference=scale * 1000)  # above any plan's cost
-    assert y is not None
-    assert gr.total(y) == brute_force(gr)
+    found = wcsp.solve(gr, float("inf"), reference=scale * 1000)  # above any plan's cost
+    assert found.y is not None
+    assert gr.total(found.y) == brute_force(gr)
+    assert found.bound <= brute_force(gr)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bound_holds_with_fractional_costs_and_fixed_groups(seed: int) -> None:
+    """Priced costs are fractional (rounded for toulbar2: the bound gives half a unit per
+    function back), and a group of one strategy is a constant the bound adds."""
+    gr = random_graph(seed, fixed=True)
+    rng = np.random.default_rng(seed)
+    gr = dataclasses.replace(gr, cost=[c + rng.random(len(c)) for c in gr.cost])
+    assert any(len(c) == 1 for c in gr.cost)
+    found = wcsp.solve(gr, float("inf"))
+    assert found.y is not None
+    best = brute_force(gr)
+    assert gr.total(found.y) == pytest.approx(best)
+    assert best - 0.5 * (len(gr.cost) + len(wcsp.pairs(gr))) <= found.bound <= best + 1e-9
 
 
 def test_solve_writes_nothing(capfd: pytest.CaptureFixture[str]) -> None:
