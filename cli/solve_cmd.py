@@ -31,7 +31,8 @@ to be checked and written)."""
 @click.option("--time-limit", default=60.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds for everything, reading the file included.")  # fmt: skip
 @click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1),
-              help="Solver threads (CP-SAT workers).")  # fmt: skip
+              help="Solver threads: CP-SAT workers; with 2 or more, a large problem also gets a "
+                   "helper process (Lagrangian rounds solved by toulbar2) on a second core.")  # fmt: skip
 @click.option("--seed", default=0, show_default=True, help="Random seed of the search.")
 @json_option
 @debug_option

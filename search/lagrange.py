@@ -21,7 +21,12 @@ back to its strategy in the best plan, else the move that frees bytes at the lea
 per byte) and searches under the limit from there: the rounds walk along the limit's
 edge. They end at the deadline or after FRUITLESS_ROUNDS in a row found nothing.
 
-With `passing`, each relaxed problem (the first, unpriced, too) is first solved by
+Bound. For any prices lambda >= 0, min_y [cost(y) + sum_p lambda_p (L_p(y) - B)] is at
+most the cost of every plan that fits (the Lagrangian dual): a lower bound on the priced
+problem less B * sum_p lambda_p is a lower bound on the problem. The group search and
+message passing give no such bound; toulbar2 (`relax="wcsp"`) does (`Best.bound`).
+
+With `relax="passing"`, each relaxed problem (the first, unpriced, too) is first solved by
 message passing (`rhino.search.trws`, its messages kept from round to round) and the
 group search starts from its plan: the local search alone stops far from the relaxed
 optimum (IOPDDL M with no limit: 9.6e10 after 25 s; message passing and the search from
@@ -31,7 +36,10 @@ plans hold 3.7 times the limit, the rounds from the local search's plans did bet
 Where message passing decodes no plan cheaper than its start on the first relaxed
 problem, the rounds with it end there: on IOPDDL N (no tied nodes) it never did, in any
 round, and its rounds took 21 s from the rounds without it, which found a cheaper plan
-in 6 of 11 rounds; on K, M and V it gains at once.
+in 6 of 11 rounds; on K, M and V it gains at once. With `relax="wcsp"`, toulbar2
+(`rhino.search.wcsp`) solves each relaxed problem in its place, in rounds of
+`wcsp.ROUND_S` and more (`rhino.search.iopddl` runs them in a helper process beside the
+others).
 """
 
 from __future__ import annotations
