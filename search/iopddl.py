@@ -267,7 +267,13 @@ def _search_groups(merged: groups.Groups, y: np.ndarray, options: SolveOptions, 
     (`_Helper`: on a large problem with two threads or more, the rounds with toulbar2 run
     beside all this from y). The cheapest group plan that fits, whether it is the
     helper's, and the helper's lower bound (-inf: none)."""
-    helper = _Helper(merged, y, options) if kind == "large" and options.threads > 1 else None
+    helper = None
+    if (
+        kind == "large"
+        and options.threads > 1
+        and "fork" in multiprocessing.get_all_start_methods()
+    ):
+        helper = _Helper(merged, y, options)
     try:
         search = groups.GroupSearch(merged, y, time.perf_counter() + options.left() * GROUP_SHARE,
                                     seed=options.seed)  # fmt: skip

@@ -242,6 +242,11 @@ def test_the_helpers_plan_is_taken_where_it_is_cheaper(monkeypatch: pytest.Monke
     assert solved.bound >= 7.0  # the helper's bound is taken too
     one = iopddl.solve(instance, SolveOptions(time_limit_s=3, threads=1))  # no helper
     assert one.choice == tuple(start.tolist()) and not one.helped
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    nofork = iopddl.solve(instance, SolveOptions(time_limit_s=3, threads=2))  # no helper either
+    assert nofork.choice == tuple(start.tolist()) and not nofork.helped
 
 
 def test_solve_command(tmp_path: Path) -> None:
