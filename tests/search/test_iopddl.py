@@ -200,6 +200,12 @@ def optimum(instance: iopddl.Instance) -> tuple[int, ...]:
     return min(feasible, key=lambda c: iopddl.check(instance, c).cost)
 
 
+FORK_UNDER_JAX = pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
+"""Other tests load JAX into this process, and JAX warns at every fork; the helper never
+calls JAX, and `rhino solve` does not load it."""
+
+
+@FORK_UNDER_JAX
 @pytest.mark.parametrize("seed", [1, 3])
 def test_the_helper_runs_beside_the_search_and_ends(
     seed: int, monkeypatch: pytest.MonkeyPatch
@@ -216,6 +222,7 @@ def test_the_helper_runs_beside_the_search_and_ends(
     assert multiprocessing.active_children() == []
 
 
+@FORK_UNDER_JAX
 def test_the_helpers_plan_is_taken_where_it_is_cheaper(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the searches of this process held at their start, the answer is the plan the
     helper sends (the optimum), checked and marked as the helper's."""
