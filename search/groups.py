@@ -131,6 +131,10 @@ class Groups:
             delta[cuts[-1]] -= usage[-1, k]
         return np.cumsum(delta)[: self.points]
 
+    def fits(self, y: np.ndarray) -> bool:
+        """Is group plan y's usage within the limit at every point?"""
+        return bool((self.levels(y) <= self.limit).all())
+
     def total(self, y: np.ndarray) -> float:
         total = sum(float(c[k]) for c, k in zip(self.cost, y.tolist(), strict=True))
         for a, row in enumerate(self.adj):

@@ -351,7 +351,7 @@ class _Helper:
         if version != self.seen:
             self.seen = version
             cost = self.merged.total(y)
-            if cost < self.cost and (self.merged.levels(y) <= self.merged.limit).all():
+            if cost < self.cost and self.merged.fits(y):
                 self.y, self.cost = y, cost
         return self.cost
 

@@ -199,7 +199,7 @@ def _slice(deadline: float, least: float = MIN_ROUND_S) -> float:
 def _keep(best: Best, gr: Groups, y: np.ndarray) -> bool:
     """y as the best plan if it fits and costs less (reported); True when it does."""
     cost = gr.total(y)
-    if cost < best.cost and (gr.levels(y) <= gr.limit).all():
+    if cost < best.cost and gr.fits(y):
         best.y, best.cost = y.copy(), cost
         if best.report is not None:
             best.report(best.y, best.bound)
@@ -210,7 +210,7 @@ def _keep(best: Best, gr: Groups, y: np.ndarray) -> bool:
 def _bound(best: Best, solver: Relaxer | None, priced: float) -> None:
     """The bound of the relaxed problem `solver` last solved (its prices add `priced`
     = limit x sum of prices to every plan's cost) as best's bound if higher (reported)."""
-    bound = getattr(solver, "bound", -math.inf) - priced
+    bound = (-math.inf if solver is None else solver.bound) - priced
     if bound > best.bound:
         best.bound = bound
         if best.report is not None:

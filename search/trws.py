@@ -64,6 +64,8 @@ class MessagePassing:
         self.passes = 0
         self.gained = False
         """Did the last `run` decode a plan cheaper than its start?"""
+        self.bound = -math.inf
+        """Message passing gives no lower bound here (the Lagrangian rounds read it)."""
 
     def reprice(self, cost: list[np.ndarray]) -> None:
         """New unary costs c_a (the pair costs stay; the messages too, a warm start);
