@@ -211,14 +211,19 @@ def test_the_helper_runs_beside_the_search_and_ends(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A large problem with two threads: the rounds with toulbar2 run in a helper process
-    beside the search; the answer is still the optimum, and the helper is gone."""
+    beside the search; the answer fits and costs no more than the start, the bound (the
+    helper's Lagrangian bounds among it) is below the optimum, and the helper is gone.
+    The large path is a search under a deadline: it need not reach the optimum (seed 3
+    on a loaded machine: 1069 against 1040)."""
     import multiprocessing
 
     instance = iopddl.parse(random_doc(seed, n=8))
+    start = local.legal_start(local.build(iopddl.to_problem(instance)))
     monkeypatch.setattr(iopddl, "SMALL_NODES", 0)  # "large"
     solved = iopddl.solve(instance, SolveOptions(time_limit_s=4, threads=2))
     assert solved.check.feasible
-    assert solved.check.cost == iopddl.check(instance, optimum(instance)).cost
+    assert solved.check.cost <= iopddl.check(instance, start.tolist()).cost
+    assert solved.bound <= iopddl.check(instance, optimum(instance)).cost
     assert multiprocessing.active_children() == []
 
 
