@@ -21,6 +21,7 @@ Model
     (order)      y[j][t] <= y[i][t]              (B[j] >= B[i])           for every (i, j), t
     (receive)    R[i][t] >= x[j][t] - x[i][t]    (j on t, i before it)    for every (i, j), t
     (balance)    floor <= sum_i c[i] x[i][t] <= cap                       for every t
+    (receipt)    sum_i b[i] R[i][t] >= least(t)        (with tightening)  for every t
 With B and big-M cut rows the LP relaxation is weak: F[i,j] = (B[j] - B[i]) / M is
 allowed, so a boundary spread over M edges costs 1/M of one (on the 24-layer GPT into 8
 stages CP-SAT's bound was 14% of the optimum after 26 s). With the prefix rows, once bound
@@ -45,8 +46,11 @@ which give lo[i] and hi[i]; then lo grows along edges and hi shrinks against the
 plan. Instructions whose window is one stage are fixed before the solver runs; the
 others keep their window as their domain. The balance rows are scaled to integers
 rounding every c[i] up for the cap and down for the floor, so a plan the solver accepts
-meets the float balance that `evaluate` checks. The model is built over the problem's
-exact reduction (`rhino.search.stage_reduce`), and its answer expanded back.
+meets the float balance that `evaluate` checks. From the windows, `stage_receipts` bounds
+what each stage t receives (least(t), by max flows); where the start plan cuts no more
+than the sum, it is optimal and CP-SAT does not run (the 24- and 72-layer GPTs into 4 and
+8 stages). The model is built over the problem's exact reduction
+(`rhino.search.stage_reduce`), and its answer expanded back.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from rhino.hlo.errors import InfeasibleError
 from rhino.search.problem import SolveOptions, SolveStatus
 from rhino.search.solver import cpsat_solver
 from rhino.search.stage_problem import StageProblem
+from rhino.search.stage_receipts import least_receipts
 from rhino.search.stage_reduce import Reduction, reduce_problem
 
 CORE_SEARCH = "core"
@@ -133,56 +138,49 @@ def tighten(problem: StageProblem) -> Windows:
             operands[j].append(i)
     ancestors = _closure_compute(operands, range(n), c)
     descendants = _closure_compute([list(cs) for cs in problem.consumers], range(n - 1, -1, -1), c)
-    lo = [max(0, _ceil((ancestors[i] + c[i]) / cap) - 1) if cap > 0 else 0 for i in range(n)]
-    hi = [min(d - 1, d - _ceil((descendants[i] + c[i]) / cap)) if cap > 0 else d - 1
-          for i in range(n)]  # fmt: skip
+    up_to, from_ = ancestors + c, descendants + c  # compute at or before i, at or after i
+    lows, highs = np.zeros(n), np.full(n, d - 1.0)
+    if cap > 0:
+        lows = np.maximum(lows, np.ceil(up_to / cap - 1e-9) - 1)
+        highs = np.minimum(highs, d - np.ceil(from_ / cap - 1e-9))
     floor, total = problem.floor, float(c.sum())
     if floor > 0:
-        for i in range(n):
-            lo[i] = max(lo[i], d - 1 - _floor((total - ancestors[i] - c[i]) / floor))
-            hi[i] = min(hi[i], _floor((total - descendants[i] - c[i]) / floor))
+        lows = np.maximum(lows, d - 1 - np.floor((total - up_to) / floor + 1e-9))
+        highs = np.minimum(highs, np.floor((total - from_) / floor + 1e-9))
+    lo, hi = [int(x) for x in lows], [int(x) for x in highs]
     for i in range(n):
         for j in problem.consumers[i]:
             lo[j] = max(lo[j], lo[i])
     for i in range(n - 1, -1, -1):
         for j in problem.consumers[i]:
             hi[i] = min(hi[i], hi[j])
-    for i in range(n):
-        if c[i] > cap * (1 + 1e-9):
-            share = c[i] / c.sum()
-            why = f"%{problem.names[i]} alone is {share:.1%} of the compute"
+    too_big = c > cap * (1 + 1e-9)
+    empty = np.array(lo) > np.array(hi)
+    if (too_big | empty).any():
+        i = int(np.argmax(too_big | empty))
+        if too_big[i]:
+            why = f"%{problem.names[i]} alone is {c[i] / total:.1%} of the compute"
             raise InfeasibleError(_unbalanced(problem, why))
-        if lo[i] > hi[i]:
-            raise InfeasibleError(_unbalanced(problem, f"%{problem.names[i]} has no stage left"))
-    fixed = [0.0] * d
-    for i in range(n):
-        if lo[i] == hi[i]:
-            fixed[lo[i]] += c[i]
-    possible = [0.0] * d
-    for i in range(n):
-        for t in range(lo[i], hi[i] + 1):
-            possible[t] += c[i]
+        raise InfeasibleError(_unbalanced(problem, f"%{problem.names[i]} has no stage left"))
+    lo_, hi_ = np.array(lo), np.array(hi)
+    fixed = np.bincount(lo_[lo_ == hi_], weights=c[lo_ == hi_], minlength=d)
+    # possible[t]: the compute whose window holds t (a difference array over the windows)
+    possible = np.cumsum(np.bincount(lo_, weights=c, minlength=d + 1)
+                         - np.bincount(hi_ + 1, weights=c, minlength=d + 1))[:d]  # fmt: skip
     for t in range(d):
         if fixed[t] > cap * (1 + 1e-9):
-            why = f"the instructions that can only go to stage {t} are {fixed[t] / c.sum():.1%} of the compute"
+            why = f"the instructions that can only go to stage {t} are {fixed[t] / total:.1%} of the compute"
             raise InfeasibleError(_unbalanced(problem, why))
         if possible[t] < problem.floor * (1 - 1e-9):
-            why = f"the instructions that can go to stage {t} are {possible[t] / c.sum():.1%} of the compute"
+            why = f"the instructions that can go to stage {t} are {possible[t] / total:.1%} of the compute"
             raise InfeasibleError(_unbalanced(problem, why))
     return Windows(tuple(lo), tuple(hi))
 
 
-def _ceil(x: float) -> int:
-    return math.ceil(x - 1e-9)
-
-
-def _floor(x: float) -> int:
-    return math.floor(x + 1e-9)
-
-
 def _closure_compute(preds: list[list[int]], order: range, c: np.ndarray) -> np.ndarray:
     """For each node, the compute of the nodes it reaches through `preds` (transitively),
-    visiting nodes in `order` (every pred before the node). Reachability as bit rows."""
+    visiting nodes in `order` (every pred before the node). Reachability as bit rows; a
+    row's sum is read byte by byte from a table of the 256 sums each byte can hold."""
     n = len(preds)
     width = (n + 7) // 8
     reach = np.zeros((n, width), dtype=np.uint8)
@@ -191,10 +189,14 @@ def _closure_compute(preds: list[list[int]], order: range, c: np.ndarray) -> np.
         for p in preds[v]:
             np.bitwise_or(row, reach[p], out=row)
             row[p >> 3] |= np.uint8(0x80 >> (p & 7))
+    weights = np.zeros(width * 8)
+    weights[:n] = c
+    byte_bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).astype(float)
+    table = weights.reshape(width, 8) @ byte_bits.T  # [position, byte value] -> sum
+    positions = np.arange(width)
     total = np.empty(n)
     for start in range(0, n, 1024):
-        bits = np.unpackbits(reach[start : start + 1024], axis=1, count=n)
-        total[start : start + 1024] = bits @ c
+        total[start : start + 1024] = table[positions, reach[start : start + 1024]].sum(axis=1)
     return total
 
 
@@ -219,36 +221,45 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
                  tightening: bool = True, hint: tuple[int, ...] | None = None) -> StagePlan:  # fmt: skip
     """The ILP of the module docstring on CP-SAT, over the problem's exact reduction
     (`stage_reduce`). `hint` (a plan meeting the balance, e.g. the best baseline) starts
-    the search, and is kept when the solver finds nothing better within the time limit."""
+    the search, and is kept when the solver finds nothing better within the time limit.
+    With tightening, the stages' least receipts (`stage_receipts`) bound the cut from
+    below; a start plan that reaches the bound is the answer without the solver."""
     options = options or SolveOptions()
     start = time.perf_counter()
     reduction = reduce_problem(problem)
     work = reduction.problem
     windows = tighten(work) if tightening else full_windows(work)
+    receipts = least_receipts(work, windows.lo, windows.hi) if tightening else (0,) * work.stages
     tightened_s = time.perf_counter() - start
-    model, y = _build(work, windows)
-    built_s = time.perf_counter() - start - tightened_s
     start_plan = _restricted_hint(reduction, hint)
+    least = sum(receipts)
+    stats = {"nodes": float(len(problem.names)), "reduced_nodes": float(len(work.names)),
+             "fixed": float(windows.fixed), "window_choices": float(windows.choices),
+             "receipt_bound": float(least), "tighten_s": tightened_s}  # fmt: skip
+    if start_plan is not None and work.evaluate(start_plan).cut_bytes <= least:
+        proven = reduction.expand(start_plan)
+        cut = problem.evaluate(proven).cut_bytes
+        stats.update(variables=0.0, constraints=0.0, build_s=0.0, cpsat_s=0.0)
+        return StagePlan(proven, cut, float(cut), SolveStatus.OPTIMAL, "hint",
+                         time.perf_counter() - start, stats)  # fmt: skip
+    model, y, received = _build(work, windows, receipts)
+    stats["build_s"] = time.perf_counter() - start - tightened_s
     if start_plan is not None:
-        _add_hint(model, y, start_plan)
+        _add_hint(model, y, received, work, start_plan)
     solver = cpsat_solver(options, options.time_limit_s)
     solver.parameters.num_workers = 1
     solver.parameters.interleave_search = False
     solver.parameters.subsolvers.append(CORE_SEARCH)
     status = solver.solve(model)
-    stats = {"nodes": float(len(problem.names)), "reduced_nodes": float(len(work.names)),
-             "variables": float(len(model.proto.variables)),
-             "constraints": float(len(model.proto.constraints)),
-             "fixed": float(windows.fixed), "window_choices": float(windows.choices),
-             "tighten_s": tightened_s, "build_s": built_s,
-             "cpsat_s": solver.wall_time}  # fmt: skip
+    stats.update(variables=float(len(model.proto.variables)),
+                 constraints=float(len(model.proto.constraints)), cpsat_s=solver.wall_time)  # fmt: skip
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     if status == cp_model.INFEASIBLE:
         raise InfeasibleError(_unbalanced(problem, "the solver proved that no plan meets it"))
     if not found and hint is None:
         raise InfeasibleError(f"the stage ILP found no plan within {options.time_limit_s:g} s "
                               f"(status {solver.status_name(status)}); raise --time-limit")  # fmt: skip
-    bound = max(0.0, solver.best_objective_bound) if found else 0.0
+    bound = max(float(least), solver.best_objective_bound if found else 0.0)
     chosen, method = hint, "hint"
     if found:
         chosen = reduction.expand(tuple(_value(solver, row) for row in y))
@@ -282,7 +293,12 @@ Prefix = list[cp_model.IntVar | int]
 """y[i]: t -> the 0-1 variable "B[i] <= t" for t = -1 .. d-1 (constant outside i's window)."""
 
 
-def _build(problem: StageProblem, windows: Windows) -> tuple[cp_model.CpModel, list[Prefix]]:
+Received = list[dict[int, cp_model.IntVar | int]]
+"""received[i]: s -> R[i][s] (1 where it is sure), for the stages that may receive i's result."""
+
+
+def _build(problem: StageProblem, windows: Windows, receipts: tuple[int, ...]
+           ) -> tuple[cp_model.CpModel, list[Prefix], Received]:  # fmt: skip
     model = cp_model.CpModel()
     n, d, lo, hi = len(problem.names), problem.stages, windows.lo, windows.hi
     y: list[Prefix] = []
@@ -292,15 +308,22 @@ def _build(problem: StageProblem, windows: Windows) -> tuple[cp_model.CpModel, l
         for t in range(lo[i], hi[i] - 1):
             model.add(row[t] <= row[t + 1])  # (stage)
         y.append(row + [0])  # the 0 is y[i][-1] (Python's last element)
-    objective: list[cp_model.LinearExprT] = []
+    received: Received = []
     for i in range(n):
         for j in problem.consumers[i]:
             for t in range(lo[j], hi[i]):
                 model.add(y[j][t] <= y[i][t])  # (order); constant outside [lo[j], hi[i])
-        objective.extend(_received(model, problem, windows, y, i))
+        received.append(_received(model, problem, windows, y, i))
     _add_balance(model, problem, windows, y)
-    model.minimize(sum(objective))
-    return model, y
+    per_stage: list[list[cp_model.LinearExprT]] = [[] for _ in range(d)]
+    for i, by_stage in enumerate(received):
+        for s, r in by_stage.items():
+            per_stage[s].append(problem.bytes[i] * r)
+    for s, terms in enumerate(per_stage):
+        if receipts[s] > 0 and not all(isinstance(t, int) for t in terms):
+            model.add(sum(terms) >= receipts[s])  # the stage's least receipt
+    model.minimize(sum(t for terms in per_stage for t in terms))
+    return model, y, received
 
 
 def _x(y: list[Prefix], i: int, t: int) -> cp_model.LinearExpr | int:
@@ -309,12 +332,12 @@ def _x(y: list[Prefix], i: int, t: int) -> cp_model.LinearExpr | int:
 
 
 def _received(model: cp_model.CpModel, problem: StageProblem, windows: Windows,
-              y: list[Prefix], i: int) -> list[cp_model.LinearExprT]:  # fmt: skip
-    """(receive) for i's result; its objective terms."""
-    size, lo, hi = problem.bytes[i], windows.lo, windows.hi
-    if not size:
-        return []
+              y: list[Prefix], i: int) -> dict[int, cp_model.IntVar | int]:  # fmt: skip
+    """(receive) for i's result: R[i][s] by stage s."""
+    lo, hi = windows.lo, windows.hi
     R: dict[int, cp_model.IntVar | int] = {}
+    if not problem.bytes[i]:
+        return R
     for j in problem.consumers[i]:
         for s in range(max(lo[j], lo[i] + 1), hi[j] + 1):
             r = R.get(s)
@@ -326,7 +349,7 @@ def _received(model: cp_model.CpModel, problem: StageProblem, windows: Windows,
             if r is None:
                 r = R[s] = model.new_bool_var(f"R[{i}][{s}]")
             model.add(r >= _x(y, j, s) - _x(y, i, s))
-    return [size * r for r in R.values()]
+    return R
 
 
 def _add_balance(model: cp_model.CpModel, problem: StageProblem, windows: Windows,
@@ -353,11 +376,18 @@ def _add_balance(model: cp_model.CpModel, problem: StageProblem, windows: Window
             model.add(sum(down[i] * _x(y, i, t) for i in free if down[i]) >= floor - fixed_down)
 
 
-def _add_hint(model: cp_model.CpModel, y: list[Prefix], hint: tuple[int, ...]) -> None:
+def _add_hint(model: cp_model.CpModel, y: list[Prefix], received: Received,
+              problem: StageProblem, hint: tuple[int, ...]) -> None:  # fmt: skip
+    """Every variable hinted (CP-SAT takes a complete, feasible hint as its first plan)."""
     for i, row in enumerate(y):
         for t, var in enumerate(row[:-1]):
             if not isinstance(var, int):
                 model.add_hint(var, hint[i] <= t)
+    for i, by_stage in enumerate(received):
+        readers = {hint[j] for j in problem.consumers[i]}
+        for s, r in by_stage.items():
+            if not isinstance(r, int):
+                model.add_hint(r, hint[i] < s and s in readers)
 
 
 def _value(solver: cp_model.CpSolver, row: Prefix) -> int:

@@ -1,0 +1,83 @@
+"""The stages' least receipts: below what every balanced plan receives, and the end of the
+search where a start plan reaches them."""
+
+from __future__ import annotations
+
+import itertools
+
+from rhino.hlo.errors import InfeasibleError
+from rhino.search.problem import SolveOptions, SolveStatus
+from rhino.search.stage_ilp import solve_brute_force, solve_stages, tighten
+from rhino.search.stage_problem import StageProblem
+from rhino.search.stage_receipts import least_receipts
+from tests.search.test_stages_ilp import random_problem, sparse_problem
+
+OPTIONS = SolveOptions(time_limit_s=30)
+
+
+def received(problem: StageProblem, plan: tuple[int, ...]) -> list[int]:
+    """Bytes each stage receives under `plan` (each result once per receiving stage)."""
+    got = [0] * problem.stages
+    for i, s in enumerate(plan):
+        for t in {plan[j] for j in problem.consumers[i]} - {s}:
+            got[t] += problem.bytes[i]
+    return got
+
+
+def test_every_balanced_plan_receives_at_least_the_bound_on_each_stage() -> None:
+    bounded = 0
+    for seed in range(60):
+        problem = (random_problem if seed % 2 else sparse_problem)(seed, n=7, d=3, eps=0.2)
+        try:
+            windows = tighten(problem)
+        except InfeasibleError:
+            continue
+        least = least_receipts(problem, windows.lo, windows.hi)
+        assert least[0] == 0
+        bounded += any(least)
+        for plan in itertools.product(range(problem.stages), repeat=len(problem.names)):
+            try:
+                problem.evaluate(plan)
+            except InfeasibleError:
+                continue
+            got = received(problem, plan)
+            assert all(g >= b for g, b in zip(got, least, strict=True)), (seed, plan, got, least)
+    assert bounded >= 10  # the check is not vacuous
+
+
+def chain(n: int, d: int) -> StageProblem:
+    """n equal instructions in a line, each result 10 bytes."""
+    return StageProblem(tuple(f"v{i}" for i in range(n)), (1.0,) * n, (10,) * n,
+                        tuple((i + 1,) if i + 1 < n else () for i in range(n)), d, 0.1)  # fmt: skip
+
+
+def test_a_chain_needs_a_result_per_boundary_and_the_start_plan_is_proven_without_solver() -> None:
+    problem = chain(12, 4)
+    windows = tighten(problem)
+    assert least_receipts(problem, windows.lo, windows.hi) == (0, 10, 10, 10)
+    start = tuple(i // 3 for i in range(12))
+    plan = solve_stages(problem, OPTIONS, hint=start)
+    assert (plan.stage, plan.cut_bytes, plan.bound) == (start, 30, 30.0)
+    assert plan.status is SolveStatus.OPTIMAL and plan.method == "hint"
+    assert plan.stats["cpsat_s"] == 0.0 and plan.stats["receipt_bound"] == 30.0
+
+
+def test_two_streams_merged_late_bound_below_the_optimum_and_the_solver_closes_it() -> None:
+    # a0 -> a1 -> a2 -> m -> m2 and b0 -> b1 -> b2 -> m: stage 1 may hold one stream alone
+    names = ("a0", "a1", "a2", "b0", "b1", "b2", "m", "m2")
+    consumers = ((1,), (2,), (6,), (4,), (5,), (6,), (7,), ())
+    problem = StageProblem(names, (1.0,) * 8, (10, 10, 10, 20, 20, 20, 10, 10), consumers, 2, 0.0)
+    windows = tighten(problem)
+    least = least_receipts(problem, windows.lo, windows.hi)
+    best = solve_brute_force(problem)
+    assert best is not None
+    assert least == (0, 20) and best[1] == 30  # below the optimum: the solver closes the gap
+    plan = solve_stages(problem, OPTIONS)
+    assert plan.status is SolveStatus.OPTIMAL and plan.cut_bytes == best[1]
+
+
+def test_without_tightening_there_is_no_receipt_bound() -> None:
+    problem = chain(12, 4)
+    plan = solve_stages(problem, OPTIONS, tightening=False, hint=tuple(i // 3 for i in range(12)))
+    assert plan.stats["receipt_bound"] == 0.0
+    assert plan.cut_bytes == 30 and plan.status is SolveStatus.OPTIMAL
