@@ -140,6 +140,14 @@ def compare(file: str, devices: int, microbatches: int, epsilon: float, cluster:
     stdout.print(table)
 
 
+def _solved(solver: dict[str, float]) -> str:
+    """How the ILP ran: its size, or that the stages' least receipts proved the start."""
+    least = format_bytes(solver.get("receipt_bound", 0.0))
+    if solver.get("variables", 0) == 0 and solver.get("receipt_bound", 0) > 0:
+        return f"the start plan meets the stages' least receipts ({least}): no ILP run"
+    return f"{int(solver.get('variables', 0))} variables, least receipts {least}"
+
+
 def render(file: str, plan: PipelinePlan) -> None:
     out = stdout
     out.print(f"[bold]{plan.module}[/] ({file}) in {plan.stages} stages, {plan.microbatches} "
@@ -162,7 +170,7 @@ def render(file: str, plan: PipelinePlan) -> None:
         f"{plan.search_time_s:.2f} s; {int(solver.get('nodes', 0))} forward instructions, "
         f"{int(solver.get('reduced_nodes', 0))} after exact reductions, "
         f"{int(solver.get('fixed', 0))} of them fixed by bound tightening "
-        f"({'on' if plan.tightening else 'off'}), {int(solver.get('variables', 0))} variables",
+        f"({'on' if plan.tightening else 'off'}), {_solved(solver)}",
     )
     out.print(t)
     out.print(_stage_table(plan))

@@ -27,6 +27,17 @@ def test_human_report() -> None:
         assert fragment in r.output
 
 
+def test_a_start_plan_that_meets_the_least_receipts_needs_no_ilp() -> None:
+    unet = str(ROOT / "examples" / "unet_tiny.hlo")
+    r = invoke("pipeline", unet, "--stages", "4", "--epsilon", "0.2")
+    assert r.exit_code == 0, r.output
+    assert "no ILP run" in " ".join(r.output.split())
+    doc = json.loads(invoke("pipeline", unet, "--stages", "4", "--epsilon", "0.2", "--json").output)
+    assert doc["status"] == "optimal" and doc["method"] == "hint"
+    assert doc["solver"]["receipt_bound"] == doc["cut_bytes"] == doc["bound_bytes"]
+    assert doc["solver"]["cpsat_s"] == 0.0
+
+
 def test_json_and_plan_file(tmp_path: Path) -> None:
     out = tmp_path / "stages.json"
     r = invoke("pipeline", GPT, "--stages", "4", "--microbatches", "4", "--json", "--out", str(out))
