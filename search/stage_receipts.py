@@ -17,7 +17,10 @@ Stage s holds at least `floor` compute, so it holds some instruction j whose sep
 at least
     least(s) = the largest t such that the instructions that may take stage s
                (lo <= s <= hi) with sep(s, j) < t compute less than `floor` in all
-and stage s receives at least least(s) bytes. The sum over the stages bounds the cut
+and stage s receives at least least(s) bytes; and at least sep(s, F), the same cut to all
+the instructions F fixed on stage s at once (lo = hi = s), which is at least each one's.
+Where F alone holds the floor, least(s) is at most sep(s, F), and only that flow runs.
+The larger of the two bounds stage s. The sum over the stages bounds the cut
 bytes of every plan from below; the stage ILP adds one row per stage
 (sum_i b[i] R[i][s] >= least(s)), and where its start plan already cuts no more than the
 sum, that plan is optimal and no solver runs.
@@ -86,7 +89,17 @@ def _least(problem: StageProblem, lo: np.ndarray, hi: np.ndarray, s: int, edges:
         np.concatenate([np.where(lo[nodes] >= s, unbounded, sizes),
                         np.full(len(links) + len(sources), unbounded, dtype=np.int64)]),
     )  # fmt: skip
+    # the instructions fixed on stage s, all at once: a sink fed by each
+    fixed = np.flatnonzero(kept & (lo == s) & (hi == s))
+    sink = source + 1
+    flow.add_arcs_with_capacity(2 * at[fixed], np.full(len(fixed), sink),
+                                np.full(len(fixed), unbounded, dtype=np.int64))  # fmt: skip
+    if flow.solve(source, sink) != flow.OPTIMAL:
+        return 0
+    together = flow.optimal_flow() if len(fixed) else 0
     compute = problem.compute
+    if sum(compute[j] for j in fixed.tolist()) >= floor:
+        return together  # every instruction's own sep is at most `together`: so is least(s)
     candidates = sorted((j for j in np.flatnonzero(kept & (hi >= s)).tolist() if compute[j] > 0),
                         key=lambda j: (-compute[j], j))  # fmt: skip
     light = sum(compute[j] for j in candidates)
@@ -102,5 +115,5 @@ def _least(problem: StageProblem, lo: np.ndarray, hi: np.ndarray, s: int, edges:
     for cut, work in sorted(separated):
         held += work
         if held >= floor:
-            return cut
-    return 0
+            return max(cut, together)
+    return together

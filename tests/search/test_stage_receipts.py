@@ -62,18 +62,28 @@ def test_a_chain_needs_a_result_per_boundary_and_the_start_plan_is_proven_withou
     assert plan.stats["cpsat_s"] == 0.0 and plan.stats["receipt_bound"] == 30.0
 
 
-def test_two_streams_merged_late_bound_below_the_optimum_and_the_solver_closes_it() -> None:
-    # a0 -> a1 -> a2 -> m -> m2 and b0 -> b1 -> b2 -> m: stage 1 may hold one stream alone
+def test_two_streams_are_cut_together_on_the_stage_that_merges_them() -> None:
+    # a0 -> a1 -> a2 -> m -> m2 and b0 -> b1 -> b2 -> m: m and m2 are fixed on stage 1,
+    # and each of m's operands alone is cut by 10 or 20 bytes, both together by 30
     names = ("a0", "a1", "a2", "b0", "b1", "b2", "m", "m2")
     consumers = ((1,), (2,), (6,), (4,), (5,), (6,), (7,), ())
     problem = StageProblem(names, (1.0,) * 8, (10, 10, 10, 20, 20, 20, 10, 10), consumers, 2, 0.0)
     windows = tighten(problem)
-    least = least_receipts(problem, windows.lo, windows.hi)
+    best = solve_brute_force(problem)
+    assert best is not None and best[1] == 30
+    assert least_receipts(problem, windows.lo, windows.hi) == (0, 30)
+    plan = solve_stages(problem, OPTIONS, hint=best[0])
+    assert plan.method == "hint" and plan.status is SolveStatus.OPTIMAL
+
+
+def test_where_the_bound_is_below_the_optimum_the_solver_closes_the_gap() -> None:
+    problem = random_problem(25, n=7, d=3, eps=0.2)
+    windows = tighten(problem)
     best = solve_brute_force(problem)
     assert best is not None
-    assert least == (0, 20) and best[1] == 30  # below the optimum: the solver closes the gap
+    assert 0 < sum(least_receipts(problem, windows.lo, windows.hi)) < best[1]
     plan = solve_stages(problem, OPTIONS)
-    assert plan.status is SolveStatus.OPTIMAL and plan.cut_bytes == best[1]
+    assert plan.status is SolveStatus.OPTIMAL and plan.cut_bytes == best[1] == plan.bound
 
 
 def test_without_tightening_there_is_no_receipt_bound() -> None:
