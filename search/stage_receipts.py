@@ -4,35 +4,37 @@ Bound tightening (`stage_ilp.tighten`) gives every instruction a window [lo, hi]
 stages. The windows also bound the objective from below, stage by stage:
 
     before(s)  = {i : hi[i] < s}                  surely on a stage before s
-    sep(s, j)  = the least bytes of a vertex set that meets every path from before(s)
-                 to j, taking no vertex with lo >= s and not j itself
-Claim: in every plan that meets (order) and (balance), if j is on stage s then stage s
-receives at least sep(s, j) bytes. Proof: on a path from h in before(s) to j the stages
-never decrease, from below s to s; the last vertex w below s is followed by one on s.
-So w's result is received by stage s, and the vertices received by s meet every such
-path: their bytes are at least sep(s, j). Each received result counts once, as in the
-objective (once per producer and receiving stage).
+    F(s)       = {i : lo[i] = hi[i] = s}          surely on stage s
+    sep(s, X)  = the least bytes of a vertex set that meets every path from before(s)
+                 to X, taking no vertex with lo >= s
+Claim: in every plan that meets (order) and (balance), if all of X is on stage s then
+stage s receives at least sep(s, X) bytes. Proof: on a path from h in before(s) to j in
+X the stages never decrease, from below s to s; the last vertex w below s is followed by
+one on s. So w's result is received by stage s, and the vertices received by s meet
+every such path: their bytes are at least sep(s, X). Each received result counts once,
+as in the objective (once per producer and receiving stage).
 
-Stage s holds at least `floor` compute, so it holds some instruction j whose sep(s, j) is
-at least
-    least(s) = the largest t such that the instructions that may take stage s
-               (lo <= s <= hi) with sep(s, j) < t compute less than `floor` in all
-and stage s receives at least least(s) bytes; and at least sep(s, F), the same cut to all
-the instructions F fixed on stage s at once (lo = hi = s), which is at least each one's.
-Where F alone holds the floor, least(s) is at most sep(s, F), and only that flow runs.
-The larger of the two bounds stage s. The sum over the stages bounds the cut
-bytes of every plan from below; the stage ILP adds one row per stage
+Stage s holds F(s), and at least `floor` compute. Where F(s) holds less, stage s also
+holds some other instruction j that may take it (lo <= s <= hi), and of those enough to
+make up the floor; so stage s holds a j whose sep(s, F(s) + j) is at least
+    t(s) = the largest t such that F(s) and the candidates j with sep(s, F(s) + j) < t
+           compute less than `floor` in all,
+and it receives at least least(s) = max(sep(s, F(s)), t(s)) bytes (where F(s) alone
+holds the floor, sep(s, F(s)), and no other flow runs). The sum over the stages bounds
+the cut bytes of every plan from below; the stage ILP adds one row per stage
 (sum_i b[i] R[i][s] >= least(s)), and where its start plan already cuts no more than the
 sum, that plan is optimal and no solver runs.
 
-sep(s, j) is a max flow: each instruction split into an arc in -> out of capacity b[i]
-(unbounded for lo[i] >= s), unbounded arcs out_i -> in_j along the edges and from a
-source to every instruction of before(s), and j's `in` as the sink. The flows run
-heaviest instruction first; the lightest ones that together compute less than
-`LIGHT_SHARE` of the floor take sep = 0 (a lower bound, so least(s) stays valid). Without
-tightening, before(s) is empty and every bound is 0. On the 24-layer GPT into 8 stages the
-bounds sum to the optimum (7 x 16 MiB); on an encoder-decoder, where a stage may hold
-either stream alone, to 80 of 96 MiB on 4 stages.
+sep(s, X) is a max flow: each instruction split into an arc in -> out of capacity b[i]
+(unbounded for lo[i] >= s), unbounded arcs out_i -> in_j along the edges, from a source
+to every instruction of before(s), and from the `in` of every instruction of X to the
+sink. The candidates are flowed heaviest first; the lightest ones that together compute
+less than `LIGHT_SHARE` of the floor are taken as cut off by sep(s, F(s)) alone (a lower
+bound, so least(s) stays valid). Without tightening, before(s) is empty and every bound
+is 0. On the 24- and 72-layer GPTs the bounds sum to the optimum (16 MiB a stage); on a
+T5-large-sized encoder-decoder into 4 stages to 80 of 96 MiB, since a stage may hold one
+of its two streams alone (the least cut to any set of instructions that fills stage 1,
+solved exactly as an ILP, is 16 MiB there too: more needs the stages together).
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ from ortools.graph.python import max_flow  # type: ignore[import-untyped]
 from rhino.search.stage_problem import StageProblem
 
 LIGHT_SHARE = 0.1
-"""The lightest instructions of a stage's candidates whose compute together stays under
-this share of the floor are not flowed (their sep is taken as 0). On the zoo models at
-0.1 the bounds equal those of flowing every instruction, with 5-8x fewer flows."""
+"""The lightest candidates of a stage, whose compute together stays under this share of
+the floor, are not flowed (taken as cut off by sep(s, F(s)) alone). On the zoo models
+(18 problems: UNets, encoder-decoders, GPTs at 2, 4 and 8 stages) the bounds equal those
+of flowing every candidate but on one (the DDPM UNet at 4 stages: 40.03 MiB against
+44.02), in 4-9x less time."""
 
 _SLACK = 1e-6
 """A stage may hold a little less than `floor` (the float tolerance `evaluate` allows)."""
@@ -89,31 +93,35 @@ def _least(problem: StageProblem, lo: np.ndarray, hi: np.ndarray, s: int, edges:
         np.concatenate([np.where(lo[nodes] >= s, unbounded, sizes),
                         np.full(len(links) + len(sources), unbounded, dtype=np.int64)]),
     )  # fmt: skip
-    # the instructions fixed on stage s, all at once: a sink fed by each
-    fixed = np.flatnonzero(kept & (lo == s) & (hi == s))
+    # the sink: fed by the instructions fixed on stage s, and by one candidate at a time
+    fixed = kept & (lo == s) & (hi == s)
     sink = source + 1
-    flow.add_arcs_with_capacity(2 * at[fixed], np.full(len(fixed), sink),
-                                np.full(len(fixed), unbounded, dtype=np.int64))  # fmt: skip
+    flow.add_arcs_with_capacity(2 * at[fixed], np.full(int(fixed.sum()), sink),
+                                np.full(int(fixed.sum()), unbounded, dtype=np.int64))  # fmt: skip
     if flow.solve(source, sink) != flow.OPTIMAL:
         return 0
-    together = flow.optimal_flow() if len(fixed) else 0
+    together = flow.optimal_flow() if fixed.any() else 0
     compute = problem.compute
-    if sum(compute[j] for j in fixed.tolist()) >= floor:
-        return together  # every instruction's own sep is at most `together`: so is least(s)
-    candidates = sorted((j for j in np.flatnonzero(kept & (hi >= s)).tolist() if compute[j] > 0),
-                        key=lambda j: (-compute[j], j))  # fmt: skip
+    held = sum(compute[j] for j in np.flatnonzero(fixed).tolist())
+    if held >= floor:
+        return together  # F alone holds the floor
+    candidates = sorted((j for j in np.flatnonzero(kept & ~fixed & (hi >= s)).tolist()
+                         if compute[j] > 0), key=lambda j: (-compute[j], j))  # fmt: skip
     light = sum(compute[j] for j in candidates)
     separated: list[tuple[int, float]] = []
     for j in candidates:
         if light < LIGHT_SHARE * floor:
             break
-        if flow.solve(source, 2 * int(at[j])) != flow.OPTIMAL:
+        arc = flow.add_arc_with_capacity(2 * int(at[j]), sink, unbounded)
+        status = flow.solve(source, sink)
+        flow.set_arc_capacity(arc, 0)
+        if status != flow.OPTIMAL:
             return 0
         separated.append((flow.optimal_flow(), compute[j]))
         light -= compute[j]
-    held = max(light, 0.0)  # the unflowed instructions, taken as sep 0
+    held += max(light, 0.0)  # the unflowed candidates, taken as cut off by `together`
     for cut, work in sorted(separated):
         held += work
         if held >= floor:
-            return max(cut, together)
+            return cut
     return together
