@@ -16,11 +16,14 @@ status and gap;
 then the same ILP without bound tightening (same reduction, start and time limit) and
 the speed-up of the ILP time. Models are generated
 under generated/ on first use (scripts/zoo.py, needs jax). Times are wall clock on this
-machine, one process, models run one after another.
+machine, one process, models run one after another; each parsed module is frozen out of
+the garbage collector while its solvers run (unfrozen, the 72-layer GPT's 2-stage
+tightened ILP took 0.31 s after the other models, 0.10 s frozen or alone).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -94,8 +97,10 @@ def run(name: str, d: int, epsilon: float, time_limit: float) -> dict[str, Any]:
     from rhino.search.stages import forward_graph, split_step
 
     path = model_path(name)
+    gc.collect()  # the earlier rows' modules
     start = time.perf_counter()
     module = parse_file(path)
+    gc.freeze()  # the parsed module is not scanned by the collector while the solvers run
     eps = feasible_epsilon(module, d, epsilon)
     options = SolveOptions(time_limit_s=time_limit)
     while True:  # the solver may prove a balance infeasible that tightening did not
@@ -110,6 +115,7 @@ def run(name: str, d: int, epsilon: float, time_limit: float) -> dict[str, Any]:
     hint = best_balanced(all_baselines(problem))  # the start plan_pipeline gave the ILP
     loose = solve_stages(problem, options, tightening=False,
                          hint=hint.stage if hint else None)  # fmt: skip
+    gc.unfreeze()
     base = {b["name"]: b for b in plan.baselines}
     return {
         "model": name, "forward_instructions": len(graph.names), "stages": d, "epsilon": eps,
