@@ -171,15 +171,15 @@ def tighten(problem: StageProblem) -> Windows:
     for i in range(n - 1, -1, -1):
         for j in problem.consumers[i]:
             hi[i] = min(hi[i], hi[j])
+    lo_, hi_ = np.array(lo), np.array(hi)
     too_big = c > cap * (1 + 1e-9)
-    empty = np.array(lo) > np.array(hi)
+    empty = lo_ > hi_
     if (too_big | empty).any():
         i = int(np.argmax(too_big | empty))
         if too_big[i]:
             why = f"%{problem.names[i]} alone is {c[i] / total:.1%} of the compute"
             raise InfeasibleError(_unbalanced(problem, why))
         raise InfeasibleError(_unbalanced(problem, f"%{problem.names[i]} has no stage left"))
-    lo_, hi_ = np.array(lo), np.array(hi)
     fixed = np.bincount(lo_[lo_ == hi_], weights=c[lo_ == hi_], minlength=d)
     # possible[t]: the compute whose window holds t (a difference array over the windows)
     possible = np.cumsum(np.bincount(lo_, weights=c, minlength=d + 1)
@@ -248,21 +248,21 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
     windows = tighten(work) if tightening else full_windows(work)
     receipts = least_receipts(work, windows.lo, windows.hi) if tightening else (0,) * work.stages
     tightened_s = time.perf_counter() - start
-    start_plan = _restricted_hint(reduction, hint)
+    first = _restricted_hint(reduction, hint)  # (plan, cut bytes) on the reduced problem
     least = sum(receipts)
     stats = {"nodes": float(len(problem.names)), "reduced_nodes": float(len(work.names)),
              "fixed": float(windows.fixed), "window_choices": float(windows.choices),
              "receipt_bound": float(least), "tighten_s": tightened_s}  # fmt: skip
-    if start_plan is not None and work.evaluate(start_plan).cut_bytes <= least:
-        proven = reduction.expand(start_plan)
+    if first is not None and first[1] <= least:
+        proven = reduction.expand(first[0])
         cut = problem.evaluate(proven).cut_bytes
         stats.update(variables=0.0, constraints=0.0, build_s=0.0, cpsat_s=0.0)
         return StagePlan(proven, cut, float(cut), SolveStatus.OPTIMAL, "hint",
                          time.perf_counter() - start, stats)  # fmt: skip
     model, y, received = _build(work, windows, receipts)
     stats["build_s"] = time.perf_counter() - start - tightened_s
-    if start_plan is not None:
-        _add_hint(model, y, received, work, start_plan)
+    if first is not None:
+        _add_hint(model, y, received, work, first[0])
     solver = cpsat_solver(options, options.time_limit_s)
     solver.parameters.num_workers = 1
     solver.parameters.interleave_search = False
@@ -297,16 +297,17 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
                      time.perf_counter() - start, stats)  # fmt: skip
 
 
-def _restricted_hint(reduction: Reduction, hint: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    """The hint on the reduced problem, when it still meets precedence and balance there."""
+def _restricted_hint(reduction: Reduction, hint: tuple[int, ...] | None
+                     ) -> tuple[tuple[int, ...], int] | None:  # fmt: skip
+    """The hint on the reduced problem and its cut bytes there, when it still meets
+    precedence and balance there."""
     if hint is None:
         return None
     restricted = reduction.restrict(hint)
     try:
-        reduction.problem.evaluate(restricted)
+        return restricted, reduction.problem.evaluate(restricted).cut_bytes
     except InfeasibleError:
         return None
-    return restricted
 
 
 Prefix = list[cp_model.IntVar | int]

@@ -96,11 +96,13 @@ def _least(problem: StageProblem, lo: np.ndarray, hi: np.ndarray, s: int, edges:
     # the sink: fed by the instructions fixed on stage s, and by one candidate at a time
     fixed = kept & (lo == s) & (hi == s)
     sink = source + 1
-    flow.add_arcs_with_capacity(2 * at[fixed], np.full(int(fixed.sum()), sink),
-                                np.full(int(fixed.sum()), unbounded, dtype=np.int64))  # fmt: skip
-    if flow.solve(source, sink) != flow.OPTIMAL:
-        return 0
-    together = flow.optimal_flow() if fixed.any() else 0
+    together = 0
+    if fixed.any():
+        flow.add_arcs_with_capacity(2 * at[fixed], np.full(int(fixed.sum()), sink),
+                                    np.full(int(fixed.sum()), unbounded, dtype=np.int64))  # fmt: skip
+        if flow.solve(source, sink) != flow.OPTIMAL:
+            return 0
+        together = flow.optimal_flow()
     compute = problem.compute
     held = sum(compute[j] for j in np.flatnonzero(fixed).tolist())
     if held >= floor:
