@@ -76,24 +76,29 @@ stage's least receipt at a time and starts from the hint. On the 24-layer GPT in
 stages (2-core machine, same model and hint) it proved the optimum in 6.6 s; CP-SAT's
 default worker did not in 60 s, and the deterministic portfolio of 2 workers
 (`interleave_search`) took 45 s, or 14.5 s without its neighbourhood searches. One worker
-is deterministic for any --threads. Its cores are not minimized (`CORE_MINIMIZATION`)."""
+is deterministic for any --threads. Its settings are `CORE_PARAMETERS`."""
 
-CORE_MINIMIZATION = 0
-"""CP-SAT's core_minimization_level for the core search (its default is 2). With the
-stages' least receipts as rows, the encoder-decoder's proofs took 0.7 and 0.9 s instead
-of 3.2 and 4.3 s (T5-large-sized, 4 and 8 stages; 2-core machine, one run each); without
-tightening its 4-stage proof took 3.9 s instead of 8.3 s, the 8-stage one and the GPTs'
-about the same (within 20%)."""
-
-PRESOLVE_TIGHTENED = False
-"""CP-SAT's presolve on the tightened model (kept without tightening). The windows and
-receipts leave it little to find: on the encoder-decoder at 4 stages it took 0.48 s
-(0.34 s probing) of a 0.8 s solve; without it the solve took 0.24-0.37 s, at 8 stages
-0.56-0.9 s against 1.0 s, the 24-layer GPT at 8 stages (were the start plan not proven)
-1.8 s against 8.7 s, the small models the same or less. Without tightening, presolve off
-was slower on most rows (the encoder-decoder at 8 stages 50 s against 23 s, the tiny
-models at 8 stages 1.2-3x) but faster on the 24-layer GPT at 8 stages (3.9 s against
-24 s); one run each on this 2-core machine."""
+CORE_PARAMETERS = {
+    "core_minimization_level": 0,
+    "transitive_precedences_work_limit": 0,
+    "cp_model_presolve": False,
+    "use_sat_inprocessing": False,
+    "cp_model_probing_level": 0,
+    "symmetry_level": 0,
+}
+"""CP-SAT's settings for the core search, with and without tightening. The model is 0-1
+variables under precedence rows (`y[j][t] <= y[i][t]`), a few balance and receipt rows,
+and a complete hint: CP-SAT's root-level work on it costs more than the search.
+- `transitive_precedences_work_limit` 0: CP-SAT closes the precedence pairs transitively
+  at the root; a third of its time went there (perf: `Linear2Indices::AddOrGet`,
+  `RootLevelLinear2Bounds`), while the core search itself took 14 ms of deterministic time.
+- No presolve, inprocessing, probing or symmetry search: the windows and the receipts
+  leave them little to find.
+- Cores not minimized (CP-SAT's default level is 2).
+Tightened, on the zoo's encoder-decoders and the 24-layer GPT (2-core machine, best of 5),
+these took CP-SAT from 0.14-1.8 s to 0.04-0.18 s; without tightening, the encoder-decoder
+at 4 and 8 stages from 3.5 and 19.6 s to 1.1 and 14.1 s, the 24- and 72-layer GPTs at 8
+stages from 14.5 and 12.5 s to 1.9 and 5.0 s."""
 
 BALANCE_UNITS = 2.0**30
 """The balance row's integer scale: the total compute is about this many units."""
@@ -196,24 +201,27 @@ def tighten(problem: StageProblem) -> Windows:
 
 def _closure_compute(preds: list[list[int]], order: range, c: np.ndarray) -> np.ndarray:
     """For each node, the compute of the nodes it reaches through `preds` (transitively),
-    visiting nodes in `order` (every pred before the node). Reachability as bit rows; a
-    row's sum is read byte by byte from a table of the 256 sums each byte can hold."""
+    visiting nodes in `order` (every pred before the node). Reachability as bit sets
+    (Python integers); a set's sum is read byte by byte from a table of the 256 sums each
+    byte can hold."""
     n = len(preds)
     width = (n + 7) // 8
-    reach = np.zeros((n, width), dtype=np.uint8)
+    reach = [0] * n
     for v in order:
-        row = reach[v]
+        row = 0
         for p in preds[v]:
-            np.bitwise_or(row, reach[p], out=row)
-            row[p >> 3] |= np.uint8(0x80 >> (p & 7))
+            row |= reach[p] | (1 << p)
+        reach[v] = row
+    rows = np.frombuffer(b"".join(row.to_bytes(width, "little") for row in reach),
+                         dtype=np.uint8).reshape(n, width)  # fmt: skip
     weights = np.zeros(width * 8)
     weights[:n] = c
-    byte_bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).astype(float)
+    byte_bits = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(float)  # [byte, bit]
     table = weights.reshape(width, 8) @ byte_bits.T  # [position, byte value] -> sum
     positions = np.arange(width)
     total = np.empty(n)
     for start in range(0, n, 1024):
-        total[start : start + 1024] = table[positions, reach[start : start + 1024]].sum(axis=1)
+        total[start : start + 1024] = table[positions, rows[start : start + 1024]].sum(axis=1)
     return total
 
 
@@ -267,9 +275,8 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
     solver.parameters.num_workers = 1
     solver.parameters.interleave_search = False
     solver.parameters.subsolvers.append(CORE_SEARCH)
-    solver.parameters.core_minimization_level = CORE_MINIMIZATION
-    if tightening:
-        solver.parameters.cp_model_presolve = PRESOLVE_TIGHTENED
+    for name, value in CORE_PARAMETERS.items():
+        setattr(solver.parameters, name, value)
     status = solver.solve(model)
     stats.update(variables=float(len(model.proto.variables)),
                  constraints=float(len(model.proto.constraints)), cpsat_s=solver.wall_time)  # fmt: skip
@@ -280,17 +287,11 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
         raise InfeasibleError(f"the stage ILP found no plan within {options.time_limit_s:g} s "
                               f"(status {solver.status_name(status)}); raise --time-limit")  # fmt: skip
     bound = max(float(least), solver.best_objective_bound if found else 0.0)
-    chosen, method = hint, "hint"
-    if found:
-        chosen = reduction.expand(tuple(_value(solver, row) for row in y))
-        method = "ilp"
-        if (
-            hint is not None
-            and problem.evaluate(hint).cut_bytes < problem.evaluate(chosen).cut_bytes
-        ):
-            chosen, method = hint, "hint"
-    assert chosen is not None
-    cut = problem.evaluate(chosen).cut_bytes
+    plans = [(reduction.expand(tuple(_value(solver, row) for row in y)), "ilp")] if found else []
+    plans += [(hint, "hint")] if hint is not None else []
+    # the ILP's plan unless the hint cuts less
+    cut, _, chosen, method = min((problem.evaluate(plan).cut_bytes, k, plan, how)
+                                 for k, (plan, how) in enumerate(plans))  # fmt: skip
     optimal = status == cp_model.OPTIMAL or cut <= bound
     return StagePlan(chosen, cut, min(float(cut), bound),
                      SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE, method,
@@ -399,16 +400,23 @@ def _add_balance(model: cp_model.CpModel, problem: StageProblem, windows: Window
 
 def _add_hint(model: cp_model.CpModel, y: list[Prefix], received: Received,
               problem: StageProblem, hint: tuple[int, ...]) -> None:  # fmt: skip
-    """Every variable hinted (CP-SAT takes a complete, feasible hint as its first plan)."""
+    """Every variable hinted (CP-SAT takes a complete, feasible hint as its first plan).
+    Written to the proto in one piece: `add_hint` per variable took 8 us each."""
+    index: list[int] = []
+    value: list[int] = []
     for i, row in enumerate(y):
         for t, var in enumerate(row[:-1]):
             if not isinstance(var, int):
-                model.add_hint(var, hint[i] <= t)
+                index.append(var.index)
+                value.append(int(hint[i] <= t))
     for i, by_stage in enumerate(received):
         readers = {hint[j] for j in problem.consumers[i]}
         for s, r in by_stage.items():
             if not isinstance(r, int):
-                model.add_hint(r, hint[i] < s and s in readers)
+                index.append(r.index)
+                value.append(int(hint[i] < s and s in readers))
+    model.proto.solution_hint.vars.extend(index)
+    model.proto.solution_hint.values.extend(value)
 
 
 def _value(solver: cp_model.CpSolver, row: Prefix) -> int:

@@ -28,10 +28,14 @@ sum, that plan is optimal and no solver runs.
 sep(s, X) is a max flow: each instruction split into an arc in -> out of capacity b[i]
 (unbounded for lo[i] >= s), unbounded arcs out_i -> in_j along the edges, from a source
 to every instruction of before(s), and from the `in` of every instruction of X to the
-sink. The candidates are flowed heaviest first; the lightest ones that together compute
-less than `LIGHT_SHARE` of the floor are taken as cut off by sep(s, F(s)) alone (a lower
-bound, so least(s) stays valid). Without tightening, before(s) is empty and every bound
-is 0. On the 24- and 72-layer GPTs the bounds sum to the optimum (16 MiB a stage); on a
+sink. Every candidate's cut is at least sep(s, F(s)). The candidates are flowed heaviest
+first; the lightest ones that together compute less than `LIGHT_SHARE` of the floor are
+taken as cut off by sep(s, F(s)) alone (a lower bound, so least(s) stays valid). After
+1, 2, 4, ... flows, the candidates not flowed yet are taken at sep(s, F(s)) (a lower
+bound on t(s)) and left out (an upper bound); where the two meet, that is t(s) and the
+flows stop. On 88 zoo problems (26 models and stage counts, up to 4 epsilons each) this
+gave the same bounds in 1.7 s against 2.5 s. Without tightening, before(s) is empty and
+every bound is 0. On the 24- and 72-layer GPTs the bounds sum to the optimum (16 MiB a stage); on a
 T5-large-sized encoder-decoder into 4 stages to 80 of 96 MiB, since a stage may hold one
 of its two streams alone (the least cut to any set of instructions that fills stage 1,
 solved exactly as an ILP, is 16 MiB there too: more needs the stages together).
@@ -109,21 +113,38 @@ def _least(problem: StageProblem, lo: np.ndarray, hi: np.ndarray, s: int, edges:
         return together  # F alone holds the floor
     candidates = sorted((j for j in np.flatnonzero(kept & ~fixed & (hi >= s)).tolist()
                          if compute[j] > 0), key=lambda j: (-compute[j], j))  # fmt: skip
-    light = sum(compute[j] for j in candidates)
+    pending = sum(compute[j] for j in candidates)  # not flowed yet
     separated: list[tuple[int, float]] = []
-    for j in candidates:
-        if light < LIGHT_SHARE * floor:
+    for k, j in enumerate(candidates):
+        if pending < LIGHT_SHARE * floor:
             break
+        if k & (k - 1) == 0:  # after 1, 2, 4, ... flows: are the bounds on t(s) equal?
+            low = _threshold(held + pending, floor, together, separated)
+            if low == _threshold(held, floor, together, separated):
+                return together if low is None else low
         arc = flow.add_arc_with_capacity(2 * int(at[j]), sink, unbounded)
         status = flow.solve(source, sink)
         flow.set_arc_capacity(arc, 0)
         if status != flow.OPTIMAL:
             return 0
         separated.append((flow.optimal_flow(), compute[j]))
-        light -= compute[j]
-    held += max(light, 0.0)  # the unflowed candidates, taken as cut off by `together`
+        pending -= compute[j]
+    # the unflowed candidates are taken as cut off by `together`
+    found = _threshold(held + max(pending, 0.0), floor, together, separated)
+    return together if found is None else found
+
+
+def _threshold(held: float, floor: float, together: int, separated: list[tuple[int, float]]
+               ) -> int | None:  # fmt: skip
+    """t(s) of the module docstring when the stage holds `held` compute cut off by
+    `together` (the least cut) and the flowed candidates (cut, compute); None when they
+    do not make up the floor. Every candidate not flowed has a cut of at least
+    `together`: taken at `together` they give a lower bound on the t(s) of flowing them
+    all, left out an upper bound (more candidates reach the floor at a cut no higher)."""
+    if held >= floor:
+        return together
     for cut, work in sorted(separated):
         held += work
         if held >= floor:
             return cut
-    return together
+    return None

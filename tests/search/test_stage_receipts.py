@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import itertools
 
+import networkx as nx
+import pytest
+
 from rhino.hlo.errors import InfeasibleError
+from rhino.search import stage_receipts
 from rhino.search.problem import SolveOptions, SolveStatus
 from rhino.search.stage_ilp import solve_brute_force, solve_stages, tighten
 from rhino.search.stage_problem import StageProblem
@@ -91,3 +95,76 @@ def test_without_tightening_there_is_no_receipt_bound() -> None:
     plan = solve_stages(problem, OPTIONS, tightening=False, hint=tuple(i // 3 for i in range(12)))
     assert plan.stats["receipt_bound"] == 0.0
     assert plan.cut_bytes == 30 and plan.status is SolveStatus.OPTIMAL
+
+
+def separation(problem: StageProblem, lo: tuple[int, ...], hi: tuple[int, ...], s: int,
+               sink_set: set[int]) -> int:  # fmt: skip
+    """sep(s, X) of `stage_receipts`, from networkx on the whole graph."""
+    graph = nx.DiGraph()
+    for i in range(len(problem.names)):
+        capacity = problem.bytes[i] if lo[i] < s else None  # None: unbounded
+        graph.add_edge(
+            ("in", i), ("out", i), **({} if capacity is None else {"capacity": capacity})
+        )
+        if hi[i] < s:
+            graph.add_edge("source", ("in", i))
+        if i in sink_set:
+            graph.add_edge(("in", i), "sink")
+        for j in problem.consumers[i]:
+            graph.add_edge(("out", i), ("in", j))
+    if "source" not in graph or "sink" not in graph:
+        return 0
+    return int(nx.maximum_flow_value(graph, "source", "sink"))
+
+
+def oracle(problem: StageProblem, lo: tuple[int, ...], hi: tuple[int, ...], s: int) -> int:
+    """least(s) of `stage_receipts` by its definition, flowing every candidate."""
+    floor = problem.floor * (1 - 1e-6)
+    if not any(h < s for h in hi) or floor <= 0:
+        return 0
+    fixed = {i for i in range(len(lo)) if lo[i] == hi[i] == s}
+    together = separation(problem, lo, hi, s, fixed)
+    held = sum(problem.compute[i] for i in fixed)
+    if held >= floor:
+        return together
+    candidates = [j for j in range(len(lo))
+                  if lo[j] <= s <= hi[j] and j not in fixed and problem.compute[j] > 0]  # fmt: skip
+    for cut, j in sorted((separation(problem, lo, hi, s, fixed | {j}), j) for j in candidates):
+        held += problem.compute[j]
+        if held >= floor:
+            return cut
+    return together
+
+
+def test_the_bounds_equal_flowing_every_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no light share, the early stop (the bounds on t(s) meet) changes nothing."""
+    monkeypatch.setattr(stage_receipts, "LIGHT_SHARE", 0.0)
+    compared = 0
+    for seed in range(40):
+        problem = (random_problem if seed % 2 else sparse_problem)(seed, n=12, d=4, eps=0.3)
+        try:
+            windows = tighten(problem)
+        except InfeasibleError:
+            continue
+        least = least_receipts(problem, windows.lo, windows.hi)
+        expected = tuple(oracle(problem, windows.lo, windows.hi, s) for s in range(problem.stages))
+        assert least == expected, seed
+        compared += any(expected)
+    assert compared >= 10
+
+
+def test_light_candidates_that_fill_the_floor_bound_the_stage_by_the_least_cut() -> None:
+    # A must be on stage 0 and F on stage 1 (8.6 of the 8.82 floor). Stage 1 may fill its
+    # floor with L, which reads nothing, and take H's 1-byte result: it receives 1 byte,
+    # not the 1000 of A that it would receive holding H.
+    names = ("A", "H", "F", "L")
+    problem = StageProblem(
+        names, (9.5, 1.0, 8.6, 0.5), (1000, 1, 1, 1), ((1,), (2,), (), ()), 2, 0.1
+    )
+    windows = tighten(problem)
+    assert (windows.lo[2], windows.hi[2]) == (1, 1)
+    assert least_receipts(problem, windows.lo, windows.hi) == (0, 1)
+    best = solve_brute_force(problem)
+    assert best == ((0, 0, 1, 1), 1)
+    plan = solve_stages(problem, OPTIONS)
+    assert plan.cut_bytes == 1 and plan.status is SolveStatus.OPTIMAL
