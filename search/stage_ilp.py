@@ -158,8 +158,8 @@ def tighten(problem: StageProblem) -> Windows:
     for i, cs in enumerate(problem.consumers):
         for j in cs:
             operands[j].append(i)
-    ancestors = _closure_compute(operands, range(n), c)
-    descendants = _closure_compute([list(cs) for cs in problem.consumers], range(n - 1, -1, -1), c)
+    ancestors = closure_compute(operands, range(n), c)
+    descendants = closure_compute([list(cs) for cs in problem.consumers], range(n - 1, -1, -1), c)
     up_to, from_ = ancestors + c, descendants + c  # compute at or before i, at or after i
     lows, highs = np.zeros(n), np.full(n, d - 1.0)
     if cap > 0:
@@ -199,29 +199,41 @@ def tighten(problem: StageProblem) -> Windows:
     return Windows(tuple(lo), tuple(hi))
 
 
-def _closure_compute(preds: list[list[int]], order: range, c: np.ndarray) -> np.ndarray:
+def closure_compute(preds: list[list[int]], order: range, c: np.ndarray) -> np.ndarray:
     """For each node, the compute of the nodes it reaches through `preds` (transitively),
     visiting nodes in `order` (every pred before the node). Reachability as bit sets
-    (Python integers); a set's sum is read byte by byte from a table of the 256 sums each
-    byte can hold."""
+    (Python integers). Where one pred p reaches, with itself, all that the node reaches,
+    the node's sum is p's plus c[p] (on the zoo's large models, all but 5-8% of the nodes);
+    the others' sets are summed byte by byte from a table of the 256 sums each byte can
+    hold."""
     n = len(preds)
     width = (n + 7) // 8
     reach = [0] * n
+    through = [-1] * n  # the pred whose sum the node's is, -1 for none
+    summed: list[int] = []  # the nodes summed from the table
     for v in order:
         row = 0
         for p in preds[v]:
             row |= reach[p] | (1 << p)
         reach[v] = row
-    rows = np.frombuffer(b"".join(row.to_bytes(width, "little") for row in reach),
-                         dtype=np.uint8).reshape(n, width)  # fmt: skip
-    weights = np.zeros(width * 8)
-    weights[:n] = c
-    byte_bits = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(float)  # [byte, bit]
-    table = weights.reshape(width, 8) @ byte_bits.T  # [position, byte value] -> sum
-    positions = np.arange(width)
-    total = np.empty(n)
-    for start in range(0, n, 1024):
-        total[start : start + 1024] = table[positions, rows[start : start + 1024]].sum(axis=1)
+        through[v] = next((p for p in preds[v] if reach[p] | (1 << p) == row), -1)
+        if through[v] < 0 and row:
+            summed.append(v)
+    total = np.zeros(n)
+    if summed:
+        rows = np.frombuffer(b"".join(reach[v].to_bytes(width, "little") for v in summed),
+                             dtype=np.uint8).reshape(len(summed), width)  # fmt: skip
+        weights = np.zeros(width * 8)
+        weights[:n] = c
+        byte_bits = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(float)  # [byte, bit]
+        table = weights.reshape(width, 8) @ byte_bits.T  # [position, byte value] -> sum
+        positions = np.arange(width)
+        for start in range(0, len(summed), 1024):
+            chunk = rows[start : start + 1024]
+            total[summed[start : start + 1024]] = table[positions, chunk].sum(axis=1)
+    for v in order:
+        if through[v] >= 0:
+            total[v] = total[through[v]] + c[through[v]]
     return total
 
 

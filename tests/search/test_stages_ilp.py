@@ -5,12 +5,14 @@ from __future__ import annotations
 import itertools
 import random
 
+import networkx as nx
+import numpy as np
 import pytest
 
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.problem import SolveOptions, SolveStatus
 from rhino.search.stage_baselines import best_split, best_split_late, equal_count, late_order
-from rhino.search.stage_ilp import solve_brute_force, solve_stages, tighten
+from rhino.search.stage_ilp import closure_compute, solve_brute_force, solve_stages, tighten
 from rhino.search.stage_problem import StageProblem
 from rhino.search.stage_reduce import reduce_problem
 
@@ -91,6 +93,27 @@ def test_tightened_windows_hold_every_balanced_plan(seed: int) -> None:
             continue
         for i, s in enumerate(plan):
             assert windows.lo[i] <= s <= windows.hi[i]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_closure_sums_are_the_ancestors_and_descendants_compute(seed: int) -> None:
+    r = random.Random(seed)
+    n = 60
+    consumers = [sorted(r.sample(range(i + 1, n), min(n - i - 1, r.choice([0, 1, 1, 2, 4]))))
+                 for i in range(n)]  # fmt: skip
+    compute = np.array([r.choice([0.0, 0.5, 1.0, 3.0]) for _ in range(n)])
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from((i, j) for i in range(n) for j in consumers[i])
+    operands: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        for j in consumers[i]:
+            operands[j].append(i)
+    ancestors = closure_compute(operands, range(n), compute)
+    descendants = closure_compute(consumers, range(n - 1, -1, -1), compute)
+    for v in range(n):
+        assert ancestors[v] == pytest.approx(sum(compute[a] for a in nx.ancestors(graph, v)))
+        assert descendants[v] == pytest.approx(sum(compute[a] for a in nx.descendants(graph, v)))
 
 
 def test_bytes_are_counted_once_per_receiving_stage() -> None:
