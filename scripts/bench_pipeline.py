@@ -11,10 +11,12 @@ and imbalance of the equal-count split and of the DP's best balanced split of th
 program order and of the as-late-as-possible order, and of rhino's plan (`plan_pipeline`: ILP
 with bound tightening, started from the better balanced baseline), its wall time end
 to end (parse included), the ILP's nodes after the exact reduction and how many bound
-tightening fixed, the ILP's time (reduction, tightening and the model's build included),
-status and gap;
-then the same ILP without bound tightening (same reduction, start and time limit) and
-the speed-up of the ILP time. Models are generated
+tightening fixed, the ILP's time (`solve_stages` end to end: reduction, tightening and
+the receipts, the model's build, CP-SAT; best of 3 where a run takes under 2 s), status
+and gap; then the same ILP without bound tightening (same reduction, start and time
+limit, timed the same way) and the speed-up of the ILP time; under the table, both
+times summed over the rows, over all of them and over those where the ILP without
+tightening takes 1 s or more. Models are generated
 under generated/ on first use (scripts/zoo.py, needs jax). Times are wall clock on this
 machine, one process, models run one after another; each parsed module is frozen out of
 the garbage collector while its solvers run (unfrozen, the 72-layer GPT's 2-stage
@@ -92,7 +94,6 @@ def run(name: str, d: int, epsilon: float, time_limit: float) -> dict[str, Any]:
     from rhino.search.cluster import load_cluster
     from rhino.search.pipeline import PipelineRequest, all_baselines, best_balanced, plan_pipeline
     from rhino.search.problem import SolveOptions
-    from rhino.search.stage_ilp import solve_stages
     from rhino.search.stage_problem import StageProblem
     from rhino.search.stages import forward_graph, split_step
 
@@ -113,8 +114,8 @@ def run(name: str, d: int, epsilon: float, time_limit: float) -> dict[str, Any]:
     graph = forward_graph(split_step(module), dict(load_cluster("m8").flops))
     problem = StageProblem(graph.names, graph.compute, graph.bytes, graph.consumers, d, eps)
     hint = best_balanced(all_baselines(problem))  # the start plan_pipeline gave the ILP
-    loose = solve_stages(problem, options, tightening=False,
-                         hint=hint.stage if hint else None)  # fmt: skip
+    tight, tight_s = _timed(problem, options, True, hint.stage if hint else None)
+    loose, loose_s = _timed(problem, options, False, hint.stage if hint else None)
     gc.unfreeze()
     base = {b["name"]: b for b in plan.baselines}
     return {
@@ -123,18 +124,34 @@ def run(name: str, d: int, epsilon: float, time_limit: float) -> dict[str, Any]:
         "best_split_late": base["best_split_late"],
         "rhino": {"cut_bytes": plan.cut_bytes, "imbalance": plan.imbalance, "status": plan.status,
                   "gap": plan.gap, "method": plan.method, "wall_s": wall,
-                  "ilp_s": _ilp_s(plan.solver),
+                  "ilp_s": tight_s, "ilp_cut_bytes": tight.cut_bytes,
                   "reduced_nodes": plan.solver["reduced_nodes"], "fixed": plan.solver["fixed"]},
         "no_tightening": {"cut_bytes": loose.cut_bytes, "status": loose.status.value,
-                          "gap": loose.gap,
-                          "ilp_s": _ilp_s(loose.stats)},
+                          "gap": loose.gap, "ilp_s": loose_s},
         "step_1f1b_s": plan.schedules["1f1b"]["step_s"],
     }  # fmt: skip
 
 
-def _ilp_s(stats: dict[str, float]) -> float:
-    """Reduction and tightening, building the model, and CP-SAT."""
-    return stats["tighten_s"] + stats["build_s"] + stats["cpsat_s"]
+REPEATS = 3
+REPEAT_UNDER_S = 2.0
+"""An ILP that takes under this long runs `REPEATS` times, and its best time counts: on
+this shared 2-core machine one run of a 0.1-0.2 s ILP varied by up to 1.5x."""
+
+
+def _timed(problem: Any, options: Any, tightening: bool, hint: tuple[int, ...] | None
+           ) -> tuple[Any, float]:  # fmt: skip
+    """`solve_stages` and its time end to end (reduction, tightening and receipts, the
+    model's build, CP-SAT and the plan's evaluation): the best of `REPEATS` runs where
+    one takes under `REPEAT_UNDER_S`. The plan is the first run's (every run gives it)."""
+    from rhino.search.stage_ilp import solve_stages
+
+    found = solve_stages(problem, options, tightening=tightening, hint=hint)
+    best = found.solve_time_s
+    if best < REPEAT_UNDER_S:
+        for _ in range(REPEATS - 1):
+            best = min(best, solve_stages(problem, options, tightening=tightening,
+                                          hint=hint).solve_time_s)  # fmt: skip
+    return found, best
 
 
 def _mib(n: object) -> str:
@@ -166,8 +183,8 @@ def render(rows: list[dict[str, Any]]) -> Table:
             f"{_mib(rh['cut_bytes'])} ({rh['imbalance']:.0%})",
             "-" if ratio is None else f"{ratio:.2f}",
             f"{rh['status']} ({rh['gap']:.0%})", f"{rh['wall_s']:.1f}",
-            f"{int(rh['reduced_nodes'])}/{int(rh['fixed'])}", f"{rh['ilp_s']:.2f}",
-            f"{lo['ilp_s']:.2f} {lo['status']} ({lo['gap']:.0%})", _mib(lo["cut_bytes"]),
+            f"{int(rh['reduced_nodes'])}/{int(rh['fixed'])}", f"{rh['ilp_s']:.3f}",
+            f"{lo['ilp_s']:.3f} {lo['status']} ({lo['gap']:.0%})", _mib(lo["cut_bytes"]),
             f"{lo['ilp_s'] / max(rh['ilp_s'], 1e-3):.1f}x",
         )  # fmt: skip
     return t
@@ -193,6 +210,14 @@ def main(models: tuple[str, ...], stages: tuple[int, ...], epsilon: float, time_
             console.print(f"{row['rhino']['wall_s']:.1f} s")
             rows.append(row)
     console.print(render(rows))
+    for label, chosen in (("all rows", rows),
+                          ("rows where it takes >= 1 s without tightening",
+                           [r for r in rows if r["no_tightening"]["ilp_s"] >= 1.0])):  # fmt: skip
+        tight = sum(r["rhino"]["ilp_s"] for r in chosen)
+        loose = sum(r["no_tightening"]["ilp_s"] for r in chosen)
+        if chosen:
+            console.print(f"ILP time, {label} ({len(chosen)}): {tight:.2f} s with bound "
+                          f"tightening, {loose:.2f} s without: {loose / max(tight, 1e-9):.1f}x")  # fmt: skip
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     doc = {"revision": revision("search", "hlo"), "time_limit_s": time_limit, "rows": rows}
     Path(out).write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
