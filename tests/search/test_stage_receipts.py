@@ -4,6 +4,7 @@ search where a start plan reaches them."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 import networkx as nx
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from rhino.hlo.errors import InfeasibleError
 from rhino.search import stage_receipts
 from rhino.search.problem import SolveOptions, SolveStatus
-from rhino.search.stage_ilp import solve_brute_force, solve_stages, tighten
+from rhino.search.stage_ilp import Windows, solve_brute_force, solve_stages, tighten
 from rhino.search.stage_problem import StageProblem
 from rhino.search.stage_receipts import least_receipts
 from tests.search.test_stages_ilp import random_problem, sparse_problem
@@ -28,15 +29,22 @@ def received(problem: StageProblem, plan: tuple[int, ...]) -> list[int]:
     return got
 
 
-def test_every_balanced_plan_receives_at_least_the_bound_on_each_stage() -> None:
-    bounded = 0
-    for seed in range(60):
-        problem = (random_problem if seed % 2 else sparse_problem)(seed, n=7, d=3, eps=0.2)
+def seeded(count: int, n: int, d: int, eps: float
+           ) -> Iterator[tuple[int, StageProblem, Windows, tuple[int, ...]]]:  # fmt: skip
+    """(seed, problem, its windows, its least receipts) for the seeded random problems
+    that some plan balances."""
+    for seed in range(count):
+        problem = (random_problem if seed % 2 else sparse_problem)(seed, n=n, d=d, eps=eps)
         try:
             windows = tighten(problem)
         except InfeasibleError:
             continue
-        least = least_receipts(problem, windows.lo, windows.hi)
+        yield seed, problem, windows, least_receipts(problem, windows.lo, windows.hi)
+
+
+def test_every_balanced_plan_receives_at_least_the_bound_on_each_stage() -> None:
+    bounded = 0
+    for seed, problem, _, least in seeded(60, n=7, d=3, eps=0.2):
         assert least[0] == 0
         bounded += any(least)
         for plan in itertools.product(range(problem.stages), repeat=len(problem.names)):
@@ -140,13 +148,7 @@ def test_the_bounds_equal_flowing_every_candidate(monkeypatch: pytest.MonkeyPatc
     """With no light share, the early stop (the bounds on t(s) meet) changes nothing."""
     monkeypatch.setattr(stage_receipts, "LIGHT_SHARE", 0.0)
     compared = 0
-    for seed in range(40):
-        problem = (random_problem if seed % 2 else sparse_problem)(seed, n=12, d=4, eps=0.3)
-        try:
-            windows = tighten(problem)
-        except InfeasibleError:
-            continue
-        least = least_receipts(problem, windows.lo, windows.hi)
+    for seed, problem, windows, least in seeded(40, n=12, d=4, eps=0.3):
         expected = tuple(oracle(problem, windows.lo, windows.hi, s) for s in range(problem.stages))
         assert least == expected, seed
         compared += any(expected)
