@@ -32,7 +32,7 @@ def received(problem: StageProblem, plan: tuple[int, ...]) -> list[int]:
 def seeded(count: int, n: int, d: int, eps: float
            ) -> Iterator[tuple[int, StageProblem, Windows, tuple[int, ...]]]:  # fmt: skip
     """(seed, problem, its windows, its least receipts) for the seeded random problems
-    that some plan balances."""
+    that bound tightening leaves a stage for every instruction."""
     for seed in range(count):
         problem = (random_problem if seed % 2 else sparse_problem)(seed, n=n, d=d, eps=eps)
         try:
