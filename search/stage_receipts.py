@@ -30,13 +30,13 @@ sep(s, X) is a max flow: each instruction split into an arc in -> out of capacit
 to every instruction of before(s), and from the `in` of every instruction of X to the
 sink. Every candidate's cut is at least sep(s, F(s)). The candidates are flowed heaviest
 first; the lightest ones that together compute less than `LIGHT_SHARE` of the floor are
-taken as cut off by sep(s, F(s)) alone (a lower bound, so least(s) stays valid). After
-1, 2, 4, ... flows, the candidates not flowed yet are taken at sep(s, F(s)) (a lower
-bound on t(s)) and left out (an upper bound); where the two meet, that is t(s) and the
-flows stop. On 88 zoo problems (26 models and stage counts, up to 4 epsilons each) this
-gave the same bounds in 1.7 s against 2.5 s. Without tightening, before(s) is empty and
-every bound is 0. On the 24- and 72-layer GPTs the bounds sum to the optimum (16 MiB a stage); on a
-T5-large-sized encoder-decoder into 4 stages to 80 of 96 MiB, since a stage may hold one
+taken as cut off by sep(s, F(s)) alone (a lower bound, so least(s) stays valid). Before
+the first flow and after 1, 2, 4, ..., the candidates not flowed yet are taken at
+sep(s, F(s)) (a lower bound on t(s)) and left out (an upper bound); where the two meet,
+that is t(s) and the flows stop. On 88 zoo problems (26 models and stage counts, up to 4
+epsilons each) this gave the same bounds in 1.7 s against 2.5 s. Without tightening,
+before(s) is empty and every bound is 0. On the 24- and 72-layer GPTs the bounds sum to
+the optimum (16 MiB a stage); on a T5-large-sized encoder-decoder into 4 stages to 80 of 96 MiB, since a stage may hold one
 of its two streams alone (the least cut to any set of instructions that fills stage 1,
 solved exactly as an ILP, is 16 MiB there too: more needs the stages together).
 """
@@ -118,7 +118,7 @@ def _least(problem: StageProblem, lo: np.ndarray, hi: np.ndarray, s: int, edges:
     for k, j in enumerate(candidates):
         if pending < LIGHT_SHARE * floor:
             break
-        if k & (k - 1) == 0:  # after 1, 2, 4, ... flows: are the bounds on t(s) equal?
+        if k & (k - 1) == 0:  # after 0, 1, 2, 4, ... flows: do the bounds on t(s) meet?
             low = _threshold(held + pending, floor, together, separated)
             if low == _threshold(held, floor, together, separated):
                 return together if low is None else low
