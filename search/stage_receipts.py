@@ -36,9 +36,10 @@ sep(s, F(s)) (a lower bound on t(s)) and left out (an upper bound); where the tw
 that is t(s) and the flows stop. On 88 zoo problems (26 models and stage counts, up to 4
 epsilons each) this gave the same bounds in 1.7 s against 2.5 s. Without tightening,
 before(s) is empty and every bound is 0. On the 24- and 72-layer GPTs the bounds sum to
-the optimum (16 MiB a stage); on a T5-large-sized encoder-decoder into 4 stages to 80 of 96 MiB, since a stage may hold one
-of its two streams alone (the least cut to any set of instructions that fills stage 1,
-solved exactly as an ILP, is 16 MiB there too: more needs the stages together).
+the optimum (16 MiB a stage); on a T5-large-sized encoder-decoder into 4 stages to 80 of
+96 MiB, since a stage may hold one of its two streams alone (the least cut to any set of
+instructions that fills stage 1, solved exactly as an ILP, is 16 MiB there too: more
+needs the stages together).
 """
 
 from __future__ import annotations
