@@ -92,10 +92,13 @@ GPT only to within 4e-6."""
 PROVEN_GAP = 1e-7
 """A plan within this share of a lower bound counts as proven optimal (the LP solvers'
 own tolerance is 1e-7)."""
-LP_PRESOLVE_VARIABLES = 50_000
-"""HiGHS presolves an LP with at least this many variables; a smaller one (a window of
-O2's refinement) solves twice as fast without (40 windows of the 24-layer GPT on 2x8:
-1.8 s, 3.7 s with presolve; same optima)."""
+LP_PRESOLVE_VARIABLES = LP_FIRST_ORDER_VARIABLES
+"""HiGHS presolves an LP with at least this many variables (those run on PDLP); the
+simplex solves the others faster without. 40 windows of O2's refinement on the 24-layer
+GPT on 2x8: 1.8 s, 3.7 s with presolve. The whole-graph LPs of the example models at O2
+on 2x8 (69k-316k variables, 12 of them): 18.8 s, 33.2 s with presolve; 2-3x faster on
+the MoE, UNet, Wide-ResNet, VGG and the GPT on 2x4, 1.2-1.4x slower on the DNABERT. Same
+optima, all integral."""
 LP_UNIT = 1e6
 """The LP counts microseconds: HiGHS' tolerances (~1e-7) would swallow costs in seconds."""
 
