@@ -58,6 +58,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -161,7 +162,7 @@ def tighten(problem: StageProblem) -> Windows:
         for j in cs:
             operands[j].append(i)
     ancestors = closure_compute(operands, range(n), c)
-    descendants = closure_compute([list(cs) for cs in problem.consumers], range(n - 1, -1, -1), c)
+    descendants = closure_compute(problem.consumers, range(n - 1, -1, -1), c)
     up_to, from_ = ancestors + c, descendants + c  # compute at or before i, at or after i
     lows, highs = np.zeros(n), np.full(n, d - 1.0)
     if cap > 0:
@@ -201,7 +202,7 @@ def tighten(problem: StageProblem) -> Windows:
     return Windows(tuple(lo), tuple(hi))
 
 
-def closure_compute(preds: list[list[int]], order: range, c: np.ndarray) -> np.ndarray:
+def closure_compute(preds: Sequence[Sequence[int]], order: range, c: np.ndarray) -> np.ndarray:
     """For each node, the compute of the nodes it reaches through `preds` (transitively),
     visiting nodes in `order` (every pred before the node). Reachability as bit sets
     (Python integers). Where one pred p reaches, with itself, all that the node reaches,
