@@ -105,10 +105,7 @@ def test_closure_sums_are_the_ancestors_and_descendants_compute(seed: int) -> No
     graph = nx.DiGraph()
     graph.add_nodes_from(range(n))
     graph.add_edges_from((i, j) for i in range(n) for j in consumers[i])
-    operands: list[list[int]] = [[] for _ in range(n)]
-    for i in range(n):
-        for j in consumers[i]:
-            operands[j].append(i)
+    operands = [list(graph.predecessors(v)) for v in range(n)]
     ancestors = closure_compute(operands, range(n), compute)
     descendants = closure_compute(consumers, range(n - 1, -1, -1), compute)
     for v in range(n):
