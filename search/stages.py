@@ -7,8 +7,9 @@ forward graph the stage ILP works on.
 
 Roles, from the dataflow of the ENTRY computation (names and metadata such as
 `transpose(jvp(...))` are not read):
-    loss      the ROOT tuple's first floating-point scalar that depends on a dot or a
-              convolution (or the ROOT itself when it is such a scalar); `loss=` overrides
+    loss      the scalar the gradients differentiate (`rhino.search.step_loss`: the
+              step's other scalars are learning rates, metrics, gradient norms);
+              `loss=` overrides
     forward   the loss and its ancestors
     state     entry parameters that are not forward (optimizer moments, step count)
     update    every other instruction that depends on a state parameter (the new
@@ -33,9 +34,7 @@ from rhino.hlo.analysis import CostWalker, topological_order
 from rhino.hlo.errors import RhinoError
 from rhino.hlo.ir import Instruction, Module
 from rhino.hlo.opcode import Opcode
-from rhino.hlo.shape import FLOAT_DTYPES
-
-HEAVY = frozenset({Opcode.DOT, Opcode.CONVOLUTION})
+from rhino.search.step_loss import find_loss
 
 
 class Role(enum.Enum):
@@ -66,6 +65,8 @@ class StepSplit:
     """Instructions that depend on a data parameter (split by micro-batch)."""
     weights: frozenset[str]
     """Forward parameters that the update rewrites (the model's weights)."""
+    forward_share: float = 0.0
+    """The forward's share of the step's dot and convolution FLOPs."""
 
     def role(self, name: str) -> Role:
         return self.roles[self.index[name]]
@@ -84,7 +85,11 @@ def split_step(module: Module, loss: str | None = None) -> StepSplit:
     index = {inst.name: k for k, inst in enumerate(order)}
     walker = CostWalker(module)
     flops = tuple(walker.instruction_cost(inst)[0] for inst in order)
-    loss_inst = _named_loss(entry.get(loss), loss, entry.name) if loss else _find_loss(order, flops)
+    if loss is not None:
+        _named_loss(entry.get(loss), loss, entry.name)
+    free = _free(order)
+    choice = find_loss(order, flops, free, loss)
+    loss_inst = order[index[choice.name]]
     forward = _ancestors(loss_inst)
     params = [i for i in order if i.opcode is Opcode.PARAMETER]
     state = {i.name for i in params if i.name not in forward}
@@ -105,43 +110,14 @@ def split_step(module: Module, loss: str | None = None) -> StepSplit:
         p.name for p in params if p.name in forward and any(u.name in tainted for u in p.users)
     )
     data = {p.name for p in params if p.name in forward and p.name not in weights}
-    return StepSplit(order, index, loss_inst.name, tuple(roles), _free(order),
-                     flops, frozenset(_descendants(order, data)), weights)  # fmt: skip
+    return StepSplit(order, index, loss_inst.name, tuple(roles), free, flops,
+                     frozenset(_descendants(order, data)), weights, choice.share)  # fmt: skip
 
 
 def _named_loss(inst: Instruction | None, name: str, entry: str) -> Instruction:
     if inst is None:
         raise RhinoError(f"--loss {name}: no instruction %{name} in the ENTRY computation {entry}")
     return inst
-
-
-def _find_loss(order: tuple[Instruction, ...], flops: tuple[float, ...]) -> Instruction:
-    """The ROOT tuple's first floating-point scalar that depends on a dot or convolution."""
-    root = order[-1].parent.root if order and order[-1].parent else None
-    if root is None:
-        raise RhinoError("empty ENTRY computation: nothing to pipeline")
-    candidates = root.operands if root.opcode is Opcode.TUPLE else [root]
-    for cand in candidates:
-        if cand.shape.rank == 0 and cand.shape.dtype in FLOAT_DTYPES and _has_heavy(cand):
-            return cand
-    raise RhinoError(
-        f"cannot find the loss of %{root.name}: no floating-point scalar among the ROOT's "
-        "values depends on a dot or convolution (name it with --loss)"
-    )
-
-
-def _has_heavy(inst: Instruction) -> bool:
-    seen: set[str] = set()
-    stack = [inst]
-    while stack:
-        cur = stack.pop()
-        if cur.opcode in HEAVY or cur.called:
-            return True
-        for op in cur.operands:
-            if op.name not in seen:
-                seen.add(op.name)
-                stack.append(op)
-    return False
 
 
 def _ancestors(inst: Instruction) -> set[str]:
