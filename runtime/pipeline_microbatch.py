@@ -52,6 +52,9 @@ from rhino.search.stages import Role, StepSplit
 
 PARTIAL = "partial"
 STEP = "step"
+ROWS = "microbatch_rows"
+"""The parameter a rewritten step reads its micro-batch's rows of the batch from (s32[B/m],
+rows k*B/m .. (k+1)*B/m - 1 for micro-batch k), where it has one (`BatchFacts.counts_rows`)."""
 
 State: TypeAlias = "int | str | None | tuple[State, ...]"
 """None, a batched dimension, PARTIAL, STEP, or per element of a tuple."""
@@ -71,6 +74,14 @@ class BatchFacts:
     """Instruction name -> its state (module docstring)."""
     resize: dict[tuple[str, int], int] = field(default_factory=dict)
     """(user, operand index) -> the dimension of that batch-independent operand to cut."""
+    sliced: frozenset[tuple[str, int]] = frozenset()
+    """(batch-independent instruction, dimension) computed whole, the micro-batch's rows
+    sliced from it: those no cut of their operands gives (`_check_resizable`)."""
+    counts_rows: bool = False
+    """A resized value counts along the batch (an iota, as the counters of JAX's random
+    bits are) or is sliced from the whole batch's: the micro-batch's copy starts at its
+    first row, which the rewritten step reads from the parameter `ROWS` (the rows of the
+    batch it holds)."""
 
     def per_microbatch(self, name: str) -> bool:
         """Does the value differ between micro-batches (per example or a partial sum)?"""
@@ -93,6 +104,9 @@ class _Facts:
         self.batch = batch
         self.state: dict[str, State] = {}
         self.resize: dict[tuple[str, int], int] = {}
+        self.counts_rows = False
+        self.cut: set[tuple[str, int]] = set()
+        self.sliced: set[tuple[str, int]] = set()
 
     def of(self, inst: Instruction) -> State:
         return self.state[inst.name]
@@ -105,7 +119,7 @@ class _Facts:
         if state == dim:
             return
         if state is None and op.shape.rank > dim and op.shape.dims[dim] % self.batch == 0:
-            _check_resizable(op, dim)
+            _check_resizable(op, dim, self)
             self.resize[(user.name, k)] = dim
             return
         raise _refuse(user, f"operand {k} %{op.name} is {_describe(state)} where the batch "
@@ -124,9 +138,17 @@ def _describe(state: State) -> str:
     return "a tuple"
 
 
+class _Refusal(ConfigError):
+    """The step cannot be cut into micro-batches at `inst`."""
+
+    def __init__(self, inst: Instruction, why: str) -> None:
+        super().__init__(f"cannot cut the step into micro-batches at %{inst.name} "
+                         f"({inst.opcode_text}): {why}; run it with 1 micro-batch")  # fmt: skip
+        self.inst = inst
+
+
 def _refuse(inst: Instruction, why: str) -> ConfigError:
-    return ConfigError(f"cannot cut the step into micro-batches at %{inst.name} "
-                       f"({inst.opcode_text}): {why}; run it with 1 micro-batch")  # fmt: skip
+    return _Refusal(inst, why)
 
 
 def flat_step(module: Module) -> tuple[Module, dict[str, str]]:
@@ -152,29 +174,94 @@ def flat_step(module: Module) -> tuple[Module, dict[str, str]]:
 
 def batch_facts(module: Module, split: StepSplit, microbatches: int) -> BatchFacts:
     """The state of every ENTRY instruction of `module` (calls inlined; `split` made on
-    it). Pre: the module verifies. Raises ConfigError when the data parameters disagree
-    on the batch, m does not divide it, or an instruction cannot be micro-batched."""
-    data = data_parameters(split)
-    if not data:
-        raise ConfigError(f"{module.name}: no data parameter (every forward parameter is a "
-                          "weight the update rewrites): nothing to cut into micro-batches")  # fmt: skip
-    sizes = {p.name: p.shape.dims[0] if p.shape.rank else 0 for p in data}
-    batch = next(iter(sizes.values()))
-    if len(set(sizes.values())) != 1 or batch < 1:
-        listed = ", ".join(f"%{n}: {s}" for n, s in sizes.items())
-        raise ConfigError(f"the data parameters disagree on the batch (dimension 0): {listed}")
-    if microbatches < 1 or batch % microbatches:
-        raise ConfigError(f"{microbatches} micro-batches do not divide the batch of {batch} "
-                          f"examples (dimension 0 of %{data[0].name})")  # fmt: skip
+    it). Pre: the module verifies. Raises ConfigError when no set of inputs can be the
+    batch, m does not divide it, or an instruction cannot be micro-batched.
+
+    Which inputs are the batch is read from the dataflow: the step's inputs (forward
+    parameters that are not weights) are grouped by the size of their dimension 0, the
+    largest group (in bytes) first, and a group is the batch when the analysis accepts
+    it. An input the analysis refuses alone (an RNG key, whose two words are sliced apart;
+    a table gathered from) leaves the group, and the rest is tried again; a refusal no
+    single input explains is the step's, and is raised."""
+    groups = input_groups(split)
+    if not groups:
+        raise ConfigError(f"{module.name}: no input to cut into micro-batches (every "
+                          "forward parameter is a weight the update rewrites or a scalar)")  # fmt: skip
+    first: ConfigError | None = None
+    for group in groups:
+        data = list(group)
+        while data:
+            batch = data[0].shape.dims[0]
+            try:
+                return _analyse(module, split, microbatches, data, batch)
+            except _Refusal as refusal:
+                first = first or refusal
+                culprits = _inputs_behind(refusal.inst, data)
+                if not culprits or len(culprits) == len(data):
+                    break
+                data = [p for p in data if p.name not in culprits]
+    assert first is not None
+    raise first
+
+
+def input_groups(split: StepSplit) -> list[list[Instruction]]:
+    """The step's inputs with a dimension 0, grouped by its size, the most bytes first."""
+    groups: dict[int, list[Instruction]] = {}
+    for inst in data_parameters(split):
+        if inst.shape.rank and not inst.shape.is_tuple and inst.shape.dims[0] > 0:
+            groups.setdefault(inst.shape.dims[0], []).append(inst)
+    return sorted(groups.values(),
+                  key=lambda g: (-sum(p.shape.byte_size for p in g), g[0].shape.dims[0]))  # fmt: skip
+
+
+def _inputs_behind(inst: Instruction, data: list[Instruction]) -> set[str]:
+    """The inputs among `data` that `inst` depends on."""
+    names = {p.name for p in data}
+    found: set[str] = set()
+    seen = {inst.name}
+    stack = [inst]
+    while stack:
+        for op in stack.pop().operands:
+            if op.name not in seen:
+                seen.add(op.name)
+                stack.append(op)
+                if op.name in names:
+                    found.add(op.name)
+    return found
+
+
+def _analyse(module: Module, split: StepSplit, microbatches: int, data: list[Instruction],
+             batch: int) -> BatchFacts:  # fmt: skip
     facts = _Facts(batch)
     names = {p.name for p in data}
     for inst in split.order:
         facts.state[inst.name] = _state_of(inst, split, names, facts)
-    return BatchFacts(batch, microbatches, tuple(p.name for p in data), facts.state, facts.resize)
+    heavy = _heavy_behind(split)
+    for name, _ in sorted(facts.sliced, key=lambda t: split.index[t[0]]):
+        if heavy[name]:
+            raise _refuse(split.order[split.index[name]], "it would be computed for the whole "
+                          "batch in every micro-batch (its dots or convolutions read the "
+                          "batch's inputs)")  # fmt: skip
+    if microbatches < 1 or batch % microbatches:
+        raise ConfigError(f"{microbatches} micro-batches do not divide the batch of {batch} "
+                          f"examples (dimension 0 of %{data[0].name})")  # fmt: skip
+    return BatchFacts(batch, microbatches, tuple(p.name for p in data), facts.state, facts.resize,
+                      frozenset(facts.sliced), facts.counts_rows)  # fmt: skip
+
+
+def _heavy_behind(split: StepSplit) -> dict[str, bool]:
+    """Per instruction: is it, or anything it depends on, a dot or a convolution?"""
+    heavy: dict[str, bool] = {}
+    for inst in split.order:
+        heavy[inst.name] = inst.opcode in (Opcode.DOT, Opcode.CONVOLUTION) or any(
+            heavy[op.name] for op in inst.operands
+        )
+    return heavy
 
 
 def data_parameters(split: StepSplit) -> list[Instruction]:
-    """The step's data: forward parameters that the update does not rewrite."""
+    """The step's inputs: forward parameters that the update does not rewrite (the batch
+    among them, and per-step inputs such as an RNG key)."""
     return [inst for inst in split.order
             if inst.opcode is Opcode.PARAMETER and split.role(inst.name) is Role.FORWARD
             and inst.name not in split.weights]  # fmt: skip
@@ -404,11 +491,27 @@ def _scatter(inst: Instruction, ops: list[State], facts: _Facts) -> State:
     operand, indices, updates = ops
     if operand not in (None, PARTIAL) or (operand is None and not _is_zero(inst.operands[0])):
         raise _refuse(inst, "it scatters into a non-zero or per-example operand")
-    if isinstance(indices, int) and isinstance(updates, int):
-        return PARTIAL  # every example's update is added in: a sum over the batch
     if indices is None and updates == PARTIAL:
         return PARTIAL
-    raise _refuse(inst, "its indices and updates disagree on the batch")
+    if not (isinstance(indices, int) or isinstance(updates, int)) or PARTIAL in (indices, updates):
+        raise _refuse(inst, "its indices and updates disagree on the batch")
+    # the updates' scatter dimensions (not window ones) are the indices' but the vector's
+    vector = inst.attr("index_vector_dim", inst.operands[1].shape.rank)
+    index_dims = [i for i in range(inst.operands[1].shape.rank) if i != vector]
+    window = set(inst.attr("update_window_dims", ()))
+    update_dims = [i for i in range(inst.operands[2].shape.rank) if i not in window]
+    pairs = dict(zip(update_dims, index_dims, strict=True))
+    if isinstance(updates, int):
+        if updates not in pairs:
+            raise _refuse(inst, "the batch is a window dimension of its updates")
+        facts.align(inst, 1, pairs[updates])
+    else:
+        assert isinstance(indices, int)
+        back = {i: u for u, i in pairs.items()}
+        if indices not in back:
+            raise _refuse(inst, "the batch is the index vector dimension")
+        facts.align(inst, 2, back[indices])
+    return PARTIAL  # every example's update is added in: a sum over the batch
 
 
 def _slice(inst: Instruction, ops: list[State], facts: _Facts) -> State:
@@ -504,38 +607,73 @@ _RULES: dict[Opcode, Rule] = {
 """Opcode -> the state of its result from its operands' (not all batch-independent)."""
 
 
-_RESIZABLE = frozenset({Opcode.BROADCAST, Opcode.IOTA, *ELEMENTWISE, Opcode.TRANSPOSE})
+def _check_resizable(inst: Instruction, dim: int, facts: _Facts) -> None:
+    """How a batch-independent value is made with the micro-batch's shape in `dim`: what
+    it is computed from is cut along the dimensions that become `dim` (`_cut_dims`),
+    down to broadcasts that add the dimension and iotas (an iota along the batch counts
+    from the micro-batch's first row). Where no cut of the operands gives it (a loop, a
+    parameter), it is computed whole and the micro-batch's rows are sliced from it.
+    Either way the micro-batch's copy holds exactly its rows of the whole batch's value."""
+    key = (inst.name, dim)
+    if key in facts.sliced or key in facts.cut:
+        return
+    if inst.opcode is Opcode.IOTA:
+        facts.counts_rows |= inst.attr("iota_dimension") == dim
+        facts.cut.add(key)
+        return
+    try:
+        cuts = _cut_dims(inst, dim, facts.batch)
+    except _Refusal:
+        facts.sliced.add(key)
+        facts.counts_rows = True
+        return
+    facts.cut.add(key)
+    for op, d in zip(inst.operands, cuts, strict=True):
+        if d is not None:
+            _check_resizable(op, d, facts)
 
 
-def _check_resizable(inst: Instruction, dim: int) -> None:
-    """A batch-independent value can be made with the micro-batch's shape in `dim`."""
-    if inst.opcode not in _RESIZABLE:
-        raise _refuse(inst, f"it is batch-independent but read as if per example (dimension "
-                      f"{dim}); rhino resizes only broadcasts, iotas and element-wise "
-                      "instructions of them")  # fmt: skip
-    if inst.opcode is Opcode.IOTA and inst.attr("iota_dimension") == dim:
-        raise _refuse(inst, "it counts along the batch")
-    d = _operand_dim(inst, dim)
-    for op in _resized_operands(inst, d):
-        _check_resizable(op, d or 0)
-
-
-def _resized_operands(inst: Instruction, d: int | None) -> list[Instruction]:
-    """The operands a resized `inst` needs resized too (none when the batch dimension is
-    one a broadcast adds)."""
-    if d is None:
-        return []
-    return [op for op in inst.operands if op.shape.rank]
-
-
-def _operand_dim(inst: Instruction, dim: int) -> int | None:
-    """The operand dimension that becomes dimension `dim` of a resized instruction."""
-    if inst.opcode is Opcode.BROADCAST:
+def _cut_dims(inst: Instruction, dim: int, batch: int) -> list[int | None]:
+    """Per operand of batch-independent `inst`, the dimension to cut so that `inst` comes
+    out cut along `dim` (None: the operand is read whole); refused where no cut of the
+    operands gives it."""
+    op = inst.opcode
+    ops = inst.operands
+    if op in ELEMENTWISE:
+        return [dim if o.shape.rank else None for o in ops]
+    if op is Opcode.BROADCAST:
         mapped = list(inst.attr("dimensions"))
-        return mapped.index(dim) if dim in mapped else None
-    if inst.opcode is Opcode.TRANSPOSE:
-        return int(inst.attr("dimensions")[dim])
-    return dim
+        return [mapped.index(dim) if dim in mapped else None]
+    if op is Opcode.TRANSPOSE:
+        return [int(inst.attr("dimensions")[dim])]
+    if op in (Opcode.RESHAPE, Opcode.BITCAST):
+        d = _reshaped_dim(inst.shape.dims, ops[0].shape.dims, dim, batch)
+        if d is not None:
+            return [d]
+    elif op is Opcode.REDUCE:
+        kept = [i for i in range(ops[0].shape.rank) if i not in set(inst.attr("dimensions"))]
+        n = len(ops) // 2
+        return [kept[dim]] * n + [None] * n
+    elif op is Opcode.GATHER:
+        offset = set(inst.attr("offset_dims", ()))
+        vector = inst.attr("index_vector_dim", ops[1].shape.rank)
+        if dim not in offset:
+            batch_out = [i for i in range(inst.shape.rank) if i not in offset]
+            index_dims = [i for i in range(ops[1].shape.rank) if i != vector]
+            return [None, index_dims[batch_out.index(dim)]]
+    elif op in (Opcode.SLICE, Opcode.PAD, Opcode.REVERSE, Opcode.CONCATENATE):
+        whole = {
+            Opcode.SLICE: lambda: (
+                tuple(inst.attr("slice").dims[dim]) == (0, ops[0].shape.dims[dim], 1)
+            ),
+            Opcode.PAD: lambda: tuple(inst.attr("padding").dims[dim]) == (0, 0, 0),
+            Opcode.REVERSE: lambda: dim not in inst.attr("dimensions"),
+            Opcode.CONCATENATE: lambda: dim != inst.attr("dimensions")[0],
+        }[op]()
+        if whole:
+            return [dim] + [None] * (len(ops) - 1) if op is Opcode.PAD else [dim] * len(ops)
+    raise _refuse(inst, f"it is batch-independent but read as if per example (dimension "
+                  f"{dim}), and rhino cannot compute it for one micro-batch")  # fmt: skip
 
 
 # -- the rewrite -------------------------------------------------------------------------
@@ -545,20 +683,26 @@ def microbatch_module(module: Module, facts: BatchFacts) -> Module:
     """`module` (flat, as analysed) with every per-example dimension cut to one
     micro-batch; constants, names and everything batch-independent unchanged.
     Post: the module verifies; its parameters are those of `module` with the data
-    parameters' dimension 0 divided by m."""
+    parameters' dimension 0 divided by m, then, where `facts.counts_rows`, the rows of
+    the batch the micro-batch holds (`ROWS`)."""
     m = facts.microbatches
     module = clone_module(module)
     entry = module.entry
     new = Computation(entry.name, is_entry=True)
     mapping: dict[str, Instruction] = {}
-    resized: dict[tuple[str, int], Instruction] = {}
+    rows = None
+    if facts.counts_rows and m > 1:
+        number = len(entry.parameters)
+        rows = new.add(Instruction(entry.unused_name(ROWS), Opcode.PARAMETER,
+                                   Shape("s32", (facts.batch // m,)), parameter_number=number))  # fmt: skip
+    resizer = _Resizer(new, mapping, facts, rows)
 
     def operand(user: Instruction, k: int) -> Instruction:
         op = user.operands[k]
         dim = facts.resize.get((user.name, k))
         if dim is None or m == 1:
             return mapping[op.name]
-        return _resized(op, dim, m, new, mapping, resized)
+        return resizer.resized(op, dim)
 
     for inst in entry.instructions:
         state = facts.state.get(inst.name)
@@ -600,19 +744,73 @@ def _cut_slice(inst: Instruction, dim: int, m: int) -> None:
     inst.set_attr("slice", SliceDims(tuple(dims)))
 
 
-def _resized(inst: Instruction, dim: int, m: int, comp: Computation,
-             mapping: dict[str, Instruction], done: dict[tuple[str, int], Instruction]) -> Instruction:  # fmt: skip
-    """A copy of batch-independent `inst` with dimension `dim` cut to a micro-batch."""
-    key = (inst.name, dim)
-    if key in done:
-        return done[key]
-    d = _operand_dim(inst, dim)
-    cut = _resized_operands(inst, d)
-    ops = [_resized(op, d or 0, m, comp, mapping, done) if op in cut else mapping[op.name]
-           for op in inst.operands]  # fmt: skip
-    dims = list(inst.shape.dims)
-    dims[dim] //= m
-    clone = _clone(inst, inst.shape.with_dims(tuple(dims)), ops)
-    clone.name = comp.unused_name(f"{inst.name}.mb")
-    done[key] = comp.add(clone)
-    return done[key]
+class _Resizer:
+    """Makes the micro-batch's copies of batch-independent values (`_cut_dims`), in the
+    rewritten ENTRY computation `comp`."""
+
+    def __init__(self, comp: Computation, mapping: dict[str, Instruction], facts: BatchFacts,
+                 rows: Instruction | None) -> None:  # fmt: skip
+        self.comp = comp
+        self.mapping = mapping
+        self.facts = facts
+        self.rows = rows
+        self.done: dict[tuple[str, int], Instruction] = {}
+
+    def resized(self, inst: Instruction, dim: int) -> Instruction:
+        """A copy of batch-independent `inst` with dimension `dim` cut to a micro-batch."""
+        key = (inst.name, dim)
+        if key in self.done:
+            return self.done[key]
+        m = self.facts.microbatches
+        if key in self.facts.sliced:
+            self.done[key] = self._rows_of(self.mapping[inst.name], dim)
+            return self.done[key]
+        cuts = [] if inst.opcode is Opcode.IOTA else _cut_dims(inst, dim, self.facts.batch)
+        ops = [self.mapping[op.name] if d is None else self.resized(op, d)
+               for op, d in zip(inst.operands, cuts, strict=True)]  # fmt: skip
+        dims = list(inst.shape.dims)
+        dims[dim] //= m
+        clone = _clone(inst, inst.shape.with_dims(tuple(dims)), ops)
+        clone.name = self.comp.unused_name(f"{inst.name}.mb")
+        if inst.opcode is Opcode.SLICE:
+            _cut_slice(clone, dim, m)
+        result = self.comp.add(clone)
+        if inst.opcode is Opcode.IOTA and inst.attr("iota_dimension") == dim:
+            result = self._from_first_row(result, dim, inst.shape.dims[dim])
+        self.done[key] = result
+        return result
+
+    def _from_first_row(self, iota: Instruction, dim: int, whole: int) -> Instruction:
+        """`iota` (cut along the batch) plus the count its micro-batch starts at."""
+        count = self._start(whole)
+        if iota.shape.dtype != "s32":
+            count = self._add(Opcode.CONVERT, Shape(iota.shape.dtype, ()), [count])
+        spread = self._add(Opcode.BROADCAST, iota.shape, [count], dimensions="{}")
+        return self._add(Opcode.ADD, iota.shape, [iota, spread])
+
+    def _rows_of(self, whole: Instruction, dim: int) -> Instruction:
+        """The micro-batch's rows of `whole` (the whole batch's value), along `dim`."""
+        s32 = Shape("s32", ())
+        zero = self._add(Opcode.CONSTANT, s32, [], literal="0")
+        starts = [self._start(whole.shape.dims[dim]) if d == dim else zero
+                  for d in range(whole.shape.rank)]  # fmt: skip
+        dims = list(whole.shape.dims)
+        dims[dim] //= self.facts.microbatches
+        sizes = "{" + ",".join(map(str, dims)) + "}"
+        return self._add(Opcode.DYNAMIC_SLICE, whole.shape.with_dims(tuple(dims)), [whole, *starts],
+                         dynamic_slice_sizes=sizes)  # fmt: skip
+
+    def _start(self, whole: int) -> Instruction:
+        """Where the micro-batch starts in a dimension that holds the whole batch's
+        `whole` elements as B examples' runs: its first row times their length."""
+        assert self.rows is not None
+        s32 = Shape("s32", ())
+        first = self._add(Opcode.SLICE, Shape("s32", (1,)), [self.rows], slice="{[0:1]}")
+        start = self._add(Opcode.RESHAPE, s32, [first])
+        per_example = self._add(Opcode.CONSTANT, s32, [], literal=str(whole // self.facts.batch))
+        return self._add(Opcode.MULTIPLY, s32, [start, per_example])
+
+    def _add(self, opcode: Opcode, shape: Shape, ops: list[Instruction], *,
+             literal: str | None = None, **attrs: str) -> Instruction:  # fmt: skip
+        name = self.comp.unused_name(f"microbatch_{opcode.value}")
+        return self.comp.add(Instruction(name, opcode, shape, ops, dict(attrs), literal=literal))

@@ -144,6 +144,8 @@ def _transfers(programs: StagePrograms) -> tuple[Transfer, ...]:
     out = []
     m = programs.microbatches
     for v in programs.values.values():
+        if v.name == programs.rows:  # the host gives it to every stage that reads it
+            continue
         targets = sorted({s for s, _ in v.readers if s != v.stage})
         for t in targets:
             kinds = {kind for s, kind in v.readers if s == t}

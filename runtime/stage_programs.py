@@ -30,10 +30,13 @@ that makes them, with the `accumulate_text` program of that stage.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Computation, Instruction, Module
@@ -45,8 +48,8 @@ from rhino.runtime.pipeline_microbatch import (
     STEP,
     BatchFacts,
     batch_facts,
-    data_parameters,
     flat_step,
+    input_groups,
     microbatch_module,
 )
 from rhino.search.pipeline import PLAN_FORMAT, PLAN_VERSION
@@ -181,6 +184,15 @@ class StagePrograms:
     """The step's results (its ROOT tuple) as value names."""
     accumulate_text: dict[ProgramKey, str]
     """Per program making accumulated values: an HLO module adding two sets of them."""
+    rows: str | None = None
+    """The parameter the programs read their micro-batch's rows of the batch from
+    (`pipeline_microbatch.ROWS`: s32[B/m], rows k*B/m .. for micro-batch k), where they
+    count along the batch; the host gives it to every stage that reads it. It is the
+    last of `parameters`, after the step's own."""
+
+    def row_numbers(self) -> np.ndarray:
+        """The whole step's value of `rows`: 0 .. B-1."""
+        return np.arange(self.batch, dtype=np.int32)
 
     def accumulated(self, key: ProgramKey) -> tuple[str, ...]:
         """The accumulated outputs of program `key`, in its result order."""
@@ -200,9 +212,14 @@ def stage_programs(module: Module, plan: StagePlan, microbatches: int) -> StageP
     stage_of = _stages(flat, origin, plan)
     facts = batch_facts(flat, split, microbatches) if microbatches > 1 else _whole_batch(split)
     cut = microbatch_module(flat, facts)
+    rows = cut.entry.parameters[-1].name if facts.counts_rows and microbatches > 1 else None
+    if rows is not None:  # read wherever it is needed, never sent
+        stage_of[rows] = 0
+        facts = dataclasses.replace(facts, data=(*facts.data, rows))
     home = _homes(cut, split, facts, stage_of)
     shared = _state_scalars(cut, split)
-    return _assemble(module.name, cut, split, facts, stage_of, home, shared, plan.stages)
+    programs = _assemble(module.name, cut, split, facts, stage_of, home, shared, plan.stages)
+    return dataclasses.replace(programs, rows=rows)
 
 
 def _stages(flat: Module, origin: dict[str, str], plan: StagePlan) -> dict[str, int]:
@@ -228,8 +245,9 @@ def _whole_batch(split: StepSplit) -> BatchFacts:
     """One micro-batch: nothing to cut; the update (and what it alone reads) once per step."""
     state = {inst.name: STEP if split.roles[k] is Role.UPDATE else None
              for k, inst in enumerate(split.order)}  # fmt: skip
-    data = data_parameters(split)
-    batch = data[0].shape.dims[0] if data and data[0].shape.rank else 1
+    groups = input_groups(split)
+    data = groups[0] if groups else []
+    batch = data[0].shape.dims[0] if data else 1
     return BatchFacts(batch, 1, tuple(p.name for p in data), dict(state))
 
 
@@ -238,18 +256,40 @@ def _homes(cut: Module, split: StepSplit, facts: BatchFacts,
     """The program of every instruction that has one (not parameters, the ROOT tuple, free
     instructions and the micro-batch rewrite's copies: those are recomputed)."""
     home: dict[str, ProgramKey] = {}
+    late = _late_sums(cut, split, facts) if facts.microbatches > 1 else set()
     for inst in cut.entry.instructions:
         if inst.name not in split.index or inst.name in split.free:
             continue
         role = split.role(inst.name)
         if inst.opcode is Opcode.PARAMETER or role is Role.OUTPUT:
             continue
-        if facts.state[inst.name] == STEP:
+        if facts.state[inst.name] == STEP or inst.name in late:
             kind = "U"
         else:
             kind = "F" if role is Role.FORWARD else "B"
         home[inst.name] = (stage_of[inst.name], kind)
     return home
+
+
+def _late_sums(cut: Module, split: StepSplit, facts: BatchFacts) -> set[str]:
+    """Sums over the batch computed from sums alone (batch-independent values aside) and
+    read only once per step: computed once, in the update program, from the micro-batches'
+    accumulated sums (they are linear in them), not once per micro-batch. A gradient
+    that is the sum of two stages' parts (a tied embedding's) is then sent once per step,
+    as the stage plan counts it, not once per micro-batch."""
+    root = cut.entry.root
+    late: set[str] = set()
+    for inst in reversed(cut.entry.instructions):
+        name = inst.name
+        if name not in split.index or name in split.free or facts.state.get(name) != PARTIAL:
+            continue
+        if inst.opcode is Opcode.PARAMETER:
+            continue
+        if any(facts.state.get(op.name) not in (PARTIAL, None) for op in inst.operands):
+            continue
+        if all(u is root or u.name in late or facts.state.get(u.name) == STEP for u in inst.users):
+            late.add(name)
+    return late
 
 
 def _state_scalars(cut: Module, split: StepSplit) -> frozenset[str]:
@@ -343,7 +383,7 @@ def _values(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str
             readers.setdefault(v, []).append(key)
     results = {op.name for op in (root.operands if root.opcode is Opcode.TUPLE else [root])}
     values = {}
-    for name in sorted(set(readers) | results, key=lambda n: split.index[n]):
+    for name in sorted(set(readers) | results, key=lambda n: (split.index.get(n, -1), n)):
         inst = cut.entry[name]
         if inst.shape.is_tuple:
             raise ConfigError(f"%{name} crosses from one stage program to another but is a "

@@ -86,7 +86,9 @@ def find_loss(order: Sequence[Instruction], flops: Sequence[float], free: frozen
         k = index[named]
         _check_share(order[k], share_of(k))
         return LossChoice(named, share_of(k), (named,))
-    shares = {k: share_of(k) for k, inst in enumerate(order) if _is_scalar_float(inst) and reached[k]}
+    shares = {
+        k: share_of(k) for k, inst in enumerate(order) if _is_scalar_float(inst) and reached[k]
+    }
     needed = _ancestors([leaf for leaf in _leaves(root) if not _is_scalar_float(leaf)], index)
     scored = []
     for k, share in shares.items():

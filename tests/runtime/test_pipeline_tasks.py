@@ -56,8 +56,12 @@ def test_gradients_are_accumulated_and_the_update_reads_the_sums(programs: Stage
         assert summed, f"stage {s} accumulates no gradient"
         update = programs.programs[(s, "U")]
         assert set(summed) & set(update.inputs)
-    loss = programs.outputs[0]
-    assert programs.values[loss].accumulate
+    # the mean loss divides the micro-batches' accumulated sum, once per step
+    loss = programs.values[programs.outputs[0]]
+    assert loss.producer is not None and loss.producer[1] == "U"
+    assert not loss.per_microbatch
+    inputs = programs.programs[loss.producer].inputs
+    assert any(programs.values[v].accumulate for v in inputs)
 
 
 def test_unknown_schedule_is_refused(programs: StagePrograms) -> None:
