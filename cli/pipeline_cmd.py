@@ -12,7 +12,7 @@ from rhino.hlo.parser import parse_file
 from rhino.hlo.verify import verify
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
-from rhino.search.pipeline import PipelinePlan, PipelineRequest, plan_pipeline
+from rhino.search.pipeline import EPSILON, PipelinePlan, PipelineRequest, plan_pipeline
 from rhino.search.problem import SolveOptions
 from rhino.search.units import format_bytes, format_seconds
 
@@ -37,10 +37,11 @@ Examples:
               "sharded over the others when `rhino run` runs the plan.")  # fmt: skip
 @click.option(
     "--epsilon",
-    default=0.1,
-    show_default=True,
+    default=None,
     type=float,
-    help="Balance tolerance: every stage's forward compute is within (1 +- epsilon) x the average.",
+    help="Balance tolerance: every stage's forward compute is within (1 +- epsilon) x the "
+    "average. Default: 0.1, or, where no plan meets it (one instruction holds most of the "
+    "compute), the least wider one that has a plan (reported).",
 )
 @click.option("--microbatches", default=8, show_default=True, type=int,
               help="Micro-batches per step, for the schedules.")  # fmt: skip
@@ -63,7 +64,7 @@ Examples:
 @json_option
 @debug_option
 @handle_errors
-def pipeline_command(file: str, stages: int | None, mesh_text: str | None, epsilon: float,
+def pipeline_command(file: str, stages: int | None, mesh_text: str | None, epsilon: float | None,
                      microbatches: int, cluster: str, time_limit: float, no_tightening: bool,
                      loss: str | None, out: str | None, gantt: str | None, dot: str | None,
                      compare_devices: int | None, as_json: bool, debug: bool) -> None:  # fmt: skip
@@ -106,10 +107,10 @@ def pipeline_command(file: str, stages: int | None, mesh_text: str | None, epsil
     if as_json:
         emit_json("pipeline", plan.to_json())
     else:
-        render(file, plan)
+        render(file, plan, widened=epsilon is None)
 
 
-def compare(file: str, devices: int, microbatches: int, epsilon: float, cluster: str,
+def compare(file: str, devices: int, microbatches: int, epsilon: float | None, cluster: str,
             time_limit: float, as_json: bool) -> None:  # fmt: skip
     """`--compare N`: every layout of N devices estimated, the best one named."""
     from rhino.runtime.pipeline_controller import compare_layouts
@@ -148,7 +149,7 @@ def _solved(solver: dict[str, float]) -> str:
     return f"{int(solver.get('variables', 0))} variables, least receipts {least}"
 
 
-def render(file: str, plan: PipelinePlan) -> None:
+def render(file: str, plan: PipelinePlan, *, widened: bool = False) -> None:
     out = stdout
     out.print(f"[bold]{plan.module}[/] ({file}) in {plan.stages} stages, {plan.microbatches} "
               f"micro-batches ({plan.cluster})")  # fmt: skip
@@ -156,8 +157,9 @@ def render(file: str, plan: PipelinePlan) -> None:
     t.add_row("cut (forward)", f"{format_bytes(plan.cut_bytes)} per step "
               f"(bound {format_bytes(plan.bound_bytes)}, gap {plan.gap:.2%}, {plan.status}, "
               f"from {plan.method})")  # fmt: skip
+    note = f"; widened: no plan has {EPSILON:g}" if widened and plan.epsilon > EPSILON else ""
     t.add_row("imbalance", f"{plan.imbalance:.1%}: the stage farthest from the average "
-              f"(epsilon {plan.epsilon:g})")  # fmt: skip
+              f"(epsilon {plan.epsilon:g}{note})")  # fmt: skip
     for name, sched in plan.schedules.items():
         peaks = sched["peak_activation_bytes"]
         assert isinstance(peaks, list)

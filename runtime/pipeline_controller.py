@@ -70,7 +70,7 @@ class Comparison:
 
 
 def compare_layouts(module: Module, devices: int, request: PlanRequest, *,
-                    microbatches: int = 8, epsilon: float = 0.1) -> Comparison:  # fmt: skip
+                    microbatches: int = 8, epsilon: float | None = None) -> Comparison:  # fmt: skip
     """Estimate every layout of `devices` devices (module docstring); `request` gives the
     cluster, level and solver options (its mesh is replaced)."""
     out = [_spmd(module, dataclasses.replace(request, mesh=m))
@@ -91,7 +91,7 @@ def _spmd(module: Module, request: PlanRequest) -> Candidate:
 
 
 def _staged(module: Module, stages: int, size: int, request: PlanRequest, m: int,
-            epsilon: float) -> Candidate:  # fmt: skip
+            epsilon: float | None) -> Candidate:  # fmt: skip
     kind = "pipeline" if size == 1 else "hybrid"
     try:
         plan, eps = _stage_plan(module, stages, m, request, epsilon)
@@ -106,8 +106,14 @@ def _staged(module: Module, stages: int, size: int, request: PlanRequest, m: int
 
 
 def _stage_plan(module: Module, stages: int, m: int, request: PlanRequest,
-                epsilon: float) -> tuple[StagePlan, float]:  # fmt: skip
-    """The stage plan at the tightest balance from `epsilon` up (steps of 0.1) with one."""
+                epsilon: float | None) -> tuple[StagePlan, float]:  # fmt: skip
+    """The stage plan at the tightest balance from `epsilon` up (steps of 0.1) with one
+    (None: the pipeline search's own default and widening)."""
+    if epsilon is None:
+        plan = plan_pipeline(
+            module, PipelineRequest(stages, None, m, request.cluster, request.solve)
+        )
+        return StagePlan.from_json(plan.to_json()), plan.epsilon
     while True:
         wanted = PipelineRequest(stages, epsilon, m, request.cluster, request.solve)
         try:

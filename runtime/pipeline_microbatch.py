@@ -82,6 +82,14 @@ class BatchFacts:
     bits are) or is sliced from the whole batch's: the micro-batch's copy starts at its
     first row, which the rewritten step reads from the parameter `ROWS` (the rows of the
     batch it holds)."""
+    whole: frozenset[str] = frozenset()
+    """Sums over the batch (or values computed from them) that per-example values read,
+    computed in every micro-batch from the whole batch's inputs (a masked mean's count of
+    tokens): batch-independent, each micro-batch reads the whole step's value."""
+    inputs: dict[str, str | None] = field(default_factory=dict)
+    """The parameters the rewritten step adds after the step's own, in order: name ->
+    the data parameter whose whole value it is (for `whole`), or None for the rows of
+    the batch the micro-batch holds (`ROWS`, where `counts_rows`)."""
 
     def per_microbatch(self, name: str) -> bool:
         """Does the value differ between micro-batches (per example or a partial sum)?"""
@@ -105,6 +113,7 @@ class _Facts:
         self.state: dict[str, State] = {}
         self.resize: dict[tuple[str, int], int] = {}
         self.counts_rows = False
+        self.whole: set[str] = set()
         self.cut: set[tuple[str, int]] = set()
         self.sliced: set[tuple[str, int]] = set()
 
@@ -149,6 +158,16 @@ class _Refusal(ConfigError):
 
 def _refuse(inst: Instruction, why: str) -> ConfigError:
     return _Refusal(inst, why)
+
+
+class _WholeBatch(_Refusal):
+    """`value`, a sum over the batch (or computed from one), is read per example at
+    `inst`: every micro-batch can compute it from the whole batch's inputs when that is
+    cheap (a count of the unmasked tokens that a masked mean divides by)."""
+
+    def __init__(self, inst: Instruction, why: str, value: Instruction) -> None:
+        super().__init__(inst, why)
+        self.value = value
 
 
 def flat_step(module: Module) -> tuple[Module, dict[str, str]]:
@@ -232,11 +251,20 @@ def _inputs_behind(inst: Instruction, data: list[Instruction]) -> set[str]:
 
 def _analyse(module: Module, split: StepSplit, microbatches: int, data: list[Instruction],
              batch: int) -> BatchFacts:  # fmt: skip
-    facts = _Facts(batch)
     names = {p.name for p in data}
-    for inst in split.order:
-        facts.state[inst.name] = _state_of(inst, split, names, facts)
     heavy = _heavy_behind(split)
+    whole: set[str] = set()
+    while True:
+        facts = _Facts(batch)
+        facts.whole = whole
+        try:
+            for inst in split.order:
+                facts.state[inst.name] = _state_of(inst, split, names, facts)
+            break
+        except _WholeBatch as need:
+            if heavy[need.value.name] or need.value.name in whole:
+                raise
+            whole.add(need.value.name)
     for name, _ in sorted(facts.sliced, key=lambda t: split.index[t[0]]):
         if heavy[name]:
             raise _refuse(split.order[split.index[name]], "it would be computed for the whole "
@@ -245,8 +273,23 @@ def _analyse(module: Module, split: StepSplit, microbatches: int, data: list[Ins
     if microbatches < 1 or batch % microbatches:
         raise ConfigError(f"{microbatches} micro-batches do not divide the batch of {batch} "
                           f"examples (dimension 0 of %{data[0].name})")  # fmt: skip
+    inputs: dict[str, str | None] = {}
+    if whole:
+        for p in _inputs_of(whole, split, names):
+            inputs[module.entry.unused_name(f"{p}.whole")] = p
+    if facts.counts_rows:
+        inputs[module.entry.unused_name(ROWS)] = None
     return BatchFacts(batch, microbatches, tuple(p.name for p in data), facts.state, facts.resize,
-                      frozenset(facts.sliced), facts.counts_rows)  # fmt: skip
+                      frozenset(facts.sliced), facts.counts_rows, frozenset(whole), inputs)  # fmt: skip
+
+
+def _inputs_of(values: set[str], split: StepSplit, data: set[str]) -> list[str]:
+    """The data parameters `values` are computed from, in parameter order."""
+    found: set[str] = set()
+    for name in values:
+        found |= _inputs_behind(split.order[split.index[name]], [
+            split.order[split.index[p]] for p in data])  # fmt: skip
+    return sorted(found, key=lambda p: split.index[p])
 
 
 def _heavy_behind(split: StepSplit) -> dict[str, bool]:
@@ -270,6 +313,8 @@ def data_parameters(split: StepSplit) -> list[Instruction]:
 def _state_of(inst: Instruction, split: StepSplit, data: set[str], facts: _Facts) -> State:
     if inst.opcode is Opcode.PARAMETER:
         return 0 if inst.name in data else None
+    if inst.name in facts.whole:
+        return None
     ops = [facts.of(op) for op in inst.operands]
     role = split.role(inst.name)
     if role in (Role.UPDATE, Role.OUTPUT) or STEP in ops:
@@ -288,9 +333,10 @@ def _step(inst: Instruction, ops: list[State], role: Role) -> State:
         if role in (Role.UPDATE, Role.OUTPUT):
             raise _refuse(inst, f"it runs once per step but reads %{name}, which is "
                           f"{_describe(s)}")  # fmt: skip
-        total = next(op.name for op, t in zip(inst.operands, ops, strict=True) if t == STEP)
-        raise _refuse(inst, f"it combines %{name}, {_describe(s)}, with %{total}, which needs "
-                      "the whole batch first (e.g. a mean over a batch-dependent count)")  # fmt: skip
+        total = next(op for op, t in zip(inst.operands, ops, strict=True) if t == STEP)
+        raise _WholeBatch(inst, f"it combines %{name}, {_describe(s)}, with %{total.name}, which "
+                          "needs the whole batch first (e.g. a mean over a batch-dependent "
+                          "count)", total)  # fmt: skip
     return STEP if role is not Role.OUTPUT else None
 
 
@@ -306,8 +352,10 @@ def _linear(inst: Instruction, ops: list[State]) -> State:
     """An instruction that reads a sum over the batch: still a sum when it is linear in
     it (the other operands batch-independent), else it must wait for the whole sum."""
     if any(isinstance(s, int) for s in ops):
-        raise _refuse(inst, "it combines per-example values with a sum over the whole batch "
-                      "(batch statistics): each micro-batch would see its own sum")  # fmt: skip
+        total = next(op for op, s in zip(inst.operands, ops, strict=True) if s == PARTIAL)
+        raise _WholeBatch(inst, "it combines per-example values with a sum over the whole "
+                          "batch (batch statistics): each micro-batch would see its own sum",
+                          total)  # fmt: skip
     partial = [k for k, s in enumerate(ops) if s == PARTIAL]
     others = [k for k in range(len(ops)) if k not in partial]
     op = inst.opcode
@@ -473,27 +521,58 @@ def _convolution(inst: Instruction, ops: list[State], facts: _Facts) -> State:
 
 
 def _gather(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    """Per example along the indices' batch; a batched gather (`operand_batching_dims`,
+    as `take_along_axis` makes) may read a per-example operand along a batching dim."""
     operand, indices = ops
-    if operand is not None or not isinstance(indices, int):
-        raise _refuse(inst, "it gathers from a per-example operand")
+    if PARTIAL in ops:
+        raise _refuse(inst, "it gathers from or by a sum over the batch")
     vector = inst.attr("index_vector_dim", inst.operands[1].shape.rank)
-    if indices == vector:
+    operand_batch = list(inst.attr("operand_batching_dims", ()))
+    index_batch = list(inst.attr("start_indices_batching_dims", ()))
+    offset = list(inst.attr("offset_dims", ()))
+    if isinstance(operand, int) and operand not in operand_batch:
+        # the batch in a window taken whole and never indexed: an offset dimension
+        kept = _window_dims(inst)
+        sizes = inst.attr("slice_sizes")
+        whole = sizes[operand] == inst.operands[0].shape.dims[operand]
+        if operand not in kept or not whole or operand in inst.attr("start_index_map", ()):
+            raise _refuse(inst, "it gathers from a per-example operand")
+        if indices is not None:
+            raise _refuse(inst, "both its operand and its indices are per example")
+        return offset[kept.index(operand)]
+    if isinstance(operand, int):
+        at = index_batch[operand_batch.index(operand)]
+        facts.align(inst, 1, at)
+    else:
+        assert isinstance(indices, int)
+        at = indices
+        if at in index_batch:
+            facts.align(inst, 0, operand_batch[index_batch.index(at)])
+    if at == vector:
         raise _refuse(inst, "the batch is the index vector dimension")
-    offset = set(inst.attr("offset_dims", ()))
     batch_out = [i for i in range(inst.shape.rank) if i not in offset]
     index_dims = [i for i in range(inst.operands[1].shape.rank) if i != vector]
-    return batch_out[index_dims.index(indices)]
+    return batch_out[index_dims.index(at)]
+
+
+def _window_dims(inst: Instruction) -> list[int]:
+    """A gather's operand dimensions that its offset (window) dimensions come from."""
+    dropped = {*inst.attr("collapsed_slice_dims", ()), *inst.attr("operand_batching_dims", ())}
+    return [d for d in range(inst.operands[0].shape.rank) if d not in dropped]
 
 
 def _scatter(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    """A scatter-add: a sum over the batch when every example's updates may land
+    anywhere; per example when the batch is a batching dimension (`input_batching_dims`,
+    the gradient of a batched gather)."""
     if len(ops) != 3 or not inst.called or not _is_add(inst.called[0]):
         raise _refuse(inst, "only a single scatter-add is micro-batched")
     operand, indices, updates = ops
-    if operand not in (None, PARTIAL) or (operand is None and not _is_zero(inst.operands[0])):
-        raise _refuse(inst, "it scatters into a non-zero or per-example operand")
-    if indices is None and updates == PARTIAL:
+    if indices is None and updates == PARTIAL and operand in (None, PARTIAL):
+        if operand is None and not _is_zero(inst.operands[0]):
+            raise _refuse(inst, "it scatters into a non-zero operand")
         return PARTIAL
-    if not (isinstance(indices, int) or isinstance(updates, int)) or PARTIAL in (indices, updates):
+    if PARTIAL in (indices, updates):
         raise _refuse(inst, "its indices and updates disagree on the batch")
     # the updates' scatter dimensions (not window ones) are the indices' but the vector's
     vector = inst.attr("index_vector_dim", inst.operands[1].shape.rank)
@@ -501,16 +580,29 @@ def _scatter(inst: Instruction, ops: list[State], facts: _Facts) -> State:
     window = set(inst.attr("update_window_dims", ()))
     update_dims = [i for i in range(inst.operands[2].shape.rank) if i not in window]
     pairs = dict(zip(update_dims, index_dims, strict=True))
+    operand_batch = list(inst.attr("input_batching_dims", ()))
+    index_batch = list(inst.attr("scatter_indices_batching_dims", ()))
     if isinstance(updates, int):
         if updates not in pairs:
             raise _refuse(inst, "the batch is a window dimension of its updates")
-        facts.align(inst, 1, pairs[updates])
+        at = pairs[updates]
+    elif isinstance(indices, int):
+        at = indices
+    elif isinstance(operand, int) and operand in operand_batch:
+        at = index_batch[operand_batch.index(operand)]
     else:
-        assert isinstance(indices, int)
-        back = {i: u for u, i in pairs.items()}
-        if indices not in back:
-            raise _refuse(inst, "the batch is the index vector dimension")
-        facts.align(inst, 2, back[indices])
+        raise _refuse(inst, "it scatters into a per-example operand")
+    back = {i: u for u, i in pairs.items()}
+    if at not in back:
+        raise _refuse(inst, "the batch is the index vector dimension")
+    facts.align(inst, 1, at)
+    facts.align(inst, 2, back[at])
+    if at in index_batch:  # each example's updates land in its own rows
+        out = operand_batch[index_batch.index(at)]
+        facts.align(inst, 0, out)
+        return out
+    if operand is not None or not _is_zero(inst.operands[0]):
+        raise _refuse(inst, "it scatters into a non-zero or per-example operand")
     return PARTIAL  # every example's update is added in: a sum over the batch
 
 
@@ -679,23 +771,27 @@ def _cut_dims(inst: Instruction, dim: int, batch: int) -> list[int | None]:
 # -- the rewrite -------------------------------------------------------------------------
 
 
-def microbatch_module(module: Module, facts: BatchFacts) -> Module:
+def microbatch_module(module: Module, facts: BatchFacts,
+                      copies: dict[str, str] | None = None) -> Module:  # fmt: skip
     """`module` (flat, as analysed) with every per-example dimension cut to one
     micro-batch; constants, names and everything batch-independent unchanged.
     Post: the module verifies; its parameters are those of `module` with the data
     parameters' dimension 0 divided by m, then, where `facts.counts_rows`, the rows of
-    the batch the micro-batch holds (`ROWS`)."""
+    the batch the micro-batch holds (`ROWS`). `copies`, when given, gets for every
+    micro-batch copy of a batch-independent value (and what computes its first row) the
+    instruction it was made from."""
     m = facts.microbatches
     module = clone_module(module)
     entry = module.entry
     new = Computation(entry.name, is_entry=True)
     mapping: dict[str, Instruction] = {}
-    rows = None
-    if facts.counts_rows and m > 1:
-        number = len(entry.parameters)
-        rows = new.add(Instruction(entry.unused_name(ROWS), Opcode.PARAMETER,
-                                   Shape("s32", (facts.batch // m,)), parameter_number=number))  # fmt: skip
-    resizer = _Resizer(new, mapping, facts, rows)
+    added: dict[str, Instruction] = {}
+    for number, (name, source) in enumerate(facts.inputs.items(), len(entry.parameters)):
+        shape = entry[source].shape if source else Shape("s32", (facts.batch // m,))
+        added[name] = new.add(Instruction(name, Opcode.PARAMETER, shape, parameter_number=number))
+    rows = next((added[n] for n, source in facts.inputs.items() if source is None), None)
+    resizer = _Resizer(new, mapping, facts, rows, copies if copies is not None else {})
+    whole_of = {source: added[n] for n, source in facts.inputs.items() if source}
 
     def operand(user: Instruction, k: int) -> Instruction:
         op = user.operands[k]
@@ -705,15 +801,43 @@ def microbatch_module(module: Module, facts: BatchFacts) -> Module:
         return resizer.resized(op, dim)
 
     for inst in entry.instructions:
+        if inst.name in facts.whole:
+            mapping[inst.name] = _whole_copy(inst, facts, new, mapping, whole_of, root=inst)
+            continue
         state = facts.state.get(inst.name)
         shape = _cut(inst.shape, state, m)
         ops = [operand(inst, k) for k in range(len(inst.operands))]
         clone = _clone(inst, shape, ops)
         if isinstance(state, int) and inst.opcode is Opcode.SLICE:
             _cut_slice(clone, state, m)
+        operand_state = facts.state.get(inst.operands[0].name) if inst.operands else None
+        if inst.opcode is Opcode.GATHER and isinstance(operand_state, int) and m > 1:
+            _cut_window(clone, operand_state, m)
         mapping[inst.name] = new.add(clone, root=inst is entry.root)
     others = [c for c in module.computations if not c.is_entry]
     return Module(module.name, {}, [*others, new], list(module.sections), module.percent_names)
+
+
+def _whole_copy(inst: Instruction, facts: BatchFacts, comp: Computation,
+                mapping: dict[str, Instruction], whole_of: dict[str, Instruction],
+                root: Instruction) -> Instruction:  # fmt: skip
+    """`inst` computed for the whole batch, from the whole batch's inputs (`whole_of`:
+    data parameter -> the parameter with its whole value), in `comp`: what depends on
+    the batch is copied with its full shape, the rest is read from `mapping`. `root`,
+    the value in `facts.whole`, keeps its name; the copies are named `<name>.whole`."""
+    if inst.name in whole_of:
+        return whole_of[inst.name]
+    if inst is not root and inst.name in mapping and facts.state.get(inst.name) is None:
+        return mapping[inst.name]
+    key = f"{inst.name}.whole"
+    if key in mapping:
+        return mapping[key]
+    ops = [_whole_copy(op, facts, comp, mapping, whole_of, root) for op in inst.operands]
+    clone = _clone(inst, inst.shape, ops)
+    if inst is not root:
+        clone.name = comp.unused_name(key)
+    mapping[key] = comp.add(clone)
+    return mapping[key]
 
 
 def _cut(shape: Shape, state: State, m: int) -> Shape:
@@ -735,6 +859,14 @@ def _clone(inst: Instruction, shape: Shape, ops: list[Instruction]) -> Instructi
     return clone
 
 
+def _cut_window(gather: Instruction, dim: int, m: int) -> None:
+    """A gather whose operand is cut along `dim`: a window taken whole there is cut too."""
+    if dim in _window_dims(gather) and dim not in gather.attr("start_index_map", ()):
+        sizes = list(gather.attr("slice_sizes"))
+        sizes[dim] //= m
+        gather.set_attr("slice_sizes", tuple(sizes))
+
+
 def _cut_slice(inst: Instruction, dim: int, m: int) -> None:
     from rhino.hlo.attrs import SliceDims
 
@@ -749,11 +881,12 @@ class _Resizer:
     rewritten ENTRY computation `comp`."""
 
     def __init__(self, comp: Computation, mapping: dict[str, Instruction], facts: BatchFacts,
-                 rows: Instruction | None) -> None:  # fmt: skip
+                 rows: Instruction | None, copies: dict[str, str]) -> None:  # fmt: skip
         self.comp = comp
         self.mapping = mapping
         self.facts = facts
         self.rows = rows
+        self.copies = copies
         self.done: dict[tuple[str, int], Instruction] = {}
 
     def resized(self, inst: Instruction, dim: int) -> Instruction:
@@ -762,8 +895,10 @@ class _Resizer:
         if key in self.done:
             return self.done[key]
         m = self.facts.microbatches
+        before = len(self.comp.instructions)
         if key in self.facts.sliced:
             self.done[key] = self._rows_of(self.mapping[inst.name], dim)
+            self._made_from(inst, before)
             return self.done[key]
         cuts = [] if inst.opcode is Opcode.IOTA else _cut_dims(inst, dim, self.facts.batch)
         ops = [self.mapping[op.name] if d is None else self.resized(op, d)
@@ -778,7 +913,15 @@ class _Resizer:
         if inst.opcode is Opcode.IOTA and inst.attr("iota_dimension") == dim:
             result = self._from_first_row(result, dim, inst.shape.dims[dim])
         self.done[key] = result
+        self.copies[clone.name] = inst.name
+        self._made_from(inst, before)
         return result
+
+    def _made_from(self, inst: Instruction, start: int) -> None:
+        """The instructions added since `start` (besides copies of operands) come from
+        `inst`."""
+        for made in self.comp.instructions[start:]:
+            self.copies.setdefault(made.name, inst.name)
 
     def _from_first_row(self, iota: Instruction, dim: int, whole: int) -> Instruction:
         """`iota` (cut along the batch) plus the count its micro-batch starts at."""

@@ -326,8 +326,8 @@ class _StepRunner:
         self.groups = pipeline.groups
         self.local = pipeline.local
         self.table = table
-        if pipeline.programs.rows is not None:
-            inputs = [*inputs, pipeline.programs.row_numbers()]
+        given = dict(zip(pipeline.programs.parameters, inputs, strict=False))
+        inputs = [*inputs, *pipeline.programs.extra_inputs(given)]
         self.inputs = dict(zip(pipeline.programs.parameters, inputs, strict=True))
         self.placed: dict[tuple[str, int, int], Any] = {}
         self.host_sent: dict[tuple[int, int], int] = {}
@@ -355,7 +355,7 @@ class _StepRunner:
                     if stage in self.local:
                         exe, index = self.targets[(name, stage)]
                         self.placed[(name, k, stage)] = xb.move_input(exe, index, data)
-                    if stage != value.stage and value.stage in self.local and name != p.rows:
+                    if stage != value.stage and value.stage in self.local and name not in p.extra:
                         pair = (value.stage, stage)
                         self.host_sent[pair] = self.host_sent.get(pair, 0) + data.nbytes
 

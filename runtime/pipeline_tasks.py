@@ -144,7 +144,7 @@ def _transfers(programs: StagePrograms) -> tuple[Transfer, ...]:
     out = []
     m = programs.microbatches
     for v in programs.values.values():
-        if v.name == programs.rows:  # the host gives it to every stage that reads it
+        if v.name in programs.extra:  # the host gives it to every stage that reads it
             continue
         targets = sorted({s for s, _ in v.readers if s != v.stage})
         for t in targets:

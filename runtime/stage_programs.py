@@ -184,15 +184,16 @@ class StagePrograms:
     """The step's results (its ROOT tuple) as value names."""
     accumulate_text: dict[ProgramKey, str]
     """Per program making accumulated values: an HLO module adding two sets of them."""
-    rows: str | None = None
-    """The parameter the programs read their micro-batch's rows of the batch from
-    (`pipeline_microbatch.ROWS`: s32[B/m], rows k*B/m .. for micro-batch k), where they
-    count along the batch; the host gives it to every stage that reads it. It is the
-    last of `parameters`, after the step's own."""
+    extra: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    """Parameters of the programs after the step's own (`BatchFacts.inputs`): name -> the
+    step parameter whose whole value it is, or None for the rows of the batch a
+    micro-batch holds (s32[B/m], split like the data). The host gives them to every
+    stage that reads them; they are never sent between stages."""
 
-    def row_numbers(self) -> np.ndarray:
-        """The whole step's value of `rows`: 0 .. B-1."""
-        return np.arange(self.batch, dtype=np.int32)
+    def extra_inputs(self, inputs: dict[str, Any]) -> list[Any]:
+        """The values of `extra`, from the step's parameters `inputs` (name -> array)."""
+        rows = np.arange(self.batch, dtype=np.int32)
+        return [rows if source is None else inputs[source] for source in self.extra.values()]
 
     def accumulated(self, key: ProgramKey) -> tuple[str, ...]:
         """The accumulated outputs of program `key`, in its result order."""
@@ -211,15 +212,18 @@ def stage_programs(module: Module, plan: StagePlan, microbatches: int) -> StageP
     split = split_step(flat)
     stage_of = _stages(flat, origin, plan)
     facts = batch_facts(flat, split, microbatches) if microbatches > 1 else _whole_batch(split)
-    cut = microbatch_module(flat, facts)
-    rows = cut.entry.parameters[-1].name if facts.counts_rows and microbatches > 1 else None
-    if rows is not None:  # read wherever it is needed, never sent
-        stage_of[rows] = 0
-        facts = dataclasses.replace(facts, data=(*facts.data, rows))
-    home = _homes(cut, split, facts, stage_of)
+    copies: dict[str, str] = {}
+    cut = microbatch_module(flat, facts, copies)
+    for copy, original in copies.items():
+        stage_of[copy] = stage_of[original]
+    for name, source in facts.inputs.items():  # given to every stage that reads them
+        stage_of[name] = 0
+        if source is None:  # the micro-batch's rows
+            facts = dataclasses.replace(facts, data=(*facts.data, name))
+    home = _homes(cut, split, facts, stage_of, copies)
     shared = _state_scalars(cut, split)
     programs = _assemble(module.name, cut, split, facts, stage_of, home, shared, plan.stages)
-    return dataclasses.replace(programs, rows=rows)
+    return dataclasses.replace(programs, extra=dict(facts.inputs))
 
 
 def _stages(flat: Module, origin: dict[str, str], plan: StagePlan) -> dict[str, int]:
@@ -251,13 +255,20 @@ def _whole_batch(split: StepSplit) -> BatchFacts:
     return BatchFacts(batch, 1, tuple(p.name for p in data), dict(state))
 
 
-def _homes(cut: Module, split: StepSplit, facts: BatchFacts,
-           stage_of: dict[str, int]) -> dict[str, ProgramKey]:  # fmt: skip
-    """The program of every instruction that has one (not parameters, the ROOT tuple, free
-    instructions and the micro-batch rewrite's copies: those are recomputed)."""
+def _homes(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str, int],
+           copies: dict[str, str]) -> dict[str, ProgramKey]:  # fmt: skip
+    """The program of every instruction that has one (not parameters, the ROOT tuple and
+    free instructions: those are recomputed). A micro-batch copy of a batch-independent
+    value is made where the value is (and sent for each micro-batch, as the value's rows
+    would be); copies of what has no program are recomputed too."""
     home: dict[str, ProgramKey] = {}
     late = _late_sums(cut, split, facts) if facts.microbatches > 1 else set()
     for inst in cut.entry.instructions:
+        original = copies.get(inst.name)
+        if original is not None:
+            if original in home:
+                home[inst.name] = home[original]
+            continue
         if inst.name not in split.index or inst.name in split.free:
             continue
         role = split.role(inst.name)
@@ -394,14 +405,15 @@ def _values(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str
         if producer is None:
             varies = name in facts.data
         else:
-            varies = facts.per_microbatch(name) and not per_step
+            copy = name not in facts.state  # a micro-batch copy of a batch-independent value
+            varies = (copy or facts.per_microbatch(name)) and not per_step
         values[name] = Value(
             name=name,
             producer=producer,
             stage=stage_of[name],
             shape=inst.shape,
             per_microbatch=varies,
-            accumulate=varies and once and facts.state[name] == PARTIAL,
+            accumulate=varies and once and facts.state.get(name) == PARTIAL,
             readers=tuple(readers.get(name, ())),
         )
     return values

@@ -25,12 +25,13 @@ Mirroring (stage of a non-forward instruction, in topological order):
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rhino.hlo.errors import ConfigError
+from rhino.hlo.errors import ConfigError, InfeasibleError
 from rhino.hlo.ir import Module
 from rhino.search.cluster import Cluster, Link
 from rhino.search.pipeline_schedule import StageTimes, Timeline, simulate
@@ -43,11 +44,19 @@ from rhino.search.stages import Role, StepSplit, forward_graph, mirror, split_st
 PLAN_FORMAT = "rhino.pipeline"
 PLAN_VERSION = 1
 
+EPSILON = 0.1
+"""The balance a plan is asked for unless the request names one."""
+EPSILON_STEP = 0.1
+"""How far an unnamed balance widens after a try without a plan."""
+
 
 @dataclass(frozen=True)
 class PipelineRequest:
     stages: int
-    epsilon: float = 0.1
+    epsilon: float | None = EPSILON
+    """The balance: every stage within (1 +- epsilon) of the average forward compute.
+    None: `EPSILON`, or where no plan meets it the least wider one that has a plan
+    (`epsilons`)."""
     microbatches: int = 8
     cluster: Cluster | None = None
     """Device rates and links; required."""
@@ -135,7 +144,7 @@ def check_request(request: PipelineRequest, forward_instructions: int) -> None:
     if request.stages > forward_instructions:
         raise ConfigError(f"--stages {request.stages}: more stages than the {forward_instructions} "
                           "forward instructions to place")  # fmt: skip
-    if not 0 <= request.epsilon <= 100:
+    if request.epsilon is not None and not 0 <= request.epsilon <= 100:
         raise ConfigError(f"--epsilon {request.epsilon:g}: expected a tolerance between 0 and 100 "
                           "(0.1: a stage computes at most 10% more than the average)")  # fmt: skip
     if request.microbatches < 1:
@@ -157,19 +166,51 @@ def plan_pipeline(module: Module, request: PipelineRequest,
     rates = dict(request.cluster.flops) if request.cluster else {"f32": 1.0}
     graph = forward_graph(split, rates)
     check_request(request, len(graph.names))
-    problem = StageProblem(graph.names, graph.compute, graph.bytes, graph.consumers,
-                           request.stages, request.epsilon)  # fmt: skip
-    say("baselines: equal counts, best splits of the program order and the late order")
-    baselines = all_baselines(problem)
-    hint = best_balanced(baselines)
-    say(f"stage ILP: {len(graph.names)} instructions, {problem.edges} edges")
-    found = solve_stages(problem, request.options, tightening=request.tightening,
-                         hint=hint.stage if hint else None)  # fmt: skip
+    tries = (
+        [request.epsilon]
+        if request.epsilon is not None
+        else epsilons(graph.compute, request.stages)
+    )
+    for k, epsilon in enumerate(tries):
+        problem = StageProblem(graph.names, graph.compute, graph.bytes, graph.consumers,
+                               request.stages, epsilon)  # fmt: skip
+        try:
+            found, baselines = _search(problem, request, say)
+            break
+        except InfeasibleError:
+            if k == len(tries) - 1:
+                raise
+            say(f"no plan within epsilon {epsilon:g}: widening")
     forward_stage = dict(zip(graph.names, found.stage, strict=True))
     stage = mirror(split, forward_stage, request.stages)
     say("simulating 1F1B and GPipe")
     return _report(module, request, split, problem, found, baselines, stage,
                    time.perf_counter() - started)  # fmt: skip
+
+
+def epsilons(compute: tuple[float, ...] | list[float], stages: int) -> list[float]:
+    """The balances an unnamed epsilon tries, in order: `EPSILON`, or from the least one
+    the largest instruction allows (its stage holds at least it: (1 + epsilon) / d >= its
+    share), widening by `EPSILON_STEP` up to d - 1 (a stage may hold everything)."""
+    total = sum(compute)
+    share = max(compute, default=0.0) / total if total > 0 else 0.0
+    start = max(EPSILON, math.ceil((stages * share - 1) * 100 - 1e-9) / 100)
+    top = max(stages - 1, start)
+    out = [start]
+    while out[-1] < top:
+        out.append(round(min(out[-1] + EPSILON_STEP, top), 2))
+    return out
+
+
+def _search(problem: StageProblem, request: PipelineRequest,
+            say: Callable[[str], None]) -> tuple[StagePlan, list[Baseline]]:  # fmt: skip
+    say("baselines: equal counts, best splits of the program order and the late order")
+    baselines = all_baselines(problem)
+    hint = best_balanced(baselines)
+    say(f"stage ILP: {len(problem.names)} instructions, {problem.edges} edges")
+    found = solve_stages(problem, request.options, tightening=request.tightening,
+                         hint=hint.stage if hint else None)  # fmt: skip
+    return found, baselines
 
 
 def all_baselines(problem: StageProblem) -> list[Baseline]:
@@ -201,7 +242,7 @@ def _report(module: Module, request: PipelineRequest, split: StepSplit, problem:
     }  # fmt: skip
     return PipelinePlan(
         format=PLAN_FORMAT, version=PLAN_VERSION, module=module.name, stages=d,
-        epsilon=request.epsilon, microbatches=m, cluster=request.cluster.name, loss=split.loss,
+        epsilon=problem.epsilon, microbatches=m, cluster=request.cluster.name, loss=split.loss,
         cut_bytes=found.cut_bytes, bound_bytes=found.bound, gap=found.gap,
         status=found.status.value, method=found.method, imbalance=evaluation.imbalance,
         tightening=request.tightening, search_time_s=search_s, solver=dict(found.stats),

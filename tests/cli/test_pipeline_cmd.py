@@ -80,7 +80,7 @@ def test_png_without_matplotlib_is_refused(tmp_path: Path) -> None:
         (["--stages", "2", "--microbatches", "0"], "--microbatches 0: need at least 1"),
         (["--stages", "2", "--gantt", "g.pdf"], "expected a .svg or .png"),
         (["--stages", "2", "--loss", "nope"], "no instruction %nope"),
-        (["--stages", "2"], "%dot_general.5 alone is 78.5% of the compute"),
+        (["--stages", "2", "--epsilon", "0.1"], "%dot_general.5 alone is 78.5% of the compute"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(args: list[str], message: str) -> None:
@@ -88,6 +88,16 @@ def test_bad_input_exits_2_with_a_message(args: list[str], message: str) -> None
     assert r.exit_code == 2, r.output
     assert message in r.output
     assert "Traceback" not in r.output
+
+
+def test_an_unnamed_epsilon_widens_to_the_least_that_has_a_plan() -> None:
+    # one dot is 78.5% of the MLP's forward: 2 stages need epsilon >= 2 * 0.785 - 1
+    r = invoke("pipeline", MLP, "--stages", "2")
+    assert r.exit_code == 0, r.output
+    assert "widened: no plan has 0.1" in r.output
+    doc = json.loads(invoke("pipeline", MLP, "--stages", "2", "--json").output)
+    assert 0.57 <= doc["epsilon"] <= 0.8
+    assert doc["imbalance"] <= doc["epsilon"] + 1e-9
 
 
 def test_malformed_file_exits_2(tmp_path: Path) -> None:
