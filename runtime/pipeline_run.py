@@ -64,7 +64,7 @@ from rhino.runtime.stage_programs import (
     accumulate_program,
     stage_programs,
 )
-from rhino.runtime.verify import OutputCheck, compare_output, tolerance_for
+from rhino.runtime.verify import OutputCheck, compare_output, reduction_lengths, tolerance_for
 from rhino.search.pipeline_schedule import Event, Timeline, simulate
 from rhino.search.planner import PlanRequest, make_plan
 
@@ -276,7 +276,8 @@ def run_pipeline(module: Module, plan: StagePlan, options: PipelineOptions,
         reference = xb.compile_spmd(original, device, num_partitions=1)
         want = xb.execute(reference, inputs)
         got = records[-1].outputs
-        checks = [compare_output(i, want[i], g, tolerance_for(want[i].dtype))
+        terms = reduction_lengths(module)
+        checks = [compare_output(i, want[i], g, tolerance_for(want[i].dtype, reduction=terms[i]))
                   for i, g in enumerate(got) if g is not None]  # fmt: skip
         verify = verify_doc(checks, options.seed)
         times = xb.time_execution(reference, inputs, warmup=0, steps=options.steps)

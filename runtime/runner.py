@@ -32,7 +32,7 @@ from rhino.runtime import xla_bridge as xb
 from rhino.runtime.apply import planned_module, realized_program
 from rhino.runtime.fidelity import FidelityReport, PredictedCollective, compare, measure_collectives
 from rhino.runtime.inputs import entry_inputs
-from rhino.runtime.verify import VerifyReport, verify_shards
+from rhino.runtime.verify import VerifyReport, reduction_lengths, verify_shards
 from rhino.search.mesh import DeviceMesh
 from rhino.search.plan import Plan
 
@@ -115,7 +115,8 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
         reference = xb.compile_spmd(
             original, xb.local_devices(options.platform, 1), num_partitions=1
         )
-        verify_report = verify_shards(reference, sharded, inputs, options.seed)
+        verify_report = verify_shards(reference, sharded, inputs, options.seed,
+                                      lengths=reduction_lengths(module))  # fmt: skip
     root = annotated_module.entry.root
     measured = measure_collectives(
         sharded.partitioned_hlo(), mesh, root=root.name if root else None

@@ -26,17 +26,28 @@ for f32 is ~1000 ulp: room for reductions over ~1e6 terms.
 NaN and infinities must appear at the same places with the same sign in both outputs
 (they count as equal there); an output whose expected value is all NaN or inf compares
 only those places. `max_rel_error` is reported as max |got - want| / max |want|.
+
+Long reductions: summing n terms in another order moves the result by up to about n * u
+times the terms' magnitude (u the unit roundoff: 2**-24 for f32), which the output's
+largest magnitude stands for. An output's rtol is therefore raised to n * u, n the
+longest reduction it depends on (`reduction_lengths`: the contracted size of a dot, a
+convolution's window times its input features, the reduced size of a reduce), capped at
+`MAX_DERIVED_RTOL`: a convolution's weight gradient over 8 images of 32x32 sums 8192
+terms, 4.9e-4 for f32. A wrong plan still errs by the size of the values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from rhino.hlo.errors import ExecutionError, VerificationFailed
+from rhino.hlo.ir import Computation, Instruction, Module
+from rhino.hlo.opcode import Opcode
 from rhino.hlo.parser import parse_module
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.inputs import DEFAULT_OPTIONS, InputOptions, ShardMaker, entry_inputs
@@ -64,15 +75,77 @@ DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
 
 FLOAT8_TOLERANCE = Tolerance(0.25, 1e-2)
 
+MAX_DERIVED_RTOL = 1e-2
+"""The most a long reduction raises an output's rtol to: a wrong plan (a missing sum, a
+shard at the wrong offset) moves outputs by tens of percent."""
 
-def tolerance_for(dtype: Any, table: Mapping[str, Tolerance] = DEFAULT_TOLERANCES) -> Tolerance:
-    """The tolerance of an output of numpy dtype `dtype`."""
+
+def tolerance_for(dtype: Any, table: Mapping[str, Tolerance] = DEFAULT_TOLERANCES,
+                  reduction: int = 1) -> Tolerance:  # fmt: skip
+    """The tolerance of an output of numpy dtype `dtype` that depends on sums of up to
+    `reduction` terms (module docstring)."""
     name = np.dtype(dtype).name
     if name in table:
-        return table[name]
-    if name.startswith("float8"):
-        return FLOAT8_TOLERANCE
-    return EXACT
+        base = table[name]
+    elif name.startswith("float8"):
+        base = FLOAT8_TOLERANCE
+    else:
+        return EXACT
+    import ml_dtypes
+
+    roundoff = float(ml_dtypes.finfo(dtype).eps) / 2
+    derived = min(MAX_DERIVED_RTOL, reduction * roundoff)
+    return Tolerance(max(base.rtol, derived), base.atol) if derived > base.rtol else base
+
+
+def reduction_lengths(module: Module) -> tuple[int, ...]:
+    """Per output of `module` (the ROOT's leaves, nested tuples flattened): the most terms
+    one element of anything it depends on sums (module docstring); loops and calls count
+    every reduction inside them."""
+    longest: dict[int, int] = {}
+    inner: dict[str, int] = {}
+
+    def within(comp: Computation) -> int:
+        if comp.name not in inner:
+            inner[comp.name] = 1  # recursion guard
+            inner[comp.name] = max((_terms(i, within) for i in comp.instructions), default=1)
+        return inner[comp.name]
+
+    entry = module.entry
+    for inst in entry.instructions:
+        own = _terms(inst, within)
+        longest[id(inst)] = max([own, *(longest.get(id(op), 1) for op in inst.operands)])
+    root = entry.root
+    if root is None:
+        return ()
+    return tuple(_leaf_lengths(root, longest))
+
+
+def _terms(inst: Instruction, within: Callable[[Computation], int]) -> int:
+    """Terms one element of `inst` sums, and the most any computation it calls sums."""
+    called = max((within(c) for c in inst.called), default=1)
+    op = inst.opcode
+    own = 1
+    if op is Opcode.DOT:
+        dims = inst.operands[0].shape.dims
+        own = math.prod(dims[d] for d in inst.attr("lhs_contracting_dims", ()))
+    elif op is Opcode.CONVOLUTION:
+        kernel = inst.operands[1].shape.dims
+        out_feature = inst.attr("dim_labels").rhs.index("o")
+        own = math.prod(kernel) // max(1, kernel[out_feature])
+    elif op in (Opcode.REDUCE, Opcode.REDUCE_WINDOW):
+        dims = inst.operands[0].shape.dims
+        if op is Opcode.REDUCE:
+            own = math.prod(dims[d] for d in inst.attr("dimensions", ()))
+        else:
+            own = math.prod(w.size for w in inst.attr("window").dims)
+    return max(own, called)
+
+
+def _leaf_lengths(inst: Instruction, longest: dict[int, int]) -> list[int]:
+    if inst.opcode is Opcode.TUPLE:
+        return [n for op in inst.operands for n in _leaf_lengths(op, longest)]
+    return [longest[id(inst)]] * max(1, len(inst.shape.leaves()))
 
 
 @dataclass(frozen=True)
@@ -223,8 +296,10 @@ def run_and_compare(
     devs = xb.local_devices(None, devices) if isinstance(devices, int) else tuple(devices)
     reference = xb.compile_spmd(original_text, devs[:1], num_partitions=1)
     sharded = xb.compile_spmd(annotated_text, devs, num_partitions=len(devs))
-    makers = entry_inputs(parse_module(original_text, "<original>"), seed, options=options)
-    return verify_shards(reference, sharded, makers, seed, tolerances=tolerances)
+    original = parse_module(original_text, "<original>")
+    makers = entry_inputs(original, seed, options=options)
+    return verify_shards(reference, sharded, makers, seed, tolerances=tolerances,
+                         lengths=reduction_lengths(original))  # fmt: skip
 
 
 def _is_inexact(dtype: np.dtype[Any]) -> bool:
@@ -265,10 +340,13 @@ def verify_shards(
     seed: int,
     *,
     tolerances: Mapping[str, Tolerance] = DEFAULT_TOLERANCES,
+    lengths: Sequence[int] | None = None,
 ) -> VerifyReport:
     """Run `reference` (one device, global inputs) and `sharded` (this process's
     partitions, each creating its own input shards) on `inputs`, and compare every output
-    shard this process holds with the same piece of the reference output.
+    shard this process holds with the same piece of the reference output. `lengths`: per
+    output, the longest reduction it depends on (`reduction_lengths`), which widens its
+    tolerance.
 
     Replicated copies are all checked. The tolerance of an output is the one
     `rhino.runtime.verify` gives its whole expected value, so one process alone and a job
@@ -285,8 +363,9 @@ def verify_shards(
         )
     want = xb.execute(reference, [m.whole() for m in inputs])
     got = xb.execute_shards(sharded, list(inputs))
+    terms = list(lengths) if lengths is not None and len(lengths) == len(want) else [1] * len(want)
     checks = tuple(
-        check_shards(k, w, shards, tolerance_for(w.dtype, tolerances))
+        check_shards(k, w, shards, tolerance_for(w.dtype, tolerances, terms[k]))
         for k, (w, shards) in enumerate(zip(want, got, strict=True))
     )
     return VerifyReport(checks, sharded.num_partitions, seed, reference=reference, sharded=sharded)

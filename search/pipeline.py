@@ -229,7 +229,7 @@ def _report(module: Module, request: PipelineRequest, split: StepSplit, problem:
             search_s: float) -> PipelinePlan:  # fmt: skip
     assert request.cluster is not None
     d, m = request.stages, request.microbatches
-    traffic = _traffic(split, stage)
+    traffic = _traffic(split, stage, d)
     times = _stage_times(split, stage, request.cluster, traffic, d, m)
     timelines = {name: simulate(name, times, m) for name in ("1f1b", "gpipe")}
     reports = _stage_reports(split, stage, request.cluster, traffic, times, timelines, d)
@@ -275,8 +275,8 @@ class _Traffic:
     """Per stage: forward activations its backward reads, bytes per step."""
 
 
-def _traffic(split: StepSplit, stage: tuple[int, ...]) -> _Traffic:
-    d = max(stage) + 1 if stage else 1
+def _traffic(split: StepSplit, stage: tuple[int, ...], d: int) -> _Traffic:
+    """Bytes between the `d` stages of `stage` (some may hold no instruction)."""
     out = _Traffic(forward=[0] * d, stored=[0] * d)
     roles, index = split.roles, split.index
     stored: set[tuple[int, int]] = set()

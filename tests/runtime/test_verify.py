@@ -301,3 +301,86 @@ def test_scan_with_replicated_loops_matches(devices: tuple[object, ...]) -> None
     shards = [p.shard_shape for p in report.sharded.parameters[-2:]]
     assert shards == [(1, 64), (1, 64)]
     assert all(c.nonfinite_expected == 0 for c in report.outputs)
+
+
+# -- long reductions: the tolerance follows the number of terms summed ------------------
+
+LONG_SUM = """HloModule long_sum
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY e {
+  x = f32[8,16384]{1,0} parameter(0)
+  w = f32[16384,4]{1,0} parameter(1)
+  d = f32[8,4]{1,0} dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  c = f32[] constant(0)
+  r = f32[8]{0} reduce(d, c), dimensions={1}, to_apply=add
+  n = s32[] constant(3)
+  ROOT t = (f32[8,4]{1,0}, f32[8]{0}, s32[]) tuple(d, r, n)
+}
+"""
+
+
+def test_reduction_lengths_count_the_longest_sum_behind_each_output() -> None:
+    from rhino.hlo.parser import parse_module
+    from rhino.runtime.verify import reduction_lengths
+
+    module = parse_module(LONG_SUM, "<long>")
+    assert reduction_lengths(module) == (16384, 16384, 1)
+    conv = parse_file(ROOT / "examples" / "vgg19_tiny.hlo")
+    assert max(reduction_lengths(conv)) >= 9 * 64  # a 3x3 window over 64 features at least
+
+
+def test_a_long_reduction_widens_the_tolerance_of_its_outputs_only() -> None:
+    f32 = np.dtype(np.float32)
+    assert tolerance_for(f32) == DEFAULT_TOLERANCES["float32"]
+    assert tolerance_for(f32, reduction=16384).rtol == pytest.approx(16384 * 2.0**-24)
+    assert tolerance_for(f32, reduction=10**9).rtol == 1e-2  # capped: wrong plans still fail
+    assert tolerance_for(np.dtype(np.int32), reduction=16384).rtol == 0  # integers stay exact
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    assert tolerance_for(bf16, reduction=16384) == DEFAULT_TOLERANCES["bfloat16"]
+
+
+@pytest.fixture(scope="module")
+def long_sum_split() -> str:
+    """LONG_SUM with the 16384-term contraction split 8 ways: partial sums, all-reduced."""
+    from rhino.hlo.parser import parse_module
+
+    module = parse_module(LONG_SUM, "<long>")
+    plan = {
+        "x": parse_sharding("{devices=[1,8]<=[8]}"),
+        "w": parse_sharding("{devices=[8,1]<=[8]}"),
+    }
+    return annotated_text(module, plan, strip_metadata=True)
+
+
+def test_a_correct_plan_on_a_long_reduction_verifies(long_sum_split: str,
+                                                     devices: tuple[object, ...]) -> None:  # fmt: skip
+    report = run_and_compare(LONG_SUM, long_sum_split, devices, seed=0)
+    assert report.ok, report.summary()
+    assert report.outputs[0].allowed > 1e-4 * report.outputs[0].scale  # widened by n * u
+    assert report.sharded is not None and " all-reduce(" in report.sharded.partitioned_hlo()
+
+
+def test_a_wrong_layout_on_a_long_reduction_still_fails(long_sum_split: str,
+                                                        devices: tuple[object, ...]) -> None:  # fmt: skip
+    from rhino.hlo.parser import parse_module
+    from rhino.runtime.verify import reduction_lengths
+
+    report = run_and_compare(LONG_SUM, long_sum_split, devices, seed=0)
+    assert report.reference is not None and report.sharded is not None
+    makers = entry_inputs(parse_module(LONG_SUM, "<long>"), seed=0)
+    want = xb.execute(report.reference, [m.whole() for m in makers])
+    # x's column blocks one device off: every device reads its neighbour's block of x
+    x = np.roll(makers[0].whole(), 16384 // 8, axis=1)
+    got = xb.execute(report.sharded, [x, makers[1].whole()])
+    lengths = reduction_lengths(parse_module(LONG_SUM, "<long>"))
+    checks = [compare_output(k, w, g, tolerance_for(w.dtype, reduction=n))
+              for k, (w, g, n) in enumerate(zip(want, got, lengths, strict=True))]  # fmt: skip
+    assert not checks[0].ok and not checks[1].ok
+    assert checks[0].max_rel_error > 100 * checks[0].allowed / checks[0].scale
+    assert checks[2].ok  # the constant does not depend on x
