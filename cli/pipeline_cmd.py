@@ -154,6 +154,8 @@ def render(file: str, plan: PipelinePlan, *, widened: bool = False) -> None:
     out.print(f"[bold]{plan.module}[/] ({file}) in {plan.stages} stages, {plan.microbatches} "
               f"micro-batches ({plan.cluster})")  # fmt: skip
     t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_row("loss", f"%{plan.loss} (its forward holds {plan.forward_share:.0%} of the step's "
+              "dot and convolution FLOPs)")  # fmt: skip
     t.add_row("cut (forward)", f"{format_bytes(plan.cut_bytes)} per step "
               f"(bound {format_bytes(plan.bound_bytes)}, gap {plan.gap:.2%}, {plan.status}, "
               f"from {plan.method})")  # fmt: skip

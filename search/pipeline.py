@@ -108,6 +108,9 @@ class PipelinePlan:
     microbatches: int
     cluster: str
     loss: str
+    """The loss instruction (the scalar the gradients differentiate)."""
+    forward_share: float
+    """The forward's (the loss's ancestors') share of the step's dot and convolution FLOPs."""
     cut_bytes: int
     """Forward bytes sent between stages per step (the ILP's objective)."""
     bound_bytes: float
@@ -243,6 +246,7 @@ def _report(module: Module, request: PipelineRequest, split: StepSplit, problem:
     return PipelinePlan(
         format=PLAN_FORMAT, version=PLAN_VERSION, module=module.name, stages=d,
         epsilon=problem.epsilon, microbatches=m, cluster=request.cluster.name, loss=split.loss,
+        forward_share=split.forward_share,
         cut_bytes=found.cut_bytes, bound_bytes=found.bound, gap=found.gap,
         status=found.status.value, method=found.method, imbalance=evaluation.imbalance,
         tightening=request.tightening, search_time_s=search_s, solver=dict(found.stats),
