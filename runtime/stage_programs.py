@@ -79,6 +79,8 @@ class StagePlan:
     """Schedule name -> the plan's predicted step, bubble and peak activations."""
     mesh: tuple[int, ...] | None = None
     """Hybrid: the mesh the plan was made for (stages on axis 0), or None."""
+    loss: str | None = None
+    """The loss the plan found or was given (`rhino pipeline --loss`)."""
 
     @staticmethod
     def from_json(doc: Any, where: str = "the stage plan") -> StagePlan:
@@ -99,6 +101,7 @@ class StagePlan:
                 sent_bytes=sent,
                 schedules=dict(doc["schedules"]),
                 mesh=tuple(int(n) for n in doc["mesh"]) if doc.get("mesh") else None,
+                loss=str(doc["loss"]) if doc.get("loss") else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{where} is malformed: {type(exc).__name__} {exc}") from None
@@ -209,7 +212,8 @@ def stage_programs(module: Module, plan: StagePlan, microbatches: int) -> StageP
         raise ConfigError(f"the stage plan was made for module {plan.module}, not {module.name}: "
                           "a stage plan for another module")  # fmt: skip
     flat, origin = flat_step(module)
-    split = split_step(flat)
+    named = plan.loss if plan.loss and flat.entry.get(plan.loss) is not None else None
+    split = split_step(flat, named)
     stage_of = _stages(flat, origin, plan)
     facts = batch_facts(flat, split, microbatches) if microbatches > 1 else _whole_batch(split)
     copies: dict[str, str] = {}

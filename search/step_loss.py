@@ -10,10 +10,14 @@ step computes, never from the order of its outputs or from names:
                the forward's residuals: activations, the softmax of a cross-entropy)
     F(c)       the ancestors of scalar c, c included: its forward
     share(c)   the dot and convolution FLOPs in F(c), over the step's
+    gradient   an array computed from dots or convolutions that the optimizer reads
+               (an operand of what depends on a parameter no dot or convolution
+               depends on: a moment, a step count)
     candidate  a floating-point scalar, not computed from constants alone, that A does
                not hold (the gradients never read the loss's value), with
                0 < share(c) <= MAX_FORWARD_SHARE (a forward holds at most about a third
-               to a half of a training step's heavy compute; a gradient norm holds it all)
+               to a half of a training step's heavy compute; a gradient norm holds it
+               all), and no gradient in F(c) (a reported gradient norm's pieces)
     score(c)   |F(c) & A| over instructions not computed from constants alone: how much
                of the scalar's forward the gradients read. The loss's forward is read to
                its end (the cross-entropy's softmax); an accuracy's argmax is not read
@@ -21,10 +25,11 @@ step computes, never from the order of its outputs or from names:
                a metric's result reads, never the loss
 
 The loss is the candidate of the highest score that reads no foreign parameter; of
-several such (the sum of the per-example losses and the mean computed from it, which
-the gradients read alike), the one that depends on all the others. Two that do not
-depend on each other (two objectives) are ambiguous: the step is refused with the
-candidates, to be named with `loss=` (`--loss`). A named loss is checked for its share
+several such (the sum of the per-example losses, the mean computed from it, the mean
+times the batch that a metric adds up: the gradients read them alike), the one the step
+returns, else the one all the others depend on. Two that do not depend on each other
+(two objectives) are ambiguous: the step is refused with the candidates, to be named
+with `loss=` (`--loss`). A named loss is checked for its share
 too: a forward that holds none or nearly all of the heavy compute is no forward.
 """
 
@@ -90,12 +95,15 @@ def find_loss(order: Sequence[Instruction], flops: Sequence[float], free: frozen
         k: share_of(k) for k, inst in enumerate(order) if _is_scalar_float(inst) and reached[k]
     }
     needed = _ancestors([leaf for leaf in _leaves(root) if not _is_scalar_float(leaf)], index)
+    gradients = _gradients(order, index, reached)
     scored = []
     for k, share in shares.items():
         inst = order[k]
         if k in needed or inst.name in free or share > MAX_FORWARD_SHARE:
             continue
         forward = _ancestors([inst], index)
+        if not gradients.isdisjoint(forward):
+            continue
         score = sum(1 for j in forward if j in needed and order[j].name not in free)
         foreign = any(order[j].opcode is Opcode.PARAMETER and j not in needed for j in forward)
         scored.append((score, not foreign, k, forward))
@@ -103,15 +111,66 @@ def find_loss(order: Sequence[Instruction], flops: Sequence[float], free: frozen
         raise RhinoError(_none_found(root, shares, order))
     scored.sort(key=lambda t: (-t[0], not t[1], t[2]))
     best = [t for t in scored if t[0] == scored[0][0] and t[1] == scored[0][1]]
-    # of equally good ones, the one that depends on all the others
-    top = [t for t in best if all(o[2] in t[3] for o in best)]
     names = tuple(order[t[2]].name for t in scored)
-    if not top:
+    k = _first_of_chain(best, {index[leaf.name] for leaf in _leaves(root)})
+    if k is None:
         listed = ", ".join(f"%{order[t[2]].name}" for t in best[:LISTED])
         raise RhinoError(f"cannot tell the loss of the step: {len(best)} scalars are equally "
                          f"likely ({listed}); name it with --loss")  # fmt: skip
-    k = max(top, key=lambda t: len(t[3]))[2]
     return LossChoice(order[k].name, shares[k], names)
+
+
+def _gradients(order: Sequence[Instruction], index: dict[str, int], reached: list[int]) -> set[int]:
+    """Positions of the gradients: the arrays computed from dots or convolutions that the
+    optimizer reads (the operands, not themselves so computed, of what depends on a
+    parameter no dot or convolution depends on: a moment, a step count, a metric total),
+    and up from each, what makes it with its shape and feeds no dot or convolution (a
+    clipped gradient's gradient, to the dot that makes it)."""
+    reaches = [False] * len(order)  # a dot or convolution depends on it
+    for k in range(len(order) - 1, -1, -1):
+        reaches[k] = any(
+            order[index[u.name]].opcode in HEAVY or reaches[index[u.name]]
+            for u in order[k].users
+            if u.name in index
+        )
+    optimizer = [False] * len(order)
+    for k, inst in enumerate(order):
+        if inst.opcode is Opcode.PARAMETER:
+            optimizer[k] = not reaches[k]
+        else:
+            optimizer[k] = any(optimizer[index[op.name]] for op in inst.operands)
+    read = [index[op.name] for k, inst in enumerate(order) if optimizer[k] for op in inst.operands]
+    found: set[int] = set()
+    stack = [j for j in read if not optimizer[j] and reached[j] and _is_array(order[j])]
+    while stack:  # up the chain of the gradient's own shape, to the dot that makes it
+        j = stack.pop()
+        if j in found:
+            continue
+        found.add(j)
+        if order[j].opcode in HEAVY:
+            continue
+        for op in order[j].operands:
+            i = index[op.name]
+            same = _is_array(op) and op.shape.dims == order[j].shape.dims
+            if same and reached[i] and not reaches[i] and op.opcode is not Opcode.PARAMETER:
+                stack.append(i)
+    return found
+
+
+def _is_array(inst: Instruction) -> bool:
+    return not inst.shape.is_tuple and inst.shape.rank > 0
+
+
+def _first_of_chain(best: list[tuple[int, bool, int, set[int]]], outputs: set[int]) -> int | None:
+    """Of equally good candidates (score, clean, position, forward), which is the loss:
+    they are one value and the scalings of it the step makes (the sum, the mean, the
+    mean times the batch a metric adds up), one depending on the next. The one the step
+    returns, else the first of the chain (all the others depend on it); None when they
+    are no chain (two objectives)."""
+    returned = [t for t in best if t[2] in outputs]
+    group = returned or best
+    first = [t for t in group if all(t[2] in o[3] for o in group)]
+    return first[0][2] if first else None
 
 
 def _check_share(inst: Instruction, share: float) -> None:
