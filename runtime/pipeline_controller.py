@@ -28,7 +28,7 @@ from rhino.hlo.errors import InfeasibleError, RhinoError
 from rhino.hlo.ir import Module
 from rhino.hlo.parser import parse_module
 from rhino.runtime.pipeline_tasks import task_graph
-from rhino.runtime.stage_programs import StagePlan, StagePrograms, stage_programs
+from rhino.runtime.stage_programs import StagePlan, StagePrograms, is_update, stage_programs
 from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh, mesh_factorizations
 from rhino.search.pipeline import PipelineRequest, plan_pipeline
@@ -147,7 +147,10 @@ def _stage_times(programs: StagePrograms, times: dict[tuple[int, str], float],
     return StageTimes(
         forward_s=tuple(times.get((s, "F"), 0.0) for s in range(p)),
         backward_s=tuple(times.get((s, "B"), 0.0) for s in range(p)),
-        update_s=tuple(times.get((s, "U"), 0.0) for s in range(p)),
+        update_s=tuple(
+            sum(t for (stage, kind), t in times.items() if stage == s and is_update(kind))
+            for s in range(p)
+        ),  # fmt: skip
         send_s=send_s,
         activation_bytes=tuple(float(b) for b in graph.activation_bytes),
     )

@@ -667,6 +667,14 @@ def _reverse(inst: Instruction, ops: list[State], facts: _Facts) -> State:
     return s
 
 
+def _topk(inst: Instruction, ops: list[State], facts: _Facts) -> State:
+    """The k largest along the last dimension: per example when the batch is another."""
+    (s,) = ops
+    if not isinstance(s, int) or s == inst.operands[0].shape.rank - 1:
+        raise _refuse(inst, "it ranks across the batch")
+    return (s, s) if inst.shape.is_tuple else s
+
+
 def _get_tuple_element(inst: Instruction, ops: list[State], facts: _Facts) -> State:
     (s,) = ops
     return s[inst.attr("index")] if isinstance(s, tuple) else s
@@ -695,6 +703,7 @@ _RULES: dict[Opcode, Rule] = {
     Opcode.REVERSE: _reverse,
     Opcode.GET_TUPLE_ELEMENT: _get_tuple_element,
     Opcode.TUPLE: _tuple,
+    Opcode.TOPK: _topk,
 }
 """Opcode -> the state of its result from its operands' (not all batch-independent)."""
 
@@ -901,7 +910,8 @@ class _Resizer:
             self._made_from(inst, before)
             return self.done[key]
         cuts = [] if inst.opcode is Opcode.IOTA else _cut_dims(inst, dim, self.facts.batch)
-        ops = [self.mapping[op.name] if d is None else self.resized(op, d)
+        whole = inst.name in self.facts.whole  # its operands: their whole-batch copies
+        ops = [self._operand(op, whole) if d is None else self.resized(op, d)
                for op, d in zip(inst.operands, cuts, strict=True)]  # fmt: skip
         dims = list(inst.shape.dims)
         dims[dim] //= m
@@ -916,6 +926,10 @@ class _Resizer:
         self.copies[clone.name] = inst.name
         self._made_from(inst, before)
         return result
+
+    def _operand(self, op: Instruction, whole: bool) -> Instruction:
+        copy = self.mapping.get(f"{op.name}.whole") if whole else None
+        return copy or self.mapping[op.name]
 
     def _made_from(self, inst: Instruction, start: int) -> None:
         """The instructions added since `start` (besides copies of operands) come from

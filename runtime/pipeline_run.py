@@ -62,6 +62,7 @@ from rhino.runtime.stage_programs import (
     StagePlan,
     StagePrograms,
     accumulate_program,
+    is_update,
     stage_programs,
 )
 from rhino.runtime.verify import OutputCheck, compare_output, reduction_lengths, tolerance_for
@@ -466,7 +467,7 @@ class _Stage:
         k = task.microbatch
         args = []
         for i, v in enumerate(program.inputs):
-            instance = k if task.kind != "U" and p.values[v].per_microbatch else STEP
+            instance = k if not is_update(task.kind) and p.values[v].per_microbatch else STEP
             args.append(xb.move_input(exe, i, self.mail.get((v, instance, task.stage))))
         results = xb.execute_arrays(exe, args)
         xb.wait_ready(results)
@@ -495,10 +496,10 @@ class _Stage:
         p = self.r.programs
         value = p.values[v]
         k, last = task.microbatch, p.microbatches - 1
-        if task.kind == "U":
+        if is_update(task.kind):
             self._send(v, STEP, array, self._step_readers(v))
             return
-        per_mb = sorted({s for s, kind in value.readers if kind != "U"})
+        per_mb = sorted({s for s, kind in value.readers if not is_update(kind)})
         if value.per_microbatch:
             self._send(v, k, array, per_mb)
         elif k == 0:
@@ -509,7 +510,7 @@ class _Stage:
     def _step_readers(self, v: str) -> list[int]:
         """Stages whose update reads `v`, and -1 for the step's outputs."""
         value = self.r.programs.values[v]
-        stages = sorted({s for s, kind in value.readers if kind == "U"})
+        stages = sorted({s for s, kind in value.readers if is_update(kind)})
         return stages + ([-1] if v in self.r.programs.outputs else [])
 
     def _send(self, v: str, k: int, array: Any, stages: list[int]) -> None:
@@ -617,7 +618,7 @@ def _timeline(name: str, record: StepRecord, stages: int) -> Timeline:
     """The measured step in the simulator's terms (accumulations count as their task's)."""
     events = []
     for task, s, e in record.events:
-        kind = "U" if task.kind == "U" else task.kind[-1]
+        kind = "U" if is_update(task.kind) else task.kind[-1]
         events.append(Event(task.stage, kind, task.microbatch, s, e))
     step = max((e.end_s for e in events), default=0.0)
     peaks = tuple(0 for _ in range(stages))
@@ -629,6 +630,11 @@ def _task_seconds(per_task: dict[Task, float], stages: int) -> dict[str, dict[st
     for kind in ("F", "B", "AF", "AB", "U"):
         for s in range(stages):
             times = [t for task, t in per_task.items() if task.stage == s and task.kind == kind]
+            updates = [
+                t for task, t in per_task.items() if task.stage == s and is_update(task.kind)
+            ]
+            if kind == "U" and updates:  # every update level, once per step: their sum
+                times = [sum(updates)]
             if times:
                 out[str(s)][kind] = statistics.median(times)
     return out

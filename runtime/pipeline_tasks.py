@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rhino.hlo.errors import ConfigError
-from rhino.runtime.stage_programs import ProgramKey, StagePrograms
+from rhino.runtime.stage_programs import ProgramKey, StagePrograms, is_update
 from rhino.search.pipeline_schedule import SCHEDULES, StageTimes
 
 STEP = -1
@@ -39,14 +39,15 @@ STEP = -1
 class Task:
     stage: int
     kind: str
-    """"F", "B", "AF", "AB" (accumulate the sums of F or B) or "U"."""
+    """"F", "B", "AF", "AB" (accumulate the sums of F or B), or "U" (an update; "UU", ...
+    for later levels, `stage_programs.KINDS`)."""
     microbatch: int
     """0..m-1, or STEP for the update."""
 
     @property
     def program(self) -> ProgramKey:
         """The program it runs (for an accumulation: the one whose sums it adds)."""
-        return (self.stage, self.kind[-1])
+        return (self.stage, self.kind[1:] if self.kind.startswith("A") else self.kind)
 
     def __str__(self) -> str:
         return f"{self.kind}{self.stage}" + (
@@ -105,11 +106,11 @@ def task_graph(programs: StagePrograms) -> TaskGraph:
     tasks: list[Task] = []
     reads: dict[Task, tuple[tuple[str, int], ...]] = {}
     for (s, kind), program in sorted(programs.programs.items()):
-        for k in range(m) if kind != "U" else (STEP,):
+        for k in range(m) if not is_update(kind) else (STEP,):
             task = Task(s, kind, k)
             tasks.append(task)
             reads[task] = tuple((v, _instance(programs, v, kind, k)) for v in program.inputs)
-            if kind != "U" and programs.accumulated((s, kind)):
+            if not is_update(kind) and programs.accumulated((s, kind)):
                 tasks.append(Task(s, "A" + kind, k))
     _check_update_order(programs)
     return TaskGraph(tuple(sorted(tasks)), reads, _transfers(programs),
@@ -118,7 +119,7 @@ def task_graph(programs: StagePrograms) -> TaskGraph:
 
 def _instance(programs: StagePrograms, value: str, reader: str, k: int) -> int:
     """Which micro-batch's copy of `value` a reader of kind `reader` at k reads."""
-    return k if reader != "U" and programs.values[value].per_microbatch else STEP
+    return k if not is_update(reader) and programs.values[value].per_microbatch else STEP
 
 
 def producer_task(programs: StagePrograms, value: str, microbatch: int) -> Task | None:
@@ -128,8 +129,8 @@ def producer_task(programs: StagePrograms, value: str, microbatch: int) -> Task 
     if v.producer is None:
         return None
     stage, kind = v.producer
-    if kind == "U":
-        return Task(stage, "U", STEP)
+    if is_update(kind):
+        return Task(stage, kind, STEP)
     last = programs.microbatches - 1
     if microbatch != STEP:
         return Task(stage, kind, microbatch)
@@ -150,11 +151,12 @@ def _transfers(programs: StagePrograms) -> tuple[Transfer, ...]:
         for t in targets:
             kinds = {kind for s, kind in v.readers if s == t}
             instances = set()
-            if kinds - {"U"}:
+            updates = any(is_update(kind) for kind in kinds)
+            if not all(is_update(kind) for kind in kinds):
                 instances |= set(range(m)) if v.per_microbatch else {STEP}
-            if "U" in kinds and (v.accumulate or not v.per_microbatch):
+            if updates and (v.accumulate or not v.per_microbatch):
                 instances.add(STEP)
-            elif "U" in kinds:
+            elif updates:
                 instances.add(m - 1)
             for k in sorted(instances):
                 nbytes = v.nbytes
@@ -174,20 +176,20 @@ def _activations(programs: StagePrograms) -> tuple[int, ...]:
 def _check_update_order(programs: StagePrograms) -> None:
     """Update programs may read each other's results (the step count, a shared scale);
     they must not do so in a cycle."""
-    needs: dict[int, set[int]] = {}
+    needs: dict[ProgramKey, set[ProgramKey]] = {}
     for v in programs.values.values():
-        if v.producer and v.producer[1] == "U":
-            for s, kind in v.readers:
-                if kind == "U" and s != v.producer[0]:
-                    needs.setdefault(s, set()).add(v.producer[0])
-    state: dict[int, int] = {}
+        if v.producer and is_update(v.producer[1]):
+            for reader in v.readers:
+                if is_update(reader[1]) and reader != v.producer:
+                    needs.setdefault(reader, set()).add(v.producer)
+    state: dict[ProgramKey, int] = {}
 
-    def visit(s: int, path: list[int]) -> None:
+    def visit(s: ProgramKey, path: list[ProgramKey]) -> None:
         if state.get(s) == 2:
             return
         if state.get(s) == 1:
-            cycle = " -> ".join(map(str, [*path, s]))
-            raise ConfigError(f"the update programs of stages {cycle} read each other's results "
+            cycle = " -> ".join(f"{kind}{stage}" for stage, kind in [*path, s])
+            raise ConfigError(f"the update programs {cycle} read each other's results "
                               "in a cycle; the plan cannot be run stage by stage")  # fmt: skip
         state[s] = 1
         for t in sorted(needs.get(s, ())):
@@ -212,8 +214,9 @@ def schedule(programs: StagePrograms, name: str = "1f1b") -> Schedule:
             tasks.append(Task(s, kind, k))
             if programs.accumulated((s, kind)):
                 tasks.append(Task(s, "A" + kind, k))
-        if (s, "U") in programs.programs:
-            tasks.append(Task(s, "U", STEP))
+        updates = sorted((kind for stage, kind in programs.programs
+                          if stage == s and is_update(kind)), key=len)  # fmt: skip
+        tasks += [Task(s, kind, STEP) for kind in updates]
         actions.append(tuple(tasks))
     return Schedule(name, tuple(actions))
 
@@ -226,7 +229,7 @@ def stage_times(graph: TaskGraph, seconds: dict[Task, float],
     stages = len(graph.activation_bytes)
     per: dict[tuple[int, str], list[float]] = {}
     for task, t in seconds.items():
-        kind = "U" if task.kind == "U" else task.kind[-1]
+        kind = "U" if is_update(task.kind) else task.kind[-1]
         per.setdefault((task.stage, kind), []).append(t)
 
     def mean(s: int, kind: str) -> float:

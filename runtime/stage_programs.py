@@ -53,10 +53,19 @@ from rhino.runtime.pipeline_microbatch import (
     microbatch_module,
 )
 from rhino.search.pipeline import PLAN_FORMAT, PLAN_VERSION
-from rhino.search.stages import Role, StepSplit, split_step
+from rhino.search.stages import Role, StepSplit, split_step, state_scalars
 
 KINDS = ("F", "B", "U")
-"""Forward, backward, update: the programs of a stage, in the order a step runs them."""
+"""Forward, backward, update: the programs of a stage, in the order a step runs them. An
+update that reads another stage's update result runs as a later update program, "UU"
+(then "UUU", ...): the levels keep the updates' reads of each other free of cycles (a
+global gradient norm: every stage's squares, summed on one, read by all)."""
+
+
+def is_update(kind: str) -> bool:
+    """Is `kind` an update program's ("U", "UU", ...)?"""
+    return kind.startswith("U")
+
 
 ProgramKey = tuple[int, str]
 """(stage, kind)."""
@@ -131,7 +140,7 @@ class Program:
 
     stage: int
     kind: str
-    """"F", "B" or "U"."""
+    """"F", "B", "U" (or a later update level, "UU", ...)."""
     text: str
     """HLO text, shapes of one micro-batch; its ROOT is the tuple of `outputs`."""
     inputs: tuple[str, ...]
@@ -225,7 +234,8 @@ def stage_programs(module: Module, plan: StagePlan, microbatches: int) -> StageP
         if source is None:  # the micro-batch's rows
             facts = dataclasses.replace(facts, data=(*facts.data, name))
     home = _homes(cut, split, facts, stage_of, copies)
-    shared = _state_scalars(cut, split)
+    shared = state_scalars(split)
+    _update_levels(cut, home, shared)
     programs = _assemble(module.name, cut, split, facts, stage_of, home, shared, plan.stages)
     return dataclasses.replace(programs, extra=dict(facts.inputs))
 
@@ -266,11 +276,11 @@ def _homes(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str,
     value is made where the value is (and sent for each micro-batch, as the value's rows
     would be); copies of what has no program are recomputed too."""
     home: dict[str, ProgramKey] = {}
-    late = _late_sums(cut, split, facts) if facts.microbatches > 1 else set()
+    late = _late_sums(cut, split, facts, stage_of) if facts.microbatches > 1 else set()
     for inst in cut.entry.instructions:
         original = copies.get(inst.name)
         if original is not None:
-            if original in home:
+            if home.get(original, (0, ""))[1] == "F":  # read by later forwards, or backwards
                 home[inst.name] = home[original]
             continue
         if inst.name not in split.index or inst.name in split.free:
@@ -283,15 +293,42 @@ def _homes(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str,
         else:
             kind = "F" if role is Role.FORWARD else "B"
         home[inst.name] = (stage_of[inst.name], kind)
+    for copy, original in copies.items():  # a stage that reads the value whole slices it
+        if copy in home:
+            whole = {stage_of[u.name] for u in cut.entry[original].users}
+            rows = {stage_of[u.name] for u in cut.entry[copy].users}
+            if any(t in whole for t in rows - {home[copy][0]}):
+                del home[copy]
     return home
 
 
-def _late_sums(cut: Module, split: StepSplit, facts: BatchFacts) -> set[str]:
+def _update_levels(cut: Module, home: dict[str, ProgramKey], shared: frozenset[str]) -> None:
+    """Update instructions that read another stage's update result (directly or through
+    their own stage's) move to a later update program of their stage (`KINDS`): one
+    level more than the latest such read. Recomputed scalars are no reads."""
+    level: dict[str, int] = {}
+    for inst in cut.entry.instructions:
+        key = home.get(inst.name)
+        if key is None or not is_update(key[1]):
+            continue
+        n = 0
+        for op in inst.operands:
+            source = home.get(op.name)
+            if source is None or op.name in shared or not is_update(source[1]):
+                continue
+            n = max(n, level[op.name] + (source[0] != key[0]))
+        level[inst.name] = n
+        home[inst.name] = (key[0], "U" * (n + 1))
+
+
+def _late_sums(cut: Module, split: StepSplit, facts: BatchFacts,
+               stage_of: dict[str, int]) -> set[str]:  # fmt: skip
     """Sums over the batch computed from sums alone (batch-independent values aside) and
-    read only once per step: computed once, in the update program, from the micro-batches'
-    accumulated sums (they are linear in them), not once per micro-batch. A gradient
-    that is the sum of two stages' parts (a tied embedding's) is then sent once per step,
-    as the stage plan counts it, not once per micro-batch."""
+    read only once per step, on their own stage: computed once, in the update program,
+    from the micro-batches' accumulated sums (they are linear in them), not once per
+    micro-batch. A gradient that is the sum of two stages' parts (a tied embedding's) is
+    then sent once per step, as the stage plan counts it, not once per micro-batch. (Read
+    by another stage's update, it would make the updates wait on each other.)"""
     root = cut.entry.root
     late: set[str] = set()
     for inst in reversed(cut.entry.instructions):
@@ -302,27 +339,10 @@ def _late_sums(cut: Module, split: StepSplit, facts: BatchFacts) -> set[str]:
             continue
         if any(facts.state.get(op.name) not in (PARTIAL, None) for op in inst.operands):
             continue
-        if all(u is root or u.name in late or facts.state.get(u.name) == STEP for u in inst.users):
+        if all(u is root or (u.name in late or facts.state.get(u.name) == STEP)
+               and stage_of[u.name] == stage_of[name] for u in inst.users):  # fmt: skip
             late.add(name)
     return late
-
-
-def _state_scalars(cut: Module, split: StepSplit) -> frozenset[str]:
-    """Update scalars computed from optimizer state and constants alone."""
-    found: set[str] = set()
-    for inst in cut.entry.instructions:
-        if inst.name not in split.index or split.role(inst.name) is not Role.UPDATE:
-            continue
-        if (
-            inst.shape.rank == 0
-            and not inst.shape.is_tuple
-            and all(
-                op.name in found or op.name in split.free or split.role(op.name) is Role.STATE
-                for op in inst.operands
-            )
-        ):
-            found.add(inst.name)
-    return frozenset(found)
 
 
 def _assemble(name: str, cut: Module, split: StepSplit, facts: BatchFacts,
@@ -404,8 +424,8 @@ def _values(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str
             raise ConfigError(f"%{name} crosses from one stage program to another but is a "
                               "tuple; rhino sends only arrays between programs")  # fmt: skip
         producer = home.get(name)
-        per_step = producer is not None and producer[1] == "U"
-        once = any(k[1] == "U" for k in readers.get(name, ())) or name in results
+        per_step = producer is not None and is_update(producer[1])
+        once = any(is_update(k[1]) for k in readers.get(name, ())) or name in results
         if producer is None:
             varies = name in facts.data
         else:

@@ -39,7 +39,14 @@ from rhino.search.problem import SolveOptions
 from rhino.search.stage_baselines import Baseline, best_split, best_split_late, equal_count
 from rhino.search.stage_ilp import StagePlan, solve_stages
 from rhino.search.stage_problem import StageProblem
-from rhino.search.stages import Role, StepSplit, forward_graph, mirror, split_step
+from rhino.search.stages import (
+    Role,
+    StepSplit,
+    forward_graph,
+    mirror,
+    split_step,
+    state_scalars,
+)
 
 PLAN_FORMAT = "rhino.pipeline"
 PLAN_VERSION = 1
@@ -284,8 +291,10 @@ def _traffic(split: StepSplit, stage: tuple[int, ...], d: int) -> _Traffic:
     out = _Traffic(forward=[0] * d, stored=[0] * d)
     roles, index = split.roles, split.index
     stored: set[tuple[int, int]] = set()
+    recomputed = state_scalars(split)
+    readers = _recomputing_stages(split, stage, recomputed)
     for k, inst in enumerate(split.order):
-        if inst.name in split.free or roles[k] is Role.OUTPUT:
+        if inst.name in split.free or roles[k] is Role.OUTPUT or inst.name in recomputed:
             continue
         size = inst.shape.byte_size
         targets = set()
@@ -293,7 +302,9 @@ def _traffic(split: StepSplit, stage: tuple[int, ...], d: int) -> _Traffic:
             u = index[user.name]
             if roles[u] is Role.OUTPUT:
                 continue
-            if stage[u] != stage[k]:
+            if user.name in recomputed:  # read where the scalar is recomputed
+                targets |= readers[user.name] - {stage[k]}
+            elif stage[u] != stage[k]:
                 targets.add(stage[u])
             batch = inst.name in split.per_microbatch
             if roles[k] is Role.FORWARD and roles[u] is Role.BACKWARD and batch:
@@ -308,6 +319,28 @@ def _traffic(split: StepSplit, stage: tuple[int, ...], d: int) -> _Traffic:
     for k, t in stored:
         out.stored[t] += split.order[k].shape.byte_size
     return out
+
+
+def _recomputing_stages(split: StepSplit, stage: tuple[int, ...],
+                        recomputed: frozenset[str]) -> dict[str, set[int]]:  # fmt: skip
+    """For each recomputed update scalar (`state_scalars`), the stages that compute it:
+    those of its readers, through the recomputed scalars among them, and its own when the
+    step returns it."""
+    found: dict[str, set[int]] = {}
+    for k in range(len(split.order) - 1, -1, -1):
+        inst = split.order[k]
+        if inst.name not in recomputed:
+            continue
+        stages: set[int] = set()
+        for user in inst.users:
+            if user.name in recomputed:
+                stages |= found[user.name]
+            elif split.role(user.name) is Role.OUTPUT:  # a result: made on its own stage
+                stages.add(stage[k])
+            else:
+                stages.add(stage[split.index[user.name]])
+        found[inst.name] = stages
+    return found
 
 
 def _link(cluster: Cluster, a: int, b: int) -> Link:

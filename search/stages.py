@@ -114,6 +114,22 @@ def split_step(module: Module, loss: str | None = None) -> StepSplit:
                      frozenset(_descendants(order, data)), weights, choice.share)  # fmt: skip
 
 
+def state_scalars(split: StepSplit) -> frozenset[str]:
+    """Update scalars computed from optimizer state and constants alone (a step count,
+    Adam's bias corrections, a scheduled learning rate): every stage whose update reads
+    one recomputes it from the state, rather than receive it (sent, they would make the
+    stages' updates wait on each other, in a cycle when two stages each compute one the
+    other reads)."""
+    found: set[str] = set()
+    for k, inst in enumerate(split.order):
+        if split.roles[k] is not Role.UPDATE or inst.shape.is_tuple or inst.shape.rank:
+            continue
+        if all(op.name in found or op.name in split.free or split.role(op.name) is Role.STATE
+               for op in inst.operands):  # fmt: skip
+            found.add(inst.name)
+    return frozenset(found)
+
+
 def _named_loss(inst: Instruction | None, name: str, entry: str) -> Instruction:
     if inst is None:
         raise RhinoError(f"--loss {name}: no instruction %{name} in the ENTRY computation {entry}")
