@@ -48,7 +48,7 @@ from rhino.hlo.ir import Computation, Instruction, Module
 from rhino.hlo.opcode import ELEMENTWISE, Opcode
 from rhino.hlo.passes import clone_module, flatten
 from rhino.hlo.shape import FLOAT_DTYPES, Shape
-from rhino.search.stages import Role, StepSplit
+from rhino.search.stages import Role, StepSplit, ancestors
 
 PARTIAL = "partial"
 STEP = "step"
@@ -235,18 +235,7 @@ def input_groups(split: StepSplit) -> list[list[Instruction]]:
 
 def _inputs_behind(inst: Instruction, data: list[Instruction]) -> set[str]:
     """The inputs among `data` that `inst` depends on."""
-    names = {p.name for p in data}
-    found: set[str] = set()
-    seen = {inst.name}
-    stack = [inst]
-    while stack:
-        for op in stack.pop().operands:
-            if op.name not in seen:
-                seen.add(op.name)
-                stack.append(op)
-                if op.name in names:
-                    found.add(op.name)
-    return found
+    return (ancestors(inst) - {inst.name}) & {p.name for p in data}
 
 
 def _analyse(module: Module, split: StepSplit, microbatches: int, data: list[Instruction],

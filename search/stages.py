@@ -90,7 +90,7 @@ def split_step(module: Module, loss: str | None = None) -> StepSplit:
     free = _free(order)
     choice = find_loss(order, flops, free, loss)
     loss_inst = order[index[choice.name]]
-    forward = _ancestors(loss_inst)
+    forward = ancestors(loss_inst)
     params = [i for i in order if i.opcode is Opcode.PARAMETER]
     state = {i.name for i in params if i.name not in forward}
     tainted = _descendants(order, state)
@@ -136,7 +136,7 @@ def _named_loss(inst: Instruction | None, name: str, entry: str) -> Instruction:
     return inst
 
 
-def _ancestors(inst: Instruction) -> set[str]:
+def ancestors(inst: Instruction) -> set[str]:
     """`inst` and every instruction it depends on (operands, transitively)."""
     seen = {inst.name}
     stack = [inst]

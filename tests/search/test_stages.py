@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from rhino.hlo.errors import RhinoError
 from rhino.hlo.ir import Module
 from rhino.hlo.opcode import Opcode
 from rhino.hlo.parser import parse_file
@@ -169,3 +170,73 @@ def test_residual_unet_plan_cuts_less_than_either_topological_split() -> None:
     for name in ("best_split", "best_split_late"):
         assert splits[name]["within_balance"]
         assert plan.cut_bytes < 0.8 * splits[name]["cut_bytes"], (name, splits[name])
+
+
+# -- the loss of real training steps --------------------------------------------------------
+
+CORPUS = ROOT / "tests" / "data" / "corpus"
+
+
+def test_the_loss_is_what_the_gradients_differentiate_not_the_learning_rate() -> None:
+    # HF's step returns {"loss", "learning_rate"}; the schedule is a select in a call
+    module = parse_file(CORPUS / "hf_gpt2.hlo.gz")
+    split = split_step(module)
+    root = module.entry.root
+    assert root is not None
+    scalars = [op.name for op in root.operands if op.shape.rank == 0 and op.shape.dtype == "f32"]
+    assert split.loss in scalars and len(scalars) == 2
+    assert 0.3 <= split.forward_share <= 0.4
+    rate = next(name for name in scalars if name != split.loss)
+    with pytest.raises(RhinoError, match="cannot be the loss: its forward holds 0.0%"):
+        split_step(module, rate)
+
+
+def test_a_metric_accumulator_or_a_gradient_norm_is_not_the_loss() -> None:
+    # Keras returns its loss tracker's total / count; Equinox's step the gradient norm too
+    for name in ("keras_gpt2", "eqx_transformer"):
+        module = parse_file(CORPUS / f"{name}.hlo.gz")
+        split = split_step(module)
+        assert 0.3 <= split.forward_share <= 0.4, name
+        forward = {
+            i.name for i, r in zip(split.order, split.roles, strict=True) if r is Role.FORWARD
+        }
+        params = [p for p in module.entry.parameters if p.name in forward]
+        assert all(p.shape.rank > 0 for p in params), name  # no metric total, no step count
+
+
+TWO_OBJECTIVES = """HloModule two
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY e {
+  x = f32[8,4]{1,0} parameter(0)
+  w1 = f32[4,4]{1,0} parameter(1)
+  w2 = f32[4,4]{1,0} parameter(2)
+  y1 = f32[8,4]{1,0} dot(x, w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  y2 = f32[8,4]{1,0} dot(x, w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  zero = f32[] constant(0)
+  l1 = f32[] reduce(y1, zero), dimensions={0,1}, to_apply=add
+  l2 = f32[] reduce(y2, zero), dimensions={0,1}, to_apply=add
+  one = f32[] constant(1)
+  ones = f32[8,4]{1,0} broadcast(one), dimensions={}
+  g1 = f32[4,4]{1,0} dot(x, ones), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  g2 = f32[4,4]{1,0} dot(x, ones), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  n1 = f32[4,4]{1,0} subtract(w1, g1)
+  n2 = f32[4,4]{1,0} subtract(w2, g2)
+  ROOT t = (f32[], f32[], f32[4,4]{1,0}, f32[4,4]{1,0}) tuple(l1, l2, n1, n2)
+}
+"""
+
+
+def test_two_objectives_are_refused_with_the_candidates() -> None:
+    from rhino.hlo.parser import parse_module
+
+    module = parse_module(TWO_OBJECTIVES, "<two>")
+    with pytest.raises(RhinoError, match=r"2 scalars are equally likely \(%l[12], %l[12]\); "
+                       "name it with --loss"):  # fmt: skip
+        split_step(module)
+    assert split_step(module, "l2").loss == "l2"
