@@ -112,12 +112,12 @@ def find_loss(order: Sequence[Instruction], flops: Sequence[float], free: frozen
     scored.sort(key=lambda t: (-t[0], not t[1], t[2]))
     best = [t for t in scored if t[0] == scored[0][0] and t[1] == scored[0][1]]
     names = tuple(order[t[2]].name for t in scored)
-    k = _first_of_chain(best, {index[leaf.name] for leaf in _leaves(root)})
-    if k is None:
+    chosen = _first_of_chain(best, {index[leaf.name] for leaf in _leaves(root)})
+    if chosen is None:
         listed = ", ".join(f"%{order[t[2]].name}" for t in best[:LISTED])
         raise RhinoError(f"cannot tell the loss of the step: {len(best)} scalars are equally "
                          f"likely ({listed}); name it with --loss")  # fmt: skip
-    return LossChoice(order[k].name, shares[k], names)
+    return LossChoice(order[chosen].name, shares[chosen], names)
 
 
 def _gradients(order: Sequence[Instruction], index: dict[str, int], reached: list[int]) -> set[int]:
