@@ -43,6 +43,7 @@ from rhino.hlo.ir import Computation, Instruction, Module
 from rhino.hlo.opcode import Opcode
 from rhino.hlo.printer import print_computation, print_instruction
 from rhino.hlo.shape import Shape
+from rhino.runtime.microbatch_rewrite import microbatch_module
 from rhino.runtime.pipeline_microbatch import (
     PARTIAL,
     STEP,
@@ -50,7 +51,6 @@ from rhino.runtime.pipeline_microbatch import (
     batch_facts,
     flat_step,
     input_groups,
-    microbatch_module,
 )
 from rhino.search.pipeline import PLAN_FORMAT, PLAN_VERSION
 from rhino.search.stages import Role, StepSplit, split_step, state_scalars

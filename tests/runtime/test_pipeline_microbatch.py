@@ -10,12 +10,12 @@ import pytest
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.parser import parse_file, parse_module
 from rhino.hlo.verify import verify
+from rhino.runtime.microbatch_rewrite import microbatch_module
 from rhino.runtime.pipeline_microbatch import (
     PARTIAL,
     STEP,
     batch_facts,
     flat_step,
-    microbatch_module,
 )
 from rhino.search.stages import split_step
 from tests.hlo.corpus import ROOT
