@@ -12,7 +12,8 @@ step computes, never from the order of its outputs or from names:
     share(c)   the dot and convolution FLOPs in F(c), over the step's
     gradient   an array computed from dots or convolutions that the optimizer reads
                (an operand of what depends on a parameter no dot or convolution
-               depends on: a moment, a step count)
+               depends on: a moment, a step count), and what makes it with its shape
+               from the dot that computes it (a clipped gradient's raw gradient)
     candidate  a floating-point scalar, not computed from constants alone, that A does
                not hold (the gradients never read the loss's value), with
                0 < share(c) <= MAX_FORWARD_SHARE (a forward holds at most about a third
@@ -29,8 +30,8 @@ several such (the sum of the per-example losses, the mean computed from it, the 
 times the batch that a metric adds up: the gradients read them alike), the one the step
 returns, else the one all the others depend on. Two that do not depend on each other
 (two objectives) are ambiguous: the step is refused with the candidates, to be named
-with `loss=` (`--loss`). A named loss is checked for its share
-too: a forward that holds none or nearly all of the heavy compute is no forward.
+with `loss=` (`--loss`). A named loss is checked for its share too: a forward that holds
+none or nearly all of the heavy compute is no forward.
 """
 
 from __future__ import annotations
@@ -91,15 +92,17 @@ def find_loss(order: Sequence[Instruction], flops: Sequence[float], free: frozen
         k = index[named]
         _check_share(order[k], share_of(k))
         return LossChoice(named, share_of(k), (named,))
-    shares = {
-        k: share_of(k) for k, inst in enumerate(order) if _is_scalar_float(inst) and reached[k]
-    }
     needed = _ancestors([leaf for leaf in _leaves(root) if not _is_scalar_float(leaf)], index)
+    shares = {
+        k: share_of(k)
+        for k, inst in enumerate(order)
+        if _is_scalar_float(inst) and reached[k] and k not in needed and inst.name not in free
+    }
     gradients = _gradients(order, index, reached)
     scored = []
     for k, share in shares.items():
         inst = order[k]
-        if k in needed or inst.name in free or share > MAX_FORWARD_SHARE:
+        if share > MAX_FORWARD_SHARE:
             continue
         forward = _ancestors([inst], index)
         if not gradients.isdisjoint(forward):
