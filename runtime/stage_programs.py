@@ -293,13 +293,34 @@ def _homes(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str,
         else:
             kind = "F" if role is Role.FORWARD else "B"
         home[inst.name] = (stage_of[inst.name], kind)
-    for copy, original in copies.items():  # a stage that reads the value whole slices it
-        if copy in home:
-            whole = {stage_of[u.name] for u in cut.entry[original].users}
-            rows = {stage_of[u.name] for u in cut.entry[copy].users}
-            if any(t in whole for t in rows - {home[copy][0]}):
-                del home[copy]
+    _slice_where_whole(cut, copies, home, stage_of)
     return home
+
+
+def _slice_where_whole(cut: Module, copies: dict[str, str], home: dict[str, ProgramKey],
+                       stage_of: dict[str, int]) -> None:  # fmt: skip
+    """A stage that reads a batch-independent value whole makes its micro-batch copy
+    itself (the copy loses its home), rather than receive the value twice. Copies are
+    visited readers first: where a copy is made is where its readers are."""
+    made: dict[str, set[int]] = {}  # copy -> the stages that make it
+
+    def stages(users: list[Instruction]) -> set[int]:
+        out: set[int] = set()
+        for u in users:
+            out |= made.get(u.name) or {home[u.name][0] if u.name in home else stage_of[u.name]}
+        return out
+
+    for copy in reversed(list(copies)):
+        if copy not in home:  # recomputed where it is read
+            made[copy] = stages(cut.entry[copy].users)
+            continue
+        original = cut.entry[copies[copy]]
+        rows = stages(cut.entry[copy].users)
+        if (rows - {home[copy][0]}) & stages(original.users):
+            del home[copy]
+            made[copy] = rows
+        else:
+            made[copy] = {home[copy][0]}
 
 
 def _update_levels(cut: Module, home: dict[str, ProgramKey], shared: frozenset[str]) -> None:
