@@ -131,6 +131,8 @@ class _Resizer:
         self.rows = rows
         self.copies = copies
         self.done: dict[tuple[str, int], Instruction] = {}
+        self.anchor: Instruction | None = None
+        """Where `_add` puts new instructions: before it, or (None) at the end."""
 
     def resized(self, inst: Instruction, dim: int) -> Instruction:
         """A copy of batch-independent `inst` with dimension `dim` cut to a micro-batch."""
@@ -140,7 +142,7 @@ class _Resizer:
         m = self.facts.microbatches
         before = len(self.comp.instructions)
         if key in self.facts.sliced:
-            self.done[key] = self._rows_of(self.mapping[inst.name], dim)
+            self.done[key] = self.rows_of(self.mapping[inst.name], dim)
             self._made_from(inst, before)
             return self.done[key]
         cuts = [] if inst.opcode is Opcode.IOTA else cut_dims(inst, dim, self.facts.batch)
@@ -179,7 +181,7 @@ class _Resizer:
         spread = self._add(Opcode.BROADCAST, iota.shape, [count], dimensions="{}")
         return self._add(Opcode.ADD, iota.shape, [iota, spread])
 
-    def _rows_of(self, whole: Instruction, dim: int) -> Instruction:
+    def rows_of(self, whole: Instruction, dim: int) -> Instruction:
         """The micro-batch's rows of `whole` (the whole batch's value), along `dim`."""
         s32 = Shape("s32", ())
         zero = self._add(Opcode.CONSTANT, s32, [], literal="0")
@@ -204,4 +206,24 @@ class _Resizer:
     def _add(self, opcode: Opcode, shape: Shape, ops: list[Instruction], *,
              literal: str | None = None, **attrs: str) -> Instruction:  # fmt: skip
         name = self.comp.unused_name(f"microbatch_{opcode.value}")
-        return self.comp.add(Instruction(name, opcode, shape, ops, dict(attrs), literal=literal))
+        inst = Instruction(name, opcode, shape, ops, dict(attrs), literal=literal)
+        if self.anchor is not None:
+            return self.comp.insert_before(self.anchor, inst)
+        return self.comp.add(inst)
+
+
+def slice_rows(module: Module, facts: BatchFacts, copy: Instruction, whole: Instruction) -> bool:
+    """Make the micro-batch copy `copy` (of `module`, rewritten with `facts`) the
+    micro-batch's rows sliced from `whole`, the value it is a copy of, instead of
+    computing it from copies of `whole`'s operands (a stage that reads `whole` anyway
+    then needs nothing more). False, and nothing changed, where the rewritten step has
+    no rows parameter to slice by."""
+    rows = next((n for n, source in facts.inputs.items() if source is None), None)
+    dims = [d for d in range(copy.shape.rank) if copy.shape.dims[d] != whole.shape.dims[d]]
+    if rows is None or len(dims) != 1:
+        return False
+    entry = module.entry
+    resizer = _Resizer(entry, {}, facts, entry[rows], {})
+    resizer.anchor = copy
+    copy.replace_all_uses_with(resizer.rows_of(whole, dims[0]))
+    return True

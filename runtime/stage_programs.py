@@ -43,7 +43,7 @@ from rhino.hlo.ir import Computation, Instruction, Module
 from rhino.hlo.opcode import Opcode
 from rhino.hlo.printer import print_computation, print_instruction
 from rhino.hlo.shape import Shape
-from rhino.runtime.microbatch_rewrite import microbatch_module
+from rhino.runtime.microbatch_rewrite import microbatch_module, slice_rows
 from rhino.runtime.pipeline_microbatch import (
     PARTIAL,
     STEP,
@@ -293,15 +293,16 @@ def _homes(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str,
         else:
             kind = "F" if role is Role.FORWARD else "B"
         home[inst.name] = (stage_of[inst.name], kind)
-    _slice_where_whole(cut, copies, home, stage_of)
+    _slice_where_whole(cut, facts, copies, home, stage_of)
     return home
 
 
-def _slice_where_whole(cut: Module, copies: dict[str, str], home: dict[str, ProgramKey],
-                       stage_of: dict[str, int]) -> None:  # fmt: skip
+def _slice_where_whole(cut: Module, facts: BatchFacts, copies: dict[str, str],
+                       home: dict[str, ProgramKey], stage_of: dict[str, int]) -> None:  # fmt: skip
     """A stage that reads a batch-independent value whole makes its micro-batch copy
-    itself (the copy loses its home), rather than receive the value twice. Copies are
-    visited readers first: where a copy is made is where its readers are."""
+    itself, sliced from the value (the copy loses its home), rather than receive the
+    value twice. Copies are visited readers first: where a copy is made is where its
+    readers are."""
     made: dict[str, set[int]] = {}  # copy -> the stages that make it
 
     def stages(users: list[Instruction]) -> set[int]:
@@ -319,6 +320,8 @@ def _slice_where_whole(cut: Module, copies: dict[str, str], home: dict[str, Prog
         if (rows - {home[copy][0]}) & stages(original.users):
             del home[copy]
             made[copy] = rows
+            if slice_rows(cut, facts, cut.entry[copy], original):
+                cut.entry.remove(cut.entry[copy])
         else:
             made[copy] = {home[copy][0]}
 
