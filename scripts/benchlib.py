@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: the revision a run measured, and JSON of dataclasses.
+"""What the benchmark scripts share: the revision a run measured, JSON of dataclasses, and
+the instruction count of HLO text.
 
 Imported as `benchlib` by scripts run as `python scripts/<bench>.py` (scripts/ is then
 on sys.path).
@@ -20,6 +21,20 @@ def revision(*paths: str) -> str:
     dirty = subprocess.run([*git, "status", "--porcelain", "--", *paths],
                            capture_output=True, text=True)  # fmt: skip
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def count_instructions(text: str) -> int:
+    """Instructions of an HLO module: lines with `` = `` inside computation bodies."""
+    count, inside = 0, False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.endswith("{") and not line.startswith((" ", "HloModule")):
+            inside = True
+        elif stripped == "}":
+            inside = False
+        elif inside and " = " in line:
+            count += 1
+    return count
 
 
 def json_default(value: object) -> object:

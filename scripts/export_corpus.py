@@ -26,10 +26,10 @@ os.environ.setdefault("KERAS_BACKEND", "jax")  # before any keras import
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # its Flax deprecation notice
 
 import click  # noqa: E402
+from benchlib import count_instructions  # noqa: E402
 from corpus.common import (  # noqa: E402
     Step,
     StepConfig,
-    count_instructions,
     export,
     library_versions,
     write_step,

@@ -23,6 +23,7 @@ from typing import Any
 
 import click
 import jax
+from benchlib import count_instructions
 from jax._src import config as jax_config
 from zoo_models import dnabert, encdec, gpt, mlp, moe, unet, vgg, wresnet
 from zoo_models.common import ModelSpec, ZooError, abstract_args, make_train_step
@@ -156,20 +157,6 @@ def optimized_hlo_text(spec: ModelSpec) -> str:
     if text is None:
         raise ZooError(f"{spec.name}: XLA returned no text for the compiled module")
     return text
-
-
-def count_instructions(text: str) -> int:
-    """Instructions of an HLO module: lines with `` = `` inside computation bodies."""
-    count, inside = 0, False
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.endswith("{") and not line.startswith((" ", "HloModule")):
-            inside = True
-        elif stripped == "}":
-            inside = False
-        elif inside and " = " in line:
-            count += 1
-    return count
 
 
 def example_text(example: Example) -> str:

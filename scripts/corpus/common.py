@@ -119,20 +119,6 @@ def export(
     return traced.lower(lowering_platforms=("cpu",)).as_text(dialect="hlo")
 
 
-def count_instructions(text: str) -> int:
-    """Instructions of an HLO module: lines with `` = `` inside computation bodies."""
-    count, inside = 0, False
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.endswith("{") and not line.startswith((" ", "HloModule")):
-            inside = True
-        elif stripped == "}":
-            inside = False
-        elif inside and " = " in line:
-            count += 1
-    return count
-
-
 def gzip_bytes(text: str) -> bytes:
     """``text`` gzipped deterministically: no file name, mtime 0, level 9."""
     buf = io.BytesIO()
