@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -305,7 +306,7 @@ def _slice_where_whole(cut: Module, facts: BatchFacts, copies: dict[str, str],
     readers are."""
     made: dict[str, set[int]] = {}  # copy -> the stages that make it
 
-    def stages(users: list[Instruction]) -> set[int]:
+    def stages(users: Iterable[Instruction]) -> set[int]:
         out: set[int] = set()
         for u in users:
             out |= made.get(u.name) or {home[u.name][0] if u.name in home else stage_of[u.name]}
