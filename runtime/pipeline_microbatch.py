@@ -157,6 +157,7 @@ class _Refusal(ConfigError):
         super().__init__(f"cannot cut the step into micro-batches at %{inst.name} "
                          f"({inst.opcode_text}): {why}; run it with 1 micro-batch")  # fmt: skip
         self.inst = inst
+        self.why = why
 
 
 def _refuse(inst: Instruction, why: str) -> ConfigError:
@@ -254,7 +255,11 @@ def _analyse(module: Module, split: StepSplit, microbatches: int, data: list[Ins
                 facts.state[inst.name] = _state_of(inst, split, names, facts)
             break
         except _WholeBatch as need:
-            if heavy[need.value.name] or need.value.name in whole:
+            if heavy[need.value.name]:  # a statistic of the model's outputs over the batch
+                raise _Refusal(need.inst, f"{need.why}; %{need.value.name} is computed from "
+                               "the whole batch's dots or convolutions, so no micro-batch "
+                               "can compute it alone") from None  # fmt: skip
+            if need.value.name in whole:
                 raise
             whole.add(need.value.name)
     for name, _ in sorted(facts.sliced, key=lambda t: split.index[t[0]]):
