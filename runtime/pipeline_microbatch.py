@@ -52,6 +52,7 @@ from rhino.hlo.opcode import ELEMENTWISE, Opcode
 from rhino.hlo.passes import flatten
 from rhino.hlo.shape import FLOAT_DTYPES
 from rhino.search.stages import Role, StepSplit, ancestors
+from rhino.search.step_loss import HEAVY
 
 PARTIAL = "partial"
 STEP = "step"
@@ -293,9 +294,7 @@ def _heavy_behind(split: StepSplit) -> dict[str, bool]:
     """Per instruction: is it, or anything it depends on, a dot or a convolution?"""
     heavy: dict[str, bool] = {}
     for inst in split.order:
-        heavy[inst.name] = inst.opcode in (Opcode.DOT, Opcode.CONVOLUTION) or any(
-            heavy[op.name] for op in inst.operands
-        )
+        heavy[inst.name] = inst.opcode in HEAVY or any(heavy[op.name] for op in inst.operands)
     return heavy
 
 

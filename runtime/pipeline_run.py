@@ -629,12 +629,12 @@ def _task_seconds(per_task: dict[Task, float], stages: int) -> dict[str, dict[st
     out: dict[str, dict[str, float]] = {str(s): {} for s in range(stages)}
     for kind in ("F", "B", "AF", "AB", "U"):
         for s in range(stages):
-            times = [t for task, t in per_task.items() if task.stage == s and task.kind == kind]
-            updates = [
-                t for task, t in per_task.items() if task.stage == s and is_update(task.kind)
-            ]
-            if kind == "U" and updates:  # every update level, once per step: their sum
-                times = [sum(updates)]
+            if kind == "U":  # every update level, once per step: their sum
+                updates = [t for task, t in per_task.items()
+                           if task.stage == s and is_update(task.kind)]  # fmt: skip
+                times = [sum(updates)] if updates else []
+            else:
+                times = [t for task, t in per_task.items() if task.stage == s and task.kind == kind]
             if times:
                 out[str(s)][kind] = statistics.median(times)
     return out

@@ -27,7 +27,6 @@ crashes the process (SIGSEGV) when `execute_sharded` receives a buffer of the wr
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import re
@@ -480,8 +479,8 @@ def compile_spmd(
             f"XLA failed to compile {module.name} for {num_partitions} partition(s): "
             f"{_strip_status(str(exc))}"
         ) from None
-    compiled = _describe(module.name, devices, executable, program)
-    return dataclasses.replace(compiled, donates=bool(_ALIASING.search(hlo_text)))
+    return _describe(module.name, devices, executable, program,
+                     donates=bool(_ALIASING.search(hlo_text)))  # fmt: skip
 
 
 _ALIASING = re.compile(r"^HloModule [^\n]*\binput_output_alias=\{", re.MULTILINE)
@@ -493,7 +492,8 @@ def _backend_of(devices: tuple[Any, ...]) -> Any:
     return jax.extend.backend.get_backend(devices[0].platform)
 
 
-def _describe(name: str, devices: tuple[Any, ...], executable: Any, program: Any) -> Compiled:
+def _describe(name: str, devices: tuple[Any, ...], executable: Any, program: Any, *,
+              donates: bool) -> Compiled:  # fmt: skip
     """Read back what XLA decided: per-parameter/output sharding, shapes, layouts."""
     from jax._src.lib import xla_client
 
@@ -539,6 +539,7 @@ def _describe(name: str, devices: tuple[Any, ...], executable: Any, program: Any
         executable=executable,
         _in_shardings=tuple(s for _, s in params),
         _out_shardings=tuple(s for _, s in outs),
+        donates=donates,
     )
 
 
