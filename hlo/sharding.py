@@ -17,7 +17,8 @@ The grammar, as XLA 0.10.2 prints and parses it (xla/hlo/parser/hlo_parser.cc
                    | 'metadata=' '{' ... '}'                  -- kept verbatim
     iota         ::= '<=' '[' ints ']' ('T' '(' ints ')')?    -- T(...) iff >1 reshape dim
     type         ::= 'manual' | 'replicated' | 'unreduced' | 'maximal'
-    named        ::= ('mesh' | 'maximal_mesh') ...            -- kept verbatim
+    named        ::= ('mesh' | 'maximal_mesh' | 'single_device') ...  -- kept verbatim
+                                       (XLA from jaxlib 0.11 prints maximal_mesh as single_device)
 
 Whitespace and `/* ... */` comments may separate tokens; an attribute name is glued to
 its '='. XLA prints items in the order: kind or tile assignment, last_tile_dim_replicate,
@@ -58,7 +59,8 @@ class ShardingKind(enum.Enum):
     UNKNOWN = "unknown"
     UNREDUCED = "unreduced"
     NAMED = "named"
-    """A mesh-axis sharding (`{mesh[...], [...]}`, `{maximal_mesh[...]}`); kept verbatim."""
+    """A mesh-axis sharding (`{mesh[...], [...]}`, `{maximal_mesh[...]}`,
+    `{single_device[...]}`); kept verbatim."""
 
 
 _KEYWORD_KINDS = {
@@ -642,7 +644,7 @@ class _Parser:
     def parse_single_body(self, open_offset: int) -> HloSharding:
         """The items of one sharding, up to and including its '}'."""
         first = self.peek()
-        if first.kind == "word" and first.text in ("mesh", "maximal_mesh"):
+        if first.kind == "word" and first.text in ("mesh", "maximal_mesh", "single_device"):
             text = self.parse_braced_verbatim(open_offset)
             return HloSharding(ShardingKind.NAMED, named_text=text)
         items = _Items(open_offset)

@@ -30,6 +30,9 @@ from zoo_models.common import ModelSpec, ZooError, abstract_args, make_train_ste
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES_DIR = REPO / "examples"
+EXPORTED_WITH_JAX = "0.10.2"
+"""The jax the committed examples were lowered with: another names and orders some
+instructions differently (same programs), so only this one reproduces them exactly."""
 
 
 @dataclass(frozen=True)

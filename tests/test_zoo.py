@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -29,6 +30,11 @@ def regenerated() -> dict[str, str]:
     return texts
 
 
+@pytest.mark.skipif(
+    jax.__version__ != zoo.EXPORTED_WITH_JAX,
+    reason=f"the examples were lowered with jax {zoo.EXPORTED_WITH_JAX}; jax {jax.__version__} "
+    "names some instructions differently",
+)
 @pytest.mark.parametrize("file", [*EXAMPLE_IDS, "README.md"])
 def test_committed_example_matches_regenerated(file: str, regenerated: dict[str, str]) -> None:
     committed = (zoo.EXAMPLES_DIR / file).read_text()
