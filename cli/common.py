@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 
 from rhino.hlo.errors import HloParseError, RhinoError
+from rhino.runtime import xla_bridge
 from rhino.search.plan import jsonable
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -63,13 +64,34 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """`rhino --version`: rhino, the jax and jaxlib it runs on (and their backend plugins),
+    Python; with a warning when that jax is outside the tested range."""
+    if not value or ctx.resilient_parsing:
+        return
+    found = xla_bridge.versions()
+    click.echo(f"rhino {found['rhino']}")
+    click.echo(f"jax {found['jax']}, jaxlib {found['jaxlib']}, Python {found['python']}")
+    for name, version in xla_bridge.jax_plugins().items():
+        click.echo(f"plugin {name} {version}")
+    click.echo(f"tested with jax {xla_bridge.SUPPORTED_JAX[0]} to {xla_bridge.SUPPORTED_JAX[1]}")
+    if reason := xla_bridge.untested_jax(found):
+        click.echo(f"warning: {reason}", err=True)
+    ctx.exit()
+
+
 def stdout_is_terminal() -> bool:
     return sys.stdout.isatty()
 
 
 def emit_json(command: str, payload: dict[str, Any]) -> None:
-    """Print `{"schema": "rhino.<command>/<version>", ...payload}` on stdout."""
-    doc = {"schema": f"rhino.{command}/{JSON_SCHEMA_VERSION}", **jsonable(payload)}
+    """Print `{"schema": "rhino.<command>/<version>", "versions": {...}, ...payload}` on
+    stdout; "versions" names the rhino, jax, jaxlib and Python that produced it."""
+    doc = {
+        "schema": f"rhino.{command}/{JSON_SCHEMA_VERSION}",
+        "versions": xla_bridge.versions(),
+        **jsonable(payload),
+    }
     # indented for a person at a terminal; one line for a pipe (a 40k-instruction plan is
     # 15 MB indented, and indenting takes Python's slow encoder)
     indent = 2 if stdout_is_terminal() else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from rhino.cli.common import print_version
 from rhino.cli.parse_cmd import parse_command
 from rhino.cli.pipeline_cmd import pipeline_command
 from rhino.cli.plan_cmd import plan_command
@@ -13,7 +14,9 @@ from rhino.cli.sweep_cmd import sweep_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(package_name="rhino")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=print_version,
+              help="Show rhino's version and the jax, jaxlib and Python it runs on, and exit.")  # fmt: skip
 def cli() -> None:
     """rhino: make a single-device XLA HLO training step run well on many devices.
 

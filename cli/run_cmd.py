@@ -19,6 +19,7 @@ from rhino.cli.common import (
     stdout,
 )
 from rhino.hlo.errors import ConfigError, VerificationFailed
+from rhino.runtime import xla_bridge
 from rhino.search.units import format_bytes, format_seconds
 
 EPILOG = """
@@ -165,6 +166,8 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
     and each process verifies and times its own partitions and prints its own report."""
     from rhino.runtime.stage_programs import is_stage_plan
 
+    if reason := xla_bridge.untested_jax():
+        click.echo(f"warning: {reason}; `rhino --version` says what it runs on", err=True)
     staged = plan_file is not None and is_stage_plan(plan_file)
     if (plan_file is None) == (mesh_text is None) and not staged:
         raise ConfigError("give either --plan FILE or --mesh (to plan first)")
@@ -315,6 +318,8 @@ def render(report) -> None:  # type: ignore[no-untyped-def]
     line = f"step time: median {format_seconds(step.median_s)} (min {format_seconds(step.min_s)}, max {format_seconds(step.max_s)}, {step.steps} steps)"
     if report.single_device_step is not None:
         line += f"; single device {format_seconds(report.single_device_step.median_s)}"
+    line += (f"; the plan's estimate {format_seconds(report.predicted_step_s)} (its cluster, "
+             f"no fixed cost per kernel; XLA runs {report.kernels} kernels a step)")  # fmt: skip
     out.print(line)
     m = report.memory
     out.print(f"memory per device (XLA): total {format_bytes(m['total_bytes'])} (arguments {format_bytes(m['argument_bytes'])}, "
