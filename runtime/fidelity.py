@@ -163,9 +163,10 @@ def collective_kind(inst: Instruction) -> str | None:
 
 
 def measure_collectives(
-    partitioned_text: str, mesh: DeviceMesh, *, root: str | None = None
+    partitioned: str | Module, mesh: DeviceMesh, *, root: str | None = None
 ) -> tuple[MeasuredCollective, ...]:
-    """Every collective one step of XLA's partitioned module runs, in program order.
+    """Every collective one step of XLA's partitioned module (its text, or the text
+    parsed by `parse_partitioned`) runs, in program order.
 
     `root`: the name of the ENTRY's ROOT instruction in the annotated module, to which
     the output reshards (collectives XLA inserts without an op_name to bring the result
@@ -176,7 +177,7 @@ def measure_collectives(
     HloParseError on text rhino cannot parse, ConfigError when the module's
     `num_partitions` is not the number of mesh devices.
     """
-    module = parse_module(partitioned_text, "<partitioned>")
+    module = parse_partitioned(partitioned) if isinstance(partitioned, str) else partitioned
     parts = module.attrs.get("num_partitions")
     if parts is not None and parts.strip().isdigit() and int(parts) != mesh.size:
         raise ConfigError(
@@ -184,6 +185,48 @@ def measure_collectives(
             f"{mesh} has {mesh.size} devices"
         )
     return tuple(_Measurer(module, mesh, root).run())
+
+
+def parse_partitioned(text: str) -> Module:
+    """XLA's partitioned module (`Compiled.partitioned_hlo()`) read by rhino's parser."""
+    return parse_module(text, "<partitioned>")
+
+
+# opcodes that launch no kernel of their own: they name, alias or group buffers
+_NO_KERNEL = frozenset({
+    Opcode.PARAMETER, Opcode.CONSTANT, Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT,
+    Opcode.BITCAST, Opcode.AFTER_ALL, Opcode.OPTIMIZATION_BARRIER, Opcode.PARTITION_ID,
+    Opcode.REPLICA_ID, Opcode.ASYNC_UPDATE, Opcode.ASYNC_DONE,
+})  # fmt: skip
+
+
+def kernel_launches(module: Module) -> int:
+    """How many kernels one step of XLA's compiled (partitioned) module launches: every
+    instruction of the entry that computes something (a fusion, a custom call, a
+    collective, a copy...), counted once per trip of the while loops around it; the
+    larger branch of a conditional. Fused and reducer computations are inside their
+    kernel. (The fixed cost per kernel is what a roofline misses on small programs.)"""
+    memo: dict[str, int] = {}
+
+    def count(comp: Computation) -> int:
+        if comp.name not in memo:
+            memo[comp.name] = 0  # recursion guard
+            total = 0
+            for inst in comp.instructions:
+                if inst.opcode is Opcode.WHILE:
+                    trips = while_trip_count(inst).count or 1
+                    total += sum(count(c) * (trips + (c.name == inst.attr("condition")))
+                                 for c in inst.called)  # fmt: skip
+                elif inst.opcode is Opcode.CONDITIONAL:
+                    total += max((count(c) for c in inst.called), default=0)
+                elif inst.opcode is Opcode.CALL or inst.opcode is Opcode.ASYNC_START:
+                    total += sum(count(c) for c in inst.called)
+                elif inst.opcode not in _NO_KERNEL:
+                    total += 1
+            memo[comp.name] = total
+        return memo[comp.name]
+
+    return count(module.entry)
 
 
 class _Measurer:

@@ -30,7 +30,14 @@ from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.apply import planned_module, realized_program
-from rhino.runtime.fidelity import FidelityReport, PredictedCollective, compare, measure_collectives
+from rhino.runtime.fidelity import (
+    FidelityReport,
+    PredictedCollective,
+    compare,
+    kernel_launches,
+    measure_collectives,
+    parse_partitioned,
+)
 from rhino.runtime.inputs import entry_inputs
 from rhino.runtime.verify import VerifyReport, reduction_lengths, verify_shards
 from rhino.search.mesh import DeviceMesh
@@ -74,6 +81,10 @@ class RunReport:
     memory: dict[str, float]
     """XLA's per-device sizes (argument, output, temp, peak) and the plan's estimate."""
     predicted_step_s: float
+    """The plan's estimate for its cluster (the search's objective)."""
+    kernels: int
+    """Kernels XLA's compiled program launches per step (`fidelity.kernel_launches`):
+    what the fixed cost per kernel, which the estimate leaves out, multiplies."""
     notes: tuple[str, ...] = field(default=())
     process_index: int = 0
     """This process's index in a job of several (`--process-id`); 0 when alone."""
@@ -118,9 +129,8 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
         verify_report = verify_shards(reference, sharded, inputs, options.seed,
                                       lengths=reduction_lengths(module))  # fmt: skip
     root = annotated_module.entry.root
-    measured = measure_collectives(
-        sharded.partitioned_hlo(), mesh, root=root.name if root else None
-    )
+    partitioned = parse_partitioned(sharded.partitioned_hlo())
+    measured = measure_collectives(partitioned, mesh, root=root.name if root else None)
     fidelity: FidelityReport = compare(predicted_collectives(plan), measured)
     step = Timing.of(xb.time_execution(sharded, inputs, warmup=options.warmup, steps=options.steps))
     single = None
@@ -152,6 +162,7 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
         single_device_step=single,
         memory=memory,
         predicted_step_s=plan.objective_s,
+        kernels=kernel_launches(partitioned),
         notes=tuple(notes),
         process_index=process.index,
         process_count=process.count,

@@ -14,7 +14,9 @@ from rhino.runtime.fidelity import (
     PredictedCollective,
     compare,
     groups_axes,
+    kernel_launches,
     measure_collectives,
+    parse_partitioned,
     permute_axes,
 )
 from rhino.search.mesh import DeviceMesh
@@ -205,6 +207,14 @@ def test_trip_count_from_backend_config_and_unknown_counts_once() -> None:
     assert [(m.count, m.axes, m.nbytes) for m in found] == [(5, (0,), 16), (1, (0,), 16)]
     assert found[0].note == ""
     assert "trip count of %loop2 unknown" in found[1].note
+
+
+def test_kernel_launches_count_loop_trips_and_leave_out_what_names_buffers() -> None:
+    # a body of one kernel (the all-reduce) and a condition of one (compare): 5 trips run
+    # the body 5 times and the condition 6; an unknown trip count runs them once and twice
+    assert kernel_launches(parse_partitioned(UNKNOWN_TRIPS)) == 5 + 6 + 1 + 2
+    # 3 trips of dot and add, 4 runs of the condition's compare
+    assert kernel_launches(parse_partitioned(LOOP)) == 3 * 2 + 4 * 1
 
 
 # --- async forms ------------------------------------------------------------------------------
