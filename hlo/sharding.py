@@ -18,7 +18,7 @@ The grammar, as XLA 0.10.2 prints and parses it (xla/hlo/parser/hlo_parser.cc
     iota         ::= '<=' '[' ints ']' ('T' '(' ints ')')?    -- T(...) iff >1 reshape dim
     type         ::= 'manual' | 'replicated' | 'unreduced' | 'maximal'
     named        ::= ('mesh' | 'maximal_mesh' | 'single_device') ...  -- kept verbatim
-                                       (XLA from jaxlib 0.11 prints maximal_mesh as single_device)
+                                       (XLA from jaxlib 0.12 prints maximal_mesh as single_device)
 
 Whitespace and `/* ... */` comments may separate tokens; an attribute name is glued to
 its '='. XLA prints items in the order: kind or tile assignment, last_tile_dim_replicate,

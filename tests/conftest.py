@@ -7,9 +7,38 @@ simulated CPU devices, and the CPU platform only (jax reads both when it first s
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+import pytest
 
 _DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
 
 if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}".strip()
 os.environ["JAX_PLATFORMS"] = "cpu"
+
+# The tests of what jax itself does for rhino: the bridge, compiling and running programs
+# (SPMD and pipelines), XLA's own parser and printer, the GPU check. CI runs every test
+# under the oldest supported jax and these (`pytest -m jax_surface`) under the newest too.
+# Left out: the zoo's plan-quality runs (what they test is the search; their programs
+# take the same compile-and-run path as test_plan_runs and test_pipeline_exec).
+JAX_SURFACE = (
+    "tests/runtime/",
+    "tests/cli/test_run_",
+    "tests/cli/test_versions.py",
+    "tests/hlo/test_sharding.py",
+    "tests/hlo/test_snippets_xla.py",
+    "tests/hlo/test_xla_agreement.py",
+    "tests/hlo/test_replica_groups.py",
+    "tests/test_zoo.py",
+    "tests/test_gpu_check.py",
+)
+NOT_JAX_SURFACE = ("tests/runtime/test_zoo_runs.py", "tests/runtime/test_hand_plans.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        path = Path(str(item.path)).relative_to(root).as_posix()
+        if path.startswith(JAX_SURFACE) and not path.startswith(NOT_JAX_SURFACE):
+            item.add_marker(pytest.mark.jax_surface)

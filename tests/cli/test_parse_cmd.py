@@ -30,7 +30,7 @@ def test_json_schema_is_stable() -> None:
     assert r.exit_code == 0
     doc = json.loads(r.output)
     assert doc["schema"] == "rhino.parse/1"
-    expected_keys = {"schema", "file", "name", "computations", "instructions", "entry_instructions",
+    expected_keys = {"schema", "versions", "file", "name", "computations", "instructions", "entry_instructions",
                      "opcode_histogram", "parameters", "parameter_bytes", "output_bytes", "total_flops",
                      "total_bytes", "largest_tensors", "while_loops", "fusions", "unknown_opcodes"}  # fmt: skip
     assert set(doc) == expected_keys

@@ -59,7 +59,7 @@ def test_json_with_a_failing_row_exits_1_and_writes_csv(sweep: Path) -> None:
     r = run("sweep", "failing.yaml", "--json", "--jobs", "2", "--out", "rows.csv")
     assert r.exit_code == 1
     doc = json.loads(r.output)  # nothing but the document on stdout
-    assert list(doc) == ["schema", "rows"] and doc["schema"] == "rhino.sweep/1"
+    assert list(doc) == ["schema", "versions", "rows"] and doc["schema"] == "rhino.sweep/1"
     assert [tuple(row) for row in doc["rows"]] == [COLUMNS] * 3
     assert [(row["mesh"], row["status"]) for row in doc["rows"]] == [("1x2", "ok"), ("1x4", "ok"), ("2", "error")]  # fmt: skip
     assert doc["rows"][2]["message"] == "missing.hlo: cannot read: No such file or directory"

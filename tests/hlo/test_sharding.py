@@ -131,9 +131,9 @@ def test_whitespace_and_order_normalised(written: str, printed: str) -> None:
     assert str(parse_sharding(written)) == printed
 
 
-# What XLA from jaxlib 0.11 on prints differently (runtime/BRIDGE_NOTES.md): the device
-# of a maximal mesh sharding as `single_device[...]`, and an unreduced sharding with the
-# reduction it stands for.
+# What newer XLAs print differently (runtime/BRIDGE_NOTES.md): from jaxlib 0.11 an
+# unreduced sharding with the reduction it stands for, from 0.12 the device of a maximal
+# mesh sharding as `single_device[...]`.
 NEWER_XLA_PRINTS = [
     ("{single_device[", "{maximal_mesh["),
     (' metadata={op_type="sdy::reduction_op" op_name="SUM"}', ""),
