@@ -284,7 +284,9 @@ def _simulate_cpu_devices(n: int, *, exactly: bool) -> None:
 def render(report) -> None:  # type: ignore[no-untyped-def]
     out = stdout
     mesh = "x".join(map(str, report.mesh))
-    out.print(f"mesh {mesh} on {len(report.devices)} devices ({report.devices[0]}, ...)")
+    found = xla_bridge.versions()
+    out.print(f"mesh {mesh} on {len(report.devices)} devices ({report.devices[0]}, ...), "
+              f"jax {found['jax']}")  # fmt: skip
     if report.process_count > 1:
         parts = report.local_partitions
         out.print(

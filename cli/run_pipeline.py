@@ -100,7 +100,8 @@ def render(report: PipelineReport) -> None:
                   "and bytes below are theirs")  # fmt: skip
     where = f"{per_stage} devices a stage (SPMD in the stage), " if per_stage > 1 else ""
     out.print(f"[bold]{report.module}[/]: {report.stages} stages x {report.microbatches} "
-              f"micro-batches, {report.schedule.upper()}, {where}on {', '.join(report.devices)}")  # fmt: skip
+              f"micro-batches, {report.schedule.upper()}, {where}on {', '.join(report.devices)}, "
+              f"jax {xb.versions()['jax']}")  # fmt: skip
     if report.verify is not None:
         mark = "[green]ok[/]" if report.verify["ok"] else "[red]FAILED[/]"
         out.print(f"verification: {mark}: {report.verify['summary']}")
