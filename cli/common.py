@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 
-from rhino.hlo.errors import HloParseError, RhinoError
+from rhino.hlo.errors import ConfigError, HloParseError, RhinoError
 from rhino.runtime import xla_bridge
 from rhino.search.plan import jsonable
 
@@ -78,6 +81,48 @@ def print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
     if reason := xla_bridge.untested_jax(found):
         click.echo(f"warning: {reason}", err=True)
     ctx.exit()
+
+
+def prepare_output(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback of an output file option: checked before any work is done. Its
+    folder is created when missing; a path that is a folder, or whose folder cannot be
+    made or written, is refused (exit 2) instead of failing after the work."""
+    if value is None or value == "-":
+        return value
+    flag = f"--{(param.name or 'out').replace('_', '-')}"
+    path = Path(value)
+    if path.is_dir():
+        raise click.BadParameter(f"{value} is a folder; give a file name", param_hint=flag)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise click.BadParameter(
+            f"cannot create the folder {path.parent} for {value}: {e.strerror or e}",
+            param_hint=flag,
+        ) from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise click.BadParameter(f"{value} cannot be written (permission denied)",
+                                 param_hint=flag)  # fmt: skip
+    return value
+
+
+def save_output(path: str, text: str, what: str) -> None:
+    """Write `text` (the finished `what`) to `path`. When that fails anyway (the disk
+    filled, the folder went away), the work is not lost: it goes to a temporary file,
+    and the error (exit 2) names both."""
+    try:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except OSError as e:
+        kept = tempfile.NamedTemporaryFile(
+            "w", prefix="rhino-", suffix=f"-{Path(path).name}", delete=False, encoding="utf-8"
+        )
+        with kept:
+            kept.write(text)
+        raise ConfigError(
+            f"cannot write the {what} to {path}: {e.strerror or e}; it is saved in {kept.name}"
+        ) from None
 
 
 def stdout_is_terminal() -> bool:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 from rich.table import Table
 
@@ -13,6 +11,8 @@ from rhino.cli.common import (
     handle_errors,
     human_count,
     json_option,
+    prepare_output,
+    save_output,
     status,
     stdout,
 )
@@ -38,12 +38,14 @@ Examples:
 @click.option(
     "--emit",
     type=click.Path(dir_okay=False, writable=True),
+    callback=prepare_output,
     help="Write the reprinted HLO to this file.",
 )
 @click.option(
     "--dot",
     "dot_file",
     type=click.Path(dir_okay=False, writable=True),
+    callback=prepare_output,
     help="Write a Graphviz view of the entry computation.",
 )
 @click.option(
@@ -66,9 +68,9 @@ def parse_command(
         verify(module)
         summary = summarize(module, top=top)
     if emit:
-        Path(emit).write_text(print_module(module))
+        save_output(emit, print_module(module), "reprinted module")
     if dot_file:
-        Path(dot_file).write_text(entry_to_dot(module))
+        save_output(dot_file, entry_to_dot(module), "Graphviz view")
     if as_json:
         emit_json("parse", {"file": file, **summary.__dict__})
     else:

@@ -5,7 +5,16 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from rhino.cli.common import debug_option, emit_json, handle_errors, json_option, status, stdout
+from rhino.cli.common import (
+    debug_option,
+    emit_json,
+    handle_errors,
+    json_option,
+    prepare_output,
+    save_output,
+    status,
+    stdout,
+)
 from rhino.cli.pipeline_draw import check_picture_path, write_dot, write_gantt
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.parser import parse_file
@@ -52,11 +61,11 @@ Examples:
 @click.option("--no-tightening", is_flag=True,
               help="Solve the stage ILP without bound tightening (slower; for comparison).")  # fmt: skip
 @click.option("--loss", help="Name of the loss instruction (default: found from the graph).")
-@click.option("--out", type=click.Path(dir_okay=False, writable=True),
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), callback=prepare_output,
               help="Write the stage plan (versioned JSON) here.")  # fmt: skip
-@click.option("--gantt", type=click.Path(dir_okay=False, writable=True),
+@click.option("--gantt", type=click.Path(dir_okay=False, writable=True), callback=prepare_output,
               help="Draw the 1F1B schedule (stages x time) to this .svg (or .png) file.")  # fmt: skip
-@click.option("--dot", type=click.Path(dir_okay=False, writable=True),
+@click.option("--dot", type=click.Path(dir_okay=False, writable=True), callback=prepare_output,
               help="Write the graph coloured by stage as Graphviz DOT to this file.")  # fmt: skip
 @click.option("--compare", "compare_devices", type=click.IntRange(min=2),
               help="Estimate pure SPMD, pure pipeline and hybrid layouts of this many devices "
@@ -98,7 +107,7 @@ def pipeline_command(file: str, stages: int | None, mesh_text: str | None, epsil
         verify(module)
         plan = plan_pipeline(module, request, progress=update)
     if out:
-        plan.write(out)
+        save_output(out, plan.text(), "stage plan")
     if gantt:
         write_gantt(plan.timelines["1f1b"], gantt,
                     f"{plan.module}: {stages} stages, {microbatches} micro-batches, 1F1B")  # fmt: skip

@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from rhino.cli.common import save_output
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.search.pipeline import PipelinePlan
@@ -38,7 +39,7 @@ def write_gantt(timeline: Timeline, path: str, title: str) -> None:
     if Path(path).suffix.lower() == ".png":
         _gantt_png(timeline, path, title)
     else:
-        Path(path).write_text(gantt_svg(timeline, title), encoding="utf-8")
+        save_output(path, gantt_svg(timeline, title), "schedule picture")
 
 
 def gantt_svg(timeline: Timeline, title: str) -> str:
@@ -113,4 +114,4 @@ def write_dot(plan: PipelinePlan, module: Module, path: str) -> None:
             if op.name in kept and inst.name in kept:
                 lines.append(f'  "{op.name}" -> "{inst.name}";')
     lines.append("}")
-    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    save_output(path, "\n".join(lines) + "\n", "Graphviz view")

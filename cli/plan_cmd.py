@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from pathlib import Path
 
 import click
 from rich.table import Table
@@ -13,6 +12,8 @@ from rhino.cli.common import (
     emit_json,
     handle_errors,
     json_option,
+    prepare_output,
+    save_output,
     status,
     stderr,
     stdout,
@@ -103,11 +104,13 @@ Examples:
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, writable=True),
+    callback=prepare_output,
     help="Write the plan (versioned JSON) here.",
 )
 @click.option(
     "--emit-hlo",
     type=click.Path(dir_okay=False, writable=True),
+    callback=prepare_output,
     help="Write the HLO that realizes the plan (what `rhino run` compiles): the plan's "
     "shardings, and its conversion paths and loop layouts pinned by Sharding constraints.",
 )
@@ -155,13 +158,13 @@ def plan_command(file: str, mesh_text: str | None, devices: int | None, jobs: in
         else:
             plan = make_plan(module, request, progress=update)
     if out:
-        plan.write(out)
+        save_output(out, plan.text(), "plan")
     emitted: dict[str, object] | None = None
     if emit_hlo:
         from rhino.runtime.apply import realized_program
 
         program, notes = realized_program(module, plan)  # what `rhino run` compiles
-        Path(emit_hlo).write_text(print_module(program))
+        save_output(emit_hlo, print_module(program), "realized HLO")
         emitted = {"path": emit_hlo, "notes": list(notes)}
         if not as_json:
             for note in notes:

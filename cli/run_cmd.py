@@ -15,6 +15,7 @@ from rhino.cli.common import (
     emit_json,
     handle_errors,
     json_option,
+    prepare_output,
     status,
     stdout,
 )
@@ -147,7 +148,7 @@ def job_of(
               help="Pipeline schedule of a stage plan [default: 1f1b].")  # fmt: skip
 @click.option("--microbatches", type=click.IntRange(min=1),
               help="Micro-batches per step of a stage plan [default: the plan's].")  # fmt: skip
-@click.option("--gantt", type=click.Path(dir_okay=False, writable=True),
+@click.option("--gantt", type=click.Path(dir_okay=False, writable=True), callback=prepare_output,
               help="Draw a stage plan's simulated and measured timelines to this .svg file.")  # fmt: skip
 @json_option
 @debug_option

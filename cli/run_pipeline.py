@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from rhino.cli.common import emit_json, stdout
+from rhino.cli.common import emit_json, save_output, stdout
 from rhino.cli.pipeline_draw import gantt_svg
 from rhino.cli.run_cmd import Job
 from rhino.hlo.errors import ConfigError, VerificationFailed
@@ -174,10 +173,11 @@ def write_timelines(report: PipelineReport, path: str) -> None:
     heights = [_size(svg, "height") for svg in parts]
     width = _size(parts[0], "width")
     lower = parts[1].replace("<svg ", f'<svg y="{heights[0]}" ', 1)
-    Path(path).write_text(
+    save_output(
+        path,
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{sum(heights)}">\n'
         f"{parts[0]}{lower}</svg>\n",
-        encoding="utf-8",
+        "timelines picture",
     )
 
 

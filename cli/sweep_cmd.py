@@ -27,6 +27,7 @@ from rhino.cli.common import (
     emit_json,
     handle_errors,
     json_option,
+    prepare_output,
     stderr,
     stdout,
 )
@@ -75,7 +76,7 @@ def _default_jobs() -> int:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=_default_jobs, show_default="CPU cores",
               help="Entries planned at once, each in its own worker process.")  # fmt: skip
-@click.option("--out", type=click.Path(dir_okay=False, writable=True),
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), callback=prepare_output,
               help="Also write the rows here: .csv or .json (by the extension).")  # fmt: skip
 @json_option
 @debug_option

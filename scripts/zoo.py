@@ -305,6 +305,7 @@ def main(
             if out is None:
                 click.echo(text, nl=False)
             else:
+                out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(text)
             click.echo(
                 f"{spec.name}: {count_instructions(text)} instructions, {len(text.encode())} bytes,"

@@ -144,8 +144,12 @@ class PipelinePlan:
         doc.pop("timelines")
         return doc
 
+    def text(self) -> str:
+        """The stage plan file's text (what `write` writes)."""
+        return json.dumps(self.to_json(), indent=1) + "\n"
+
     def write(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
+        Path(path).write_text(self.text(), encoding="utf-8")
 
 
 def check_request(request: PipelineRequest, forward_instructions: int) -> None:

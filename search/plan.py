@@ -117,8 +117,12 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": f"rhino.plan/{self.version}", **jsonable(self)}
 
+    def text(self) -> str:
+        """The plan file's text (what `write` writes)."""
+        return json.dumps(self.to_dict(), indent=1) + "\n"
+
     def write(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        Path(path).write_text(self.text(), encoding="utf-8")
 
     @staticmethod
     def from_dict(doc: dict[str, Any], source: str = "<plan>") -> Plan:

@@ -1,0 +1,87 @@
+"""Finished work is never lost to an output path: a missing folder is created, a path
+that cannot be written is refused before any work, and a write that fails anyway keeps
+the result in a temporary file that the error names."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rhino.cli.main import cli
+from tests.hlo.corpus import ROOT
+
+MLP = str(ROOT / "examples" / "mlp.hlo")
+
+
+def invoke(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "name"),
+    [
+        (["plan", MLP, "--mesh", "2x2"], "--out", "plan.json"),
+        (["plan", MLP, "--mesh", "2x2"], "--emit-hlo", "realized.hlo"),
+        (["parse", MLP], "--emit", "again.hlo"),
+        (["parse", MLP], "--dot", "entry.dot"),
+        (["pipeline", MLP, "--stages", "2"], "--out", "stages.json"),
+        (["pipeline", MLP, "--stages", "2"], "--gantt", "schedule.svg"),
+        (["pipeline", MLP, "--stages", "2"], "--dot", "stages.dot"),
+    ],
+)
+def test_a_missing_folder_is_created(command: list[str], option: str, name: str,
+                                     tmp_path: Path) -> None:  # fmt: skip
+    target = tmp_path / "new" / "deeper" / name
+    r = invoke(*command, option, str(target))
+    assert r.exit_code == 0, r.output
+    assert target.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["plan", MLP, "--mesh", "2x2", "--out"], ["parse", MLP, "--emit"],
+     ["pipeline", MLP, "--stages", "2", "--gantt"], ["sweep", "nothing.yaml", "--out"],
+     ["run", MLP, "--mesh", "2", "--gantt"]],
+)  # fmt: skip
+def test_an_unwritable_path_is_refused_before_any_work(command: list[str], tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    start = time.perf_counter()
+    r = invoke(*command, str(blocker / "out.json"))
+    assert r.exit_code == 2
+    assert "cannot create the folder" in r.output and str(blocker) in r.output
+    assert time.perf_counter() - start < 5  # refused while parsing the options
+    r = invoke(*command, str(tmp_path))  # a folder, not a file name
+    assert r.exit_code == 2 and "is a directory" in r.output
+
+
+def test_a_failed_write_keeps_the_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "plan.json"
+    real = Path.write_text
+
+    def full_disk(self: Path, *args: object, **kwargs: object) -> int:
+        if self == target:
+            raise OSError(28, "No space left on device")
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    r = invoke("plan", MLP, "--mesh", "2x2", "--out", str(target))
+    assert r.exit_code == 2
+    assert f"cannot write the plan to {target}: No space left on device" in r.output
+    kept = Path(r.output.split("it is saved in ")[1].split()[0])
+    assert json.loads(kept.read_text())["schema"].startswith("rhino.plan/")
+    kept.unlink()
+
+
+def test_zoo_out_creates_its_folder(tmp_path: Path) -> None:
+    target = tmp_path / "generated" / "mlp.hlo"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "zoo.py"), "mlp", "--out",
+                           str(target)], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert target.read_text().startswith("HloModule")
