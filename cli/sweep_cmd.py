@@ -88,8 +88,25 @@ def sweep_command(file: str, jobs: int, out: str | None, as_json: bool, debug: b
     if out:
         output_format(out)  # a bad extension fails before hours of planning
     sweep = load_sweep(file)
-    with _progress(sweep.entries, enabled=not as_json) as on_row:
-        rows = run_sweep(sweep.entries, jobs=jobs, on_row=on_row, tracebacks=debug)
+    finished: dict[int, SweepRow] = {}
+    with _progress(sweep.entries, enabled=not as_json) as show_row:
+
+        def on_row(i: int, row: SweepRow) -> None:
+            finished[i] = row
+            show_row(i, row)
+            if out:  # as each row finishes: an interrupted sweep keeps what it did
+                write_rows([finished[k] for k in sorted(finished)], out)
+
+        try:
+            rows = run_sweep(sweep.entries, jobs=jobs, on_row=on_row, tracebacks=debug)
+        except KeyboardInterrupt:
+            rows = [finished[k] for k in sorted(finished)]
+            if rows and not as_json:
+                render(rows)
+            kept = f"; their rows are in {out}" if out and rows else ""
+            click.echo(f"interrupted: {len(rows)} of {len(sweep.entries)} entries had "
+                       f"finished{kept}", err=True)  # fmt: skip
+            sys.exit(130)
     if out:
         write_rows(rows, out)
     if as_json:

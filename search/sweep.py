@@ -37,6 +37,7 @@ import glob
 import io
 import json
 import os
+import signal
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -391,7 +392,9 @@ def run_sweep(
             report(i, rows[i])  # type: ignore[arg-type]
         return rows  # type: ignore[return-value]
     pool = ProcessPoolExecutor(
-        max_workers=min(jobs, len(entries)), mp_context=worker_context("rhino.search.sweep")
+        max_workers=min(jobs, len(entries)),
+        mp_context=worker_context("rhino.search.sweep"),
+        initializer=ignore_interrupts,
     )
     try:
         futures: dict[Future[SweepRow], int] = {
@@ -417,6 +420,12 @@ def run_sweep(
         raise
     pool.shutdown()
     return rows  # type: ignore[return-value]
+
+
+def ignore_interrupts() -> None:
+    """In a worker: leave Ctrl-C to the parent, which ends the workers itself (a worker
+    that took it would print its own traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:

@@ -88,3 +88,49 @@ def test_bad_sweep_file_or_out_is_exit_2_without_running(sweep: Path) -> None:
     assert r.exit_code == 2 and "--out rows.txt: expected a .csv or .json file name" in r.output
     r = CliRunner().invoke(cli, ["sweep", "nope.yaml"])
     assert r.exit_code == 2 and "nope.yaml: cannot read the sweep file" in r.output
+
+
+def test_an_interrupted_sweep_keeps_its_finished_rows(sweep: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import rhino.cli.sweep_cmd as sweep_cmd
+
+    real = sweep_cmd.run_sweep
+
+    def interrupted(entries, jobs, on_row, tracebacks):  # type: ignore[no-untyped-def]
+        real(entries[:1], jobs=1, on_row=on_row, tracebacks=tracebacks)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_cmd, "run_sweep", interrupted)
+    r = CliRunner().invoke(cli, ["sweep", "ok.yaml", "--out", "rows.csv"])
+    assert r.exit_code == 130
+    assert "interrupted: 1 of 2 entries had finished; their rows are in rows.csv" in r.output
+    assert "Traceback" not in r.output
+    (row,) = csv.DictReader(io.StringIO((sweep / "rows.csv").read_text()))
+    assert (row["mesh"], row["status"]) == ("1x2", "ok")
+
+
+def test_ctrl_c_ends_a_running_sweep_cleanly(sweep: Path) -> None:
+    """A real SIGINT to the process group, as a terminal sends it: the workers leave it
+    to the parent, which keeps the finished rows and exits 130 without a traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    many = "models: [mlp_step.hlo]\nmeshes: [2, 4, 8, 1x2, 1x4, 2x2, 2x4, 4x2, 1x8]\n"
+    (sweep / "many.yaml").write_text(many)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rhino.cli", "sweep", "many.yaml", "--jobs", "2", "--out",
+         "rows.json"], cwd=sweep, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (sweep / "rows.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "interrupted: " in err
+    rows = json.loads((sweep / "rows.json").read_text())["rows"]
+    assert 1 <= len(rows) < 9
