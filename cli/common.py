@@ -26,6 +26,9 @@ JSON_SCHEMA_VERSION = 1
 stdout = Console(highlight=False, soft_wrap=False)
 stderr = Console(stderr=True, highlight=False)
 
+SECONDS = click.FloatRange(min=0, min_open=True)
+"""A time limit: a positive number of seconds."""
+
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout."
 )

@@ -6,6 +6,7 @@ import click
 from rich.table import Table
 
 from rhino.cli.common import (
+    SECONDS,
     debug_option,
     emit_json,
     handle_errors,
@@ -56,7 +57,7 @@ Examples:
               help="Micro-batches per step, for the schedules.")  # fmt: skip
 @click.option("--cluster", default="m8", show_default=True,
               help="Cluster name (configs/clusters) or YAML file.")  # fmt: skip
-@click.option("--time-limit", default=20.0, show_default=True, type=float,
+@click.option("--time-limit", default=20.0, show_default=True, type=SECONDS,
               help="Stage ILP time limit in seconds (the best plan so far when hit).")  # fmt: skip
 @click.option("--no-tightening", is_flag=True,
               help="Solve the stage ILP without bound tightening (slower; for comparison).")  # fmt: skip
@@ -88,15 +89,13 @@ def pipeline_command(file: str, stages: int | None, mesh_text: str | None, epsil
                               "--out, --gantt or --dot")  # fmt: skip
         compare(file, compare_devices, microbatches, epsilon, cluster, time_limit, as_json)
         return
-    mesh = parse_mesh(mesh_text).shape if mesh_text else None
+    mesh = parse_mesh(mesh_text).shape if mesh_text is not None else None
     if stages is None:
         if mesh is None:
             raise ConfigError("give --stages (or --mesh, whose axis 0 holds the stages)")
         stages = mesh[0]
     if stages < 1:
         raise ConfigError(f"--stages {stages}: need at least 1 stage")
-    if time_limit <= 0:
-        raise ConfigError(f"--time-limit {time_limit:g}: expected a positive number of seconds")
     if gantt:
         check_picture_path(gantt)
     request = PipelineRequest(stages, epsilon, microbatches, load_cluster(cluster),

@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from rhino.cli.common import (
+    SECONDS,
     debug_option,
     emit_json,
     handle_errors,
@@ -26,7 +27,7 @@ from rhino.search.cluster import load_cluster, parse_quantity
 from rhino.search.mesh import DeviceMesh, parse_mesh
 from rhino.search.meshsearch import MeshTrial, plan_best_mesh
 from rhino.search.pins import check_pins, pins_from_flags, read_pins_file
-from rhino.search.plan import Plan
+from rhino.search.plan import Plan, mesh_use
 from rhino.search.planner import LEVELS, PlanRequest, make_plan
 from rhino.search.problem import SolveOptions
 from rhino.search.units import format_bytes, format_seconds
@@ -59,7 +60,8 @@ Examples:
     type=click.IntRange(min=1),
     help="Try every 1-D and 2-D mesh of this many devices; keep the best.",
 )
-@click.option("--jobs", default=2, show_default=True, help="Worker processes for --devices.")
+@click.option("--jobs", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Worker processes for --devices.")  # fmt: skip
 @click.option(
     "--opt",
     "level",
@@ -86,6 +88,7 @@ Examples:
     "--time-limit",
     default=60.0,
     show_default=True,
+    type=SECONDS,
     help="Solver time limit in seconds (best plan so far when hit).",
 )
 @click.option(
@@ -133,7 +136,7 @@ def plan_command(file: str, mesh_text: str | None, devices: int | None, jobs: in
     if (pins or pins_file) and devices is not None:
         flag = "--pin" if pins else "--pins"
         raise ConfigError(f"{flag} needs a fixed --mesh (a pin names a layout per mesh axis)")
-    mesh = parse_mesh(mesh_text) if mesh_text else DeviceMesh((devices or 1,))
+    mesh = parse_mesh(mesh_text) if mesh_text is not None else DeviceMesh((devices or 1,))
     clus = load_cluster(cluster)
     budget = None if no_memory_limit else _budget(memory, clus.memory_bytes)
     given = (read_pins_file(pins_file, mesh.ndim) if pins_file else []) + pins_from_flags(
@@ -210,6 +213,7 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
         t.add_row(f"  {kind}", format_seconds(seconds))
     budget = f" (budget {format_bytes(plan.budget_bytes)})" if plan.budget_bytes else ""
     t.add_row("memory per device", format_bytes(plan.peak_memory_bytes) + budget)
+    t.add_row("useful work", f"{mesh_use(plan).share:.0%} of the devices' compute")
     solver = plan.solver
     gap = "no bound" if solver.get("merge_level") == 3 else f"gap {solver['gap']:.2%}"
     t.add_row("search", f"{plan.search_time_s:.1f} s, solver {solver['status']}, {gap}, "

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from rhino.hlo.errors import ConfigError
+
+_DIMS = re.compile(r"\[([\d,]*)\]")
+"""The dimension lists in a shape's text (`f32[8,64]{1,0}` -> "8,64")."""
 
 PLAN_VERSION = 1
 
@@ -179,3 +183,72 @@ def jsonable(value: Any) -> Any:
 def module_hash(text: str) -> str:
     """Fingerprint of a module's printed text (what a plan is valid for)."""
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class MeshUse:
+    """How much of the mesh a plan puts to work."""
+
+    share: float
+    """Useful share of the devices' compute: the compute of the single-device program
+    spread evenly over every device, over the plan's per-device compute (1.0: every
+    instruction split over the whole mesh; 1/n: everything replicated on n devices)."""
+    idle_axes: tuple[int, ...]
+    """Mesh axes of more than one device along which no instruction is split: the
+    devices along them repeat each other's work."""
+    undividable_axes: tuple[int, ...]
+    """Those of `idle_axes` whose size divides no dimension of any tensor."""
+
+
+def mesh_use(plan: Plan) -> MeshUse:
+    """Which mesh axes the plan splits work along, and the useful share of the compute."""
+    from rhino.search.spec import Replicate, parse_spec
+
+    mesh = plan.mesh
+    devices = 1
+    for size in mesh:
+        devices *= size
+    used: set[int] = set()
+    ideal = actual = 0.0
+    sizes: set[int] = set()
+    for inst in plan.instructions:
+        layouts = [*inst.outs, *(i for i in inst.ins if i is not None)]
+        axes = {a for text in layouts
+                for a, s in enumerate(parse_spec(text, len(mesh)).axes)
+                if not isinstance(s, Replicate) and mesh[a] > 1}  # fmt: skip
+        used |= axes
+        spread = 1
+        for a in axes:
+            spread *= mesh[a]
+        cost = inst.compute_s * inst.weight
+        ideal += cost * spread / devices
+        actual += cost
+        sizes.update(int(d) for dims in _DIMS.findall(inst.shape) for d in dims.split(",") if d)
+    idle = tuple(a for a, size in enumerate(mesh) if size > 1 and a not in used)
+    undividable = tuple(a for a in idle if not any(d % mesh[a] == 0 for d in sizes if d > 1))
+    return MeshUse(ideal / actual if actual > 0 else 1.0, idle, undividable)
+
+
+def mesh_use_warnings(plan: Plan) -> tuple[str, ...]:
+    """What to tell the user when part of the mesh does no useful work."""
+    use = mesh_use(plan)
+    if not use.idle_axes:
+        return ()
+    shape = "x".join(map(str, plan.mesh))
+
+    def named(axes: tuple[int, ...]) -> str:
+        return " and ".join(f"axis {a} ({plan.mesh[a]} devices)" for a in axes)
+
+    them = "them" if len(use.idle_axes) > 1 else "it"
+    if use.undividable_axes == use.idle_axes:
+        sizes = sorted({plan.mesh[a] for a in use.idle_axes})
+        why = (f": no dimension of any tensor divides by {' or '.join(map(str, sizes))} "
+               "(choose mesh sizes that divide the batch or model dimensions)")  # fmt: skip
+    else:
+        why = (": splitting does not pay on this cluster (the communication would cost more "
+               "than the compute it saves)")  # fmt: skip
+    return (
+        f"mesh {shape}: nothing is split along {named(use.idle_axes)}{why}; the devices "
+        f"along {them} repeat each other's work: {use.share:.0%} of the devices' compute is "
+        "useful work",
+    )

@@ -26,7 +26,14 @@ from rhino.search.combine import combine, node_latencies, search_groups
 from rhino.search.comm import COMBINE_THRESHOLD_BYTES, GroupKey
 from rhino.search.merge import WindowMemo, solve_merged, structure
 from rhino.search.mesh import DeviceMesh
-from rhino.search.plan import InstructionPlan, Plan, PlannedCollective, PlannedReshard, module_hash
+from rhino.search.plan import (
+    InstructionPlan,
+    Plan,
+    PlannedCollective,
+    PlannedReshard,
+    mesh_use_warnings,
+    module_hash,
+)
 from rhino.search.problem import (
     ProblemEdge,
     ProblemNode,
@@ -93,7 +100,8 @@ def make_plan(
     plan = plan_combined(
         graph, request, lambda p: _solve(graph, p, request, options, memo), options, say, phases
     )
-    return dataclasses.replace(plan, search_time_s=time.perf_counter() - start)
+    return dataclasses.replace(plan, search_time_s=time.perf_counter() - start,
+                               warnings=plan.warnings + mesh_use_warnings(plan))  # fmt: skip
 
 
 def plan_combined(graph: ShardingGraph, request: PlanRequest, solve: Callable[[ShardingProblem], Solution],

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from rhino.cli.main import cli
@@ -117,3 +118,49 @@ def test_mesh_or_devices_not_both() -> None:
     for args in ([], ["--mesh", "1x4", "--devices", "4"]):
         r = invoke("plan", str(MLP), *args)
         assert r.exit_code == 2 and "--mesh" in r.output and "--devices" in r.output
+
+
+@pytest.mark.parametrize(("mesh", "idle"), [("3x3", "axis 0 (3 devices) and axis 1 (3 devices)"),
+                                            ("1x7", "axis 1 (7 devices)")])  # fmt: skip
+def test_a_mesh_that_splits_nothing_is_said(mesh: str, idle: str) -> None:
+    r = CliRunner().invoke(cli, ["plan", str(ROOT / "examples" / "mlp.hlo"), "--mesh", mesh])
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    assert (
+        f"warning: mesh {mesh}: nothing is split along {idle}: no dimension of any tensor divides"
+        in text
+    )
+    devices = 9 if mesh == "3x3" else 7
+    assert f"{round(100 / devices)}% of the devices' compute is useful work" in text
+
+
+def test_a_mesh_put_to_work_has_no_warning_and_an_empty_mesh_is_refused() -> None:
+    gpt = str(ROOT / "examples" / "gpt_tiny.hlo")
+    r = CliRunner().invoke(cli, ["plan", gpt, "--mesh", "2x4", "--json"])
+    assert not [w for w in json.loads(r.output)["warnings"] if w.startswith("mesh ")]
+    for command in (["plan", gpt], ["pipeline", gpt], ["run", gpt]):
+        r = CliRunner().invoke(cli, [*command, "--mesh", ""])
+        assert r.exit_code == 2 and "mesh '': expected AxB" in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["plan", "--mesh", "2x4", "--time-limit", "-5"],
+            "'--time-limit': -5.0 is not in the range x>0",
+        ),
+        (
+            ["plan", "--mesh", "2x4", "--time-limit", "0"],
+            "'--time-limit': 0.0 is not in the range x>0",
+        ),
+        (["plan", "--devices", "4", "--jobs", "0"], "'--jobs': 0 is not in the range x>=1"),
+        (
+            ["pipeline", "--stages", "2", "--time-limit", "0"],
+            "'--time-limit': 0.0 is not in the range",
+        ),
+    ],
+)
+def test_limits_out_of_range_are_refused(args: list[str], message: str) -> None:
+    r = CliRunner().invoke(cli, [args[0], str(ROOT / "examples" / "mlp.hlo"), *args[1:]])
+    assert r.exit_code == 2 and message in r.output
