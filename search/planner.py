@@ -101,7 +101,19 @@ def make_plan(
         graph, request, lambda p: _solve(graph, p, request, options, memo), options, say, phases
     )
     return dataclasses.replace(plan, search_time_s=time.perf_counter() - start,
-                               warnings=plan.warnings + mesh_use_warnings(plan))  # fmt: skip
+                               warnings=plan.warnings + mesh_use_warnings(plan)
+                               + limit_warnings(plan, options))  # fmt: skip
+
+
+def limit_warnings(plan: Plan, options: SolveOptions) -> tuple[str, ...]:
+    """What to say when the time limit cut the search short."""
+    if options.left() > 0 or plan.solver.get("status") == SolveStatus.OPTIMAL.value:
+        return ()
+    return (
+        f"the time limit ({options.time_limit_s:g} s) was hit: this is the best plan found "
+        f"by then (solver {plan.solver.get('status')}), not a proven one; a longer "
+        "--time-limit may find a better one",
+    )
 
 
 def plan_combined(graph: ShardingGraph, request: PlanRequest, solve: Callable[[ShardingProblem], Solution],
@@ -226,6 +238,8 @@ def solve_whole(
     found = solve_ilp(free, options, start=warm.choice)
     if found.peak_memory > budget:  # O3's plan does not fit: the rows, from O2's plan
         found = solve_ilp(problem, options, start=warm.choice)
+    if found.objective > warm.objective:  # the limit stopped the ILP before it caught up
+        found = dataclasses.replace(warm, bound=max(warm.bound, found.bound))
     return dataclasses.replace(found, stats={**found.stats, "warm_start_s": warm.solve_time_s,
                                              "warm_start_cost": warm.objective})  # fmt: skip
 

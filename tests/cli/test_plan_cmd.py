@@ -164,3 +164,19 @@ def test_a_mesh_put_to_work_has_no_warning_and_an_empty_mesh_is_refused() -> Non
 def test_limits_out_of_range_are_refused(args: list[str], message: str) -> None:
     r = CliRunner().invoke(cli, [args[0], str(ROOT / "examples" / "mlp.hlo"), *args[1:]])
     assert r.exit_code == 2 and message in r.output
+
+
+def test_a_limit_that_cuts_the_search_short_is_said_and_o3_is_no_worse_than_o2() -> None:
+    gpt = str(ROOT / "examples" / "gpt_tiny.hlo")
+    plans = {}
+    for level in ("O2", "O3"):
+        r = CliRunner().invoke(cli, ["plan", gpt, "--mesh", "2x8", "--opt", level,
+                                     "--time-limit", "0.5", "--json"])  # fmt: skip
+        assert r.exit_code == 0
+        plans[level] = json.loads(r.output)
+        assert plans[level]["solver"]["status"] == "feasible"
+        assert any(w.startswith("the time limit (0.5 s) was hit") for w in plans[level]["warnings"])
+    assert plans["O3"]["objective_s"] <= plans["O2"]["objective_s"]
+    r = CliRunner().invoke(cli, ["plan", str(ROOT / "examples" / "mlp.hlo"), "--mesh", "2x4",
+                                 "--json"])  # fmt: skip
+    assert not [w for w in json.loads(r.output)["warnings"] if "time limit" in w]
