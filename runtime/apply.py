@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rhino.hlo.errors import ConfigError
+from rhino.hlo.errors import ConfigError, RhinoError
 from rhino.hlo.ir import Module
 from rhino.hlo.passes import flatten
 from rhino.hlo.printer import print_module
@@ -45,10 +45,43 @@ def apply_plan(
             f"the plan was made for another module (plan for {plan.module!r}, hash {plan.module_hash}; "
             f"this module {flat.name!r} hashes to {module_hash(print_module(flat))})"
         )
+    if check_hash:
+        check_coverage(plan, flat)
     annotated = annotate(flat, plan_shardings(plan), strip_metadata=strip_metadata)
     if constraints:
         annotated, _ = add_constraints(annotated, plan)
     return annotated
+
+
+UNPLANNED = frozenset({"tuple", "get-tuple-element", "while"})
+"""Entry opcodes a plan has no entry for (they pass their operands' layouts on)."""
+
+
+def check_coverage(plan: Plan, flat: Module) -> None:
+    """A plan must speak of every instruction the planner plans and of nothing else, in
+    layouts of its mesh's rank: a hand-edited or truncated plan is refused (ConfigError)."""
+    from rhino.search.spec import parse_spec
+
+    known = {inst.name for comp in flat.computations for inst in comp.instructions}
+    planned = {inst.name for inst in plan.instructions}
+    unknown = sorted(planned - known)
+    if unknown:
+        raise ConfigError(f"the plan names instructions {flat.name} does not have: "
+                          f"%{', %'.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}")  # fmt: skip
+    missing = [inst.name for inst in flat.entry.instructions
+               if inst.name not in planned and inst.opcode_text not in UNPLANNED]  # fmt: skip
+    if missing:
+        raise ConfigError(
+            f"the plan covers {len(planned)} instructions but not {len(missing)} of "
+            f"{flat.name}'s (%{', %'.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): "
+            "a plan from `rhino plan --out` covers them all"
+        )
+    for inst in plan.instructions:
+        for text in (*inst.outs, *(i for i in inst.ins if i is not None)):
+            try:
+                parse_spec(text, len(plan.mesh))
+            except RhinoError as e:
+                raise ConfigError(f"the plan's layout of %{inst.name}: {e}") from None
 
 
 def realized_program(module: Module, plan: Plan) -> tuple[Module, tuple[str, ...]]:

@@ -134,6 +134,9 @@ class Plan:
             raise ConfigError(
                 f"{source}: not a rhino plan of version {PLAN_VERSION} (schema {doc.get('schema')!r})"
             )
+        if doc.get("version", PLAN_VERSION) != PLAN_VERSION:
+            raise ConfigError(f"{source}: plan version {doc.get('version')!r}; this rhino reads "
+                              f"version {PLAN_VERSION}")  # fmt: skip
         try:
             fields = {k: v for k, v in doc.items() if k != "schema"}
             fields["mesh"] = tuple(fields["mesh"])

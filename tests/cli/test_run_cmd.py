@@ -59,3 +59,23 @@ def test_failed_verification_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_plan_or_mesh_is_needed() -> None:
     r = invoke("run", str(MLP))
     assert r.exit_code == 2 and "--plan" in r.output
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda doc: doc.update(version=99), "plan version 99; this rhino reads version 1"),
+        (lambda doc: doc.update(instructions=doc["instructions"][:10]), "the plan covers 10 instructions but not"),
+        (lambda doc: doc.update(instructions=[]), "the plan covers 0 instructions but not"),
+        (lambda doc: doc["instructions"][3].update(name="nowhere"), "does not have: %nowhere"),
+        (lambda doc: doc["instructions"][3].update(outs=["S0S0S1"]), "the plan's layout of"),
+    ],
+)  # fmt: skip
+def test_a_hand_edited_plan_is_refused(edit, message: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    plan = tmp_path / "plan.json"
+    assert invoke("plan", str(MLP), "--mesh", "1x4", "--out", str(plan)).exit_code == 0
+    doc = json.loads(plan.read_text())
+    edit(doc)
+    plan.write_text(json.dumps(doc))
+    r = invoke("run", str(MLP), "--plan", str(plan), "--devices", "4", "--steps", "1")
+    assert r.exit_code == 2 and message in r.output, r.output
