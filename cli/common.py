@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 
 from rhino.hlo.errors import ConfigError, HloParseError, RhinoError
 from rhino.runtime import xla_bridge
@@ -23,8 +23,27 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 JSON_SCHEMA_VERSION = 1
 
-stdout = Console(highlight=False, soft_wrap=False)
-stderr = Console(stderr=True, highlight=False)
+PIPE_WIDTH = 10_000
+"""Columns of a console that is a pipe or a file: wide enough that no table is cut and no
+line folded (a terminal keeps its own width)."""
+
+
+class _Console(Console):
+    """A rich console whose width off a terminal is PIPE_WIDTH, not rich's 80: tables in
+    a pipe keep every name whole, and each message is one line for grep."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        return size if self.is_terminal else ConsoleDimensions(PIPE_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+stdout = _Console(highlight=False, soft_wrap=False)
+stderr = _Console(stderr=True, highlight=False)
 
 SECONDS = click.FloatRange(min=0, min_open=True)
 """A time limit: a positive number of seconds."""

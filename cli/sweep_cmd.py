@@ -9,9 +9,7 @@ from contextlib import contextmanager
 from textwrap import indent
 
 import click
-from rich.console import Console
 from rich.markup import escape
-from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -163,11 +161,7 @@ def render(rows: Sequence[SweepRow]) -> None:
         table.add_row(escape(r.model), r.mesh, r.level, escape(r.cluster), budget, status,
                       _num(r.step_ms, ".4g"), _num(r.compute_ms, ".4g"), _num(r.comm_ms, ".4g"), peak,
                       _num(r.search_s, ".1f"), gap, _num(r.nodes, "d"))  # fmt: skip
-    if stdout.is_terminal:
-        stdout.print(table)
-    else:  # a file or a pipe: the whole table, however wide, never folded
-        width = Measurement.get(stdout, stdout.options.update(width=10_000), table).maximum
-        Console(width=max(width, stdout.width), highlight=False).print(table)
+    stdout.print(table)
     failed = [(i, r) for i, r in enumerate(rows, 1) if not r.ok]
     for i, r in failed:
         stdout.print(f"[red]error[/] in row {i} ({escape(_entry(r))}):", soft_wrap=True)

@@ -85,3 +85,15 @@ def test_zoo_out_creates_its_folder(tmp_path: Path) -> None:
                            str(target)], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert target.read_text().startswith("HloModule")
+
+
+def test_piped_reports_cut_and_fold_nothing() -> None:
+    """CliRunner's stdout is a pipe: rich's 80 columns would cut names with '…' and fold
+    lines; a pipe gets the whole width."""
+    r = invoke("plan", MLP, "--mesh", "2x4", "--all")
+    assert r.exit_code == 0 and "…" not in r.output
+    assert "level 2 (one ILP over the merged graph): 163 nodes, 24 backbone" in r.output
+    assert max(len(line) for line in r.output.splitlines()) > 80
+    r = invoke("pipeline", MLP, "--stages", "2")
+    assert r.exit_code == 0 and "…" not in r.output
+    assert "┃ weights ┃" in r.output and "┃ sends (to stage: bytes) ┃" in r.output
