@@ -41,6 +41,11 @@ class _Console(Console):
     def size(self, new_size: tuple[int, int]) -> None:
         Console.size.fset(self, new_size)  # type: ignore[attr-defined]
 
+    def on_broken_pipe(self) -> None:
+        """The reader went away (`| head`): exit 141 as SIGPIPE would (rich exits 1)."""
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(141)
+
 
 stdout = _Console(highlight=False, soft_wrap=False)
 stderr = _Console(stderr=True, highlight=False)
@@ -65,7 +70,14 @@ def handle_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         debug = kwargs.get("debug", False)
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            sys.stdout.flush()  # a reader that went away shows here, not at exit
+            return result
+        except BrokenPipeError:
+            # `rhino ... | head`: the reader has what it wanted; stop quietly, as SIGPIPE
+            # would (Python would complain again when it flushes stdout at exit)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)
         except RhinoError as e:
             if debug:
                 raise

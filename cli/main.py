@@ -11,9 +11,15 @@ from rhino.cli.plan_cmd import plan_command
 from rhino.cli.run_cmd import run_command
 from rhino.cli.solve_cmd import solve_command
 from rhino.cli.sweep_cmd import sweep_command
+from rhino.hlo.errors import EXIT_CODES
+
+EPILOG = "\b\nExit codes, the same for every command:\n" + "\n".join(
+    f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES.items()
+)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             epilog=EPILOG)  # fmt: skip
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True,
               callback=print_version,
               help="Show rhino's version and the jax, jaxlib and Python it runs on, and exit.")  # fmt: skip

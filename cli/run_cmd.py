@@ -48,8 +48,9 @@ two processes of 4 simulated CPU devices on this machine (plan made for --mesh 2
   for i in 0 1; do rhino run model.hlo --plan plan.json --devices 4 \\
       --coordinator 127.0.0.1:1234 --num-processes 2 --process-id $i & done; wait
 \b
-Exit codes: 0 ok, 1 the sharded outputs differ from the single-device run,
-2 bad input (a plan for another module or mesh, too few devices, XLA rejected it).
+Exit codes (`rhino --help` has the table): 0 ok, 1 the sharded outputs differ from the
+single-device run, 2 bad input (a plan for another module or mesh, too few devices, XLA
+rejected it).
 """
 
 

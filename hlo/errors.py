@@ -73,6 +73,18 @@ class VerificationFailed(RhinoError):
     exit_code = 1
 
 
+EXIT_CODES = {
+    0: "ok",
+    1: "the work finished, but a result failed its check: a run's outputs differ from the "
+    "single-device run's, or an entry of a sweep failed",
+    2: "bad input or usage (the message says what and where), nothing was done",
+    3: "an internal error: a bug in rhino (--debug shows the traceback)",
+    130: "interrupted (Ctrl-C); a sweep keeps the rows it finished",
+    141: "the reader of the output went away (`rhino ... | head`)",
+}
+"""Every rhino command's exit codes (`rhino --help`, README)."""
+
+
 class TextError(Exception):
     """Internal: a syntax error inside a fragment of text (an attribute value, a sharding).
 

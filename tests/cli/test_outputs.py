@@ -97,3 +97,30 @@ def test_piped_reports_cut_and_fold_nothing() -> None:
     r = invoke("pipeline", MLP, "--stages", "2")
     assert r.exit_code == 0 and "…" not in r.output
     assert "┃ weights ┃" in r.output and "┃ sends (to stage: bytes) ┃" in r.output
+
+
+@pytest.mark.parametrize("args", [["parse", MLP],
+                                  ["plan", MLP, "--mesh", "2x4", "--all"]])  # fmt: skip
+def test_a_reader_that_goes_away_ends_rhino_quietly_with_141(args: list[str]) -> None:
+    """`rhino ... | head -1`: exit 141 as SIGPIPE would, no traceback; 1 means a check failed."""
+    process = subprocess.Popen([sys.executable, "-m", "rhino.cli", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.read(1)
+    process.stdout.close()  # the reader goes away after its first byte
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_exit_codes_are_one_table_in_help_and_readme() -> None:
+    from rhino.hlo.errors import EXIT_CODES
+
+    text = invoke("--help").output
+    readme = (ROOT / "README.md").read_text()
+    for code, meaning in EXIT_CODES.items():
+        assert f"  {code:<4} {meaning}" in text
+        assert (
+            f"| {code} | {meaning.replace('|', chr(92) + '|').replace('--debug', '`--debug`')} |"
+            in readme
+        )
