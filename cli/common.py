@@ -7,6 +7,8 @@ import json
 import os
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -177,17 +179,71 @@ def emit_json(command: str, payload: dict[str, Any]) -> None:
     click.echo(json.dumps(doc, indent=indent, sort_keys=False))
 
 
-@contextmanager
-def status(message: str, enabled: bool = True) -> Iterator[Callable[[str], None]]:
-    """A spinner on stderr while a step runs (only on a terminal, never in --json pipes).
+PROGRESS_EVERY_S = 10.0
+"""Off a terminal, a progress line at least this often while a step runs."""
 
-    Yields a function that changes the spinner's text (`update("solving ...")`).
+
+@contextmanager
+def status(message: str, enabled: bool = True,
+           limit_s: float | None = None) -> Iterator[Callable[[str], None]]:  # fmt: skip
+    """Progress on stderr while a step runs (not with --json): at a terminal a spinner
+    with the seconds spent (and the time limit, when given); off one, a line when the
+    step starts, a line when it moves on to another phase, and one every
+    PROGRESS_EVERY_S seconds in between, each with the seconds spent.
+
+    Yields a function that names the current phase (`update("solving ...")`).
     """
-    if enabled and stderr.is_terminal:
-        with stderr.status(message) as spinner:
-            yield lambda text: spinner.update(f"{message}: {text}")
-    else:
+    if not enabled:
         yield lambda text: None
+        return
+    start = time.perf_counter()
+    limit = f", limit {limit_s:g} s" if limit_s is not None else ""
+    phase = [""]
+    done = threading.Event()
+
+    def line() -> str:
+        spent = f"{time.perf_counter() - start:.0f} s{limit}"
+        return f"{message} ({spent})" + (f": {phase[0]}" if phase[0] else "")
+
+    if stderr.is_terminal:
+        with stderr.status(line()) as spinner:
+            ticker = threading.Thread(target=_tick, args=(done, 1.0, lambda: spinner.update(line())),
+                                      daemon=True)  # fmt: skip
+            ticker.start()
+
+            def update(text: str) -> None:
+                phase[0] = text
+                spinner.update(line())
+
+            try:
+                yield update
+            finally:
+                done.set()
+        return
+    emit = threading.Lock()
+
+    def say() -> None:
+        with emit:
+            click.echo(f"rhino: {line()}", err=True)
+
+    say()
+    ticker = threading.Thread(target=_tick, args=(done, PROGRESS_EVERY_S, say), daemon=True)
+    ticker.start()
+
+    def update_line(text: str) -> None:
+        if text != phase[0]:
+            phase[0] = text
+            say()
+
+    try:
+        yield update_line
+    finally:
+        done.set()
+
+
+def _tick(done: threading.Event, every: float, action: Callable[[], None]) -> None:
+    while not done.wait(every):
+        action()
 
 
 def human_count(n: float) -> str:

@@ -101,7 +101,8 @@ def pipeline_command(file: str, stages: int | None, mesh_text: str | None, epsil
     request = PipelineRequest(stages, epsilon, microbatches, load_cluster(cluster),
                               SolveOptions(time_limit_s=time_limit), not no_tightening, loss,
                               mesh)  # fmt: skip
-    with status(f"pipelining {file} into {stages} stages", enabled=not as_json) as update:
+    with status(f"pipelining {file} into {stages} stages", enabled=not as_json,
+                limit_s=time_limit) as update:  # fmt: skip
         module = parse_file(file)
         verify(module)
         plan = plan_pipeline(module, request, progress=update)

@@ -148,9 +148,8 @@ def plan_command(file: str, mesh_text: str | None, devices: int | None, jobs: in
         SolveOptions(time_limit_s=time_limit),
     )  # fmt: skip
     trials: tuple[MeshTrial, ...] = ()
-    with status(
-        f"planning {file} on {mesh_text or f'{devices} devices'}", enabled=not as_json
-    ) as update:
+    with status(f"planning {file} on {mesh_text or f'{devices} devices'}", enabled=not as_json,
+                limit_s=time_limit) as update:  # fmt: skip
         module = parse_file(file)
         verify(module)
         check_pins(chosen.values(), module, mesh, file)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from textwrap import indent
@@ -120,8 +121,21 @@ def _progress(
     entries: Sequence[SweepEntry], enabled: bool
 ) -> Iterator[Callable[[int, SweepRow], None]]:
     """A progress bar on stderr (only on a terminal); yields the per-row callback."""
-    if not (enabled and stderr.is_terminal):
+    if not enabled:
         yield lambda _i, _row: None
+        return
+    if not stderr.is_terminal:  # a log: a line per finished entry, with the time spent
+        start = time.perf_counter()
+        count = [0]
+        click.echo(f"rhino: planning {len(entries)} entries", err=True)
+
+        def line(_i: int, row: SweepRow) -> None:
+            count[0] += 1
+            mark = "ok" if row.ok else "error"
+            click.echo(f"rhino: [{count[0]}/{len(entries)}, {time.perf_counter() - start:.0f} s] "
+                       f"{mark} {_entry(row)}", err=True)  # fmt: skip
+
+        yield line
         return
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn())  # fmt: skip

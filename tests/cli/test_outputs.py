@@ -124,3 +124,20 @@ def test_exit_codes_are_one_table_in_help_and_readme() -> None:
             f"| {code} | {meaning.replace('|', chr(92) + '|').replace('--debug', '`--debug`')} |"
             in readme
         )
+
+
+def test_progress_off_a_terminal_is_lines_on_stderr(tmp_path: Path) -> None:
+    r = CliRunner().invoke(cli, ["plan", MLP, "--mesh", "2x4"])
+    lines = r.stderr.splitlines()
+    assert lines[0] == f"rhino: planning {MLP} on 2x4 (0 s, limit 60 s)"
+    assert any(line.endswith(": building strategies") for line in lines)
+    assert "rhino:" not in r.stdout
+    r = CliRunner().invoke(cli, ["plan", MLP, "--mesh", "2x4", "--json"])
+    assert "rhino:" not in r.stderr  # --json: the output is for a program
+    (tmp_path / "mlp.hlo").write_text(Path(MLP).read_text())
+    (tmp_path / "sweep.yaml").write_text("models: [mlp.hlo]\nmeshes: [2, 4]\n")
+    r = CliRunner().invoke(cli, ["sweep", str(tmp_path / "sweep.yaml"), "--jobs", "1"])
+    lines = r.stderr.splitlines()
+    assert lines[0] == "rhino: planning 2 entries"
+    assert lines[1].startswith("rhino: [1/2, ") and "mlp.hlo 2 O2 m8" in lines[1]
+    assert lines[2].startswith("rhino: [2/2, ")
