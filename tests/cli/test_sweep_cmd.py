@@ -39,7 +39,7 @@ def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_table_lists_every_entry_and_exit_0(sweep: Path) -> None:
     r = run("sweep", "ok.yaml", "--jobs", "1", "--out", "rows.json")
     assert r.exit_code == 0, r.output
-    lines = r.output.splitlines()
+    lines = r.stdout.splitlines()
     header = next(line for line in lines if "model" in line)
     for col in ("mesh", "level", "cluster", "memory", "status", "step", "compute", "comm",
                 "peak mem", "search s", "gap", "nodes"):  # fmt: skip
