@@ -71,6 +71,8 @@ def handle_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         debug = kwargs.get("debug", False)
+        if not debug:
+            xla_bridge.quiet_native_logs()
         try:
             result = fn(*args, **kwargs)
             sys.stdout.flush()  # a reader that went away shows here, not at exit

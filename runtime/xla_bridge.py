@@ -121,6 +121,15 @@ def untested_jax(found: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
+def quiet_native_logs() -> None:
+    """Keep XLA's own INFO and WARNING log lines (e.g. "GSPMD sharding propagation is
+    going to be deprecated", printed on every compile) off stderr; its errors still show.
+    Takes effect only before jax is first imported, and never overrides a
+    TF_CPP_MIN_LOG_LEVEL the user set."""
+    if "jax" not in sys.modules and "jaxlib" not in sys.modules:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
 # --------------------------------------------------------------------------------------
 # Parsing and conversion
 

@@ -79,3 +79,18 @@ def test_a_hand_edited_plan_is_refused(edit, message: str, tmp_path: Path) -> No
     plan.write_text(json.dumps(doc))
     r = invoke("run", str(MLP), "--plan", str(plan), "--devices", "4", "--steps", "1")
     assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_xla_log_noise_stays_off_the_terminal_unless_debug() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    for extra, shown in (([], False), (["--debug"], True)):
+        done = subprocess.run(
+            [sys.executable, "-m", "rhino.cli", "run", str(MLP), "--mesh", "2", "--devices", "2",
+             "--steps", "1", *extra], capture_output=True, text=True, env=env, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert ("GSPMD sharding propagation is going to be deprecated" in done.stderr) is shown
