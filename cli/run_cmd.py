@@ -315,7 +315,10 @@ def render(report) -> None:  # type: ignore[no-untyped-def]
         t.add_row(
             row["kind"], str(row["axes"]), format_bytes(predicted), format_bytes(measured), ratio
         )
-    out.print(t)
+    if report.fidelity["by_kind_axes"]:
+        out.print(t)
+    else:
+        out.print("collectives: none predicted, none measured")
     for message in report.fidelity["messages"][:20]:
         out.print(f"  {message}")
     step = report.step

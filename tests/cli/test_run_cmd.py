@@ -94,3 +94,10 @@ def test_xla_log_noise_stays_off_the_terminal_unless_debug() -> None:
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert ("GSPMD sharding propagation is going to be deprecated" in done.stderr) is shown
+
+
+def test_a_run_without_collectives_says_none() -> None:
+    r = invoke("run", str(MLP), "--mesh", "1", "--devices", "1", "--steps", "1")
+    assert r.exit_code == 0
+    assert "collectives: none predicted, none measured" in r.stdout
+    assert "predicted vs measured (bytes" not in r.stdout
