@@ -254,5 +254,7 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
         if show_all or inst.opcode in ("parameter", "dot", "convolution"):
             table.add_row(f"%{inst.name}", inst.opcode, inst.shape, inst.strategy)
     out.print(table)
+    for note in plan.notes:
+        out.print(f"[dim]note:[/] {note}")
     for w in plan.warnings:
         out.print(f"[yellow]warning:[/] {w}")

@@ -96,6 +96,8 @@ class ShardingGraph:
     state: list[tuple[str, int]] = field(default_factory=list)
     """(parameter name, output leaf) pairs of state carried from step to step."""
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the user may want to know that is not a problem (state taken by shape)."""
     """Opcodes planned replicated because rhino does not model them, and the like."""
     index: dict[str, int] = field(default_factory=dict)
     """Node name -> position in `nodes`."""
@@ -151,7 +153,7 @@ def build_graph(
     if state:
         builder.state_edges(pairs)
         if pairs and "input_output_alias" not in flat.attrs:
-            graph.warnings.append(
+            graph.notes.append(
                 f"the module has no input_output_alias: {len(pairs)} outputs were taken for updated "
                 "state by equal shape and order, each kept in its parameter's layout (donate the "
                 "state when lowering, e.g. jax.jit(..., donate_argnums=...), to say which)"

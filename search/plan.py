@@ -102,6 +102,8 @@ class Plan:
     instructions: tuple[InstructionPlan, ...]
     collectives: tuple[PlannedCollective, ...]
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    """What is worth knowing but is no problem (e.g. how updated state was paired)."""
     state: int = 0
     """How many parameters are state the step returns updated (kept in one layout)."""
     version: int = PLAN_VERSION
@@ -148,6 +150,7 @@ class Plan:
                 PlannedCollective(**{**c, "axes": tuple(c["axes"])}) for c in fields["collectives"]
             )
             fields["warnings"] = tuple(fields.get("warnings", ()))
+            fields["notes"] = tuple(fields.get("notes", ()))
             fields["reshards"] = tuple(
                 PlannedReshard(**{**r, "path": tuple(r["path"])})
                 for r in fields.get("reshards", ())

@@ -180,3 +180,9 @@ def test_a_limit_that_cuts_the_search_short_is_said_and_o3_is_no_worse_than_o2()
     r = CliRunner().invoke(cli, ["plan", str(ROOT / "examples" / "mlp.hlo"), "--mesh", "2x4",
                                  "--json"])  # fmt: skip
     assert not [w for w in json.loads(r.output)["warnings"] if "time limit" in w]
+
+
+def test_state_paired_by_shape_is_a_note_not_a_warning() -> None:
+    r = CliRunner().invoke(cli, ["plan", str(ROOT / "examples" / "mlp.hlo"), "--mesh", "2x4"])
+    assert "note: the module has no input_output_alias" in r.stdout
+    assert "warning:" not in r.stdout
