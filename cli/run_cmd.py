@@ -186,6 +186,15 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
             )
         _simulate_cpu_devices(devices, exactly=job is not None)
         platform = "cpu"
+    elif job is None and platform in (None, "cpu") and not xla_bridge.jax_plugins():
+        # no accelerator here: simulate the mesh's devices on the CPU, as --devices would
+        needed = _devices_needed(plan_file, mesh_text, staged)
+        if needed > 1:
+            if not as_json:
+                click.echo(f"note: no accelerator plugin for jax here: running on {needed} "
+                           f"simulated CPU devices (as --devices {needed})", err=True)  # fmt: skip
+            _simulate_cpu_devices(needed, exactly=False)
+            platform = "cpu"
     from rhino.hlo.parser import parse_file
     from rhino.hlo.verify import verify as verify_module
     from rhino.runtime import xla_bridge as xb
@@ -197,7 +206,9 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
                           "`rhino pipeline --out`)")  # fmt: skip
     if gantt is not None and not gantt.lower().endswith(".svg"):
         raise ConfigError(f"--gantt {gantt}: expected a .svg file name")
-    with status(f"running {file}", enabled=not as_json) as update:
+    with status(
+        f"reading {file}" if not staged else f"running {file}", enabled=not as_json
+    ) as update:
         module = parse_file(file)
         verify_module(module)
         if staged:
@@ -259,6 +270,21 @@ def _check_job_devices(job: Job, devices: int | None, mesh: tuple[int, ...]) -> 
             f"{devices * job.num_processes} devices, but the plan's mesh "
             f"{'x'.join(map(str, mesh))} has {size}"
         )
+
+
+def _devices_needed(plan_file: str | None, mesh_text: str | None, staged: bool) -> int:
+    """The devices a run of this plan or mesh uses."""
+    from rhino.runtime.stage_programs import StagePlan
+    from rhino.search.mesh import parse_mesh
+    from rhino.search.plan import Plan
+
+    if mesh_text is not None:
+        return math.prod(parse_mesh(mesh_text).shape)
+    assert plan_file is not None
+    if staged:
+        stages = StagePlan.read(plan_file)
+        return math.prod(stages.mesh) if stages.mesh else stages.stages
+    return math.prod(Plan.read(plan_file).mesh)
 
 
 def _simulate_cpu_devices(n: int, *, exactly: bool) -> None:

@@ -101,3 +101,21 @@ def test_a_run_without_collectives_says_none() -> None:
     assert r.exit_code == 0
     assert "collectives: none predicted, none measured" in r.stdout
     assert "predicted vs measured (bytes" not in r.stdout
+
+
+def test_helps_first_example_runs_on_a_machine_without_an_accelerator() -> None:
+    """`rhino run examples/mlp.hlo --mesh 2x4` with no XLA_FLAGS: 8 simulated devices."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    done = subprocess.run(
+        [sys.executable, "-m", "rhino.cli", "run", "examples/mlp.hlo", "--mesh", "2x4", "--steps", "1"],
+        capture_output=True, text=True, env=env, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "running on 8 simulated CPU devices (as --devices 8)" in done.stderr
+    assert (
+        done.stdout.startswith("mesh 2x4 on 8 devices (TFRT_CPU_0") or "on 8 devices" in done.stdout
+    )
