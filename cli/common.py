@@ -19,7 +19,7 @@ from rich.console import Console, ConsoleDimensions
 
 from rhino.hlo.errors import ConfigError, HloParseError, RhinoError
 from rhino.runtime import xla_bridge
-from rhino.search.plan import jsonable
+from rhino.search.plan import LEVELS, jsonable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,6 +54,23 @@ stderr = _Console(stderr=True, highlight=False)
 
 SECONDS = click.FloatRange(min=0, min_open=True)
 """A time limit: a positive number of seconds."""
+
+
+def mesh_option(help: str) -> Callable[[F], F]:
+    """--mesh, as `rhino plan`, `pipeline` and `run` take it (parsed by search.mesh)."""
+    return click.option("--mesh", "mesh_text", metavar="AxB", help=help)
+
+
+def cluster_option(help: str = "Cluster name (configs/clusters) or YAML file.") -> Callable[[F], F]:
+    """--cluster: a cluster name from configs/clusters or a YAML file; m8 by default."""
+    return click.option("--cluster", default="m8", show_default=True, help=help)
+
+
+def opt_option(help: str) -> Callable[[F], F]:
+    """--opt: the search level, one of LEVELS."""
+    return click.option("--opt", "level", default="O2", show_default=True,
+                        type=click.Choice(LEVELS), help=help)  # fmt: skip
+
 
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout."

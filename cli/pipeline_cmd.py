@@ -7,10 +7,12 @@ from rich.table import Table
 
 from rhino.cli.common import (
     SECONDS,
+    cluster_option,
     debug_option,
     emit_json,
     handle_errors,
     json_option,
+    mesh_option,
     prepare_output,
     save_output,
     status,
@@ -42,9 +44,8 @@ Examples:
 @click.command("pipeline", epilog=EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--stages", type=int, help="Number of pipeline stages d (default: --mesh's axis 0).")
-@click.option("--mesh", "mesh_text",
-              help="Hybrid: the job's mesh, e.g. 2x4: stages on axis 0, each stage's programs "
-              "sharded over the others when `rhino run` runs the plan.")  # fmt: skip
+@mesh_option("Hybrid: the job's mesh, e.g. 2x4: stages on axis 0, each stage's programs "
+             "sharded over the others when `rhino run` runs the plan.")  # fmt: skip
 @click.option(
     "--epsilon",
     default=None,
@@ -55,8 +56,7 @@ Examples:
 )
 @click.option("--microbatches", default=8, show_default=True, type=int,
               help="Micro-batches per step, for the schedules.")  # fmt: skip
-@click.option("--cluster", default="m8", show_default=True,
-              help="Cluster name (configs/clusters) or YAML file.")  # fmt: skip
+@cluster_option()
 @click.option("--time-limit", default=20.0, show_default=True, type=SECONDS,
               help="Stage ILP time limit in seconds (the best plan so far when hit).")  # fmt: skip
 @click.option("--no-tightening", is_flag=True,

@@ -9,10 +9,13 @@ from rich.table import Table
 
 from rhino.cli.common import (
     SECONDS,
+    cluster_option,
     debug_option,
     emit_json,
     handle_errors,
     json_option,
+    mesh_option,
+    opt_option,
     prepare_output,
     save_output,
     status,
@@ -28,7 +31,7 @@ from rhino.search.mesh import DeviceMesh, parse_mesh
 from rhino.search.meshsearch import MeshTrial, plan_best_mesh
 from rhino.search.pins import check_pins, pins_from_flags, read_pins_file
 from rhino.search.plan import Plan, mesh_use
-from rhino.search.planner import LEVELS, PlanRequest, make_plan
+from rhino.search.planner import PlanRequest, make_plan
 from rhino.search.problem import SolveOptions
 from rhino.search.units import format_bytes, format_seconds
 
@@ -54,7 +57,7 @@ Examples:
 
 @click.command("plan", epilog=EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--mesh", "mesh_text", help="Device mesh, outermost axis first: 8, 1x8, 2x4.")
+@mesh_option("Device mesh, outermost axis first: 8, 1x8, 2x4.")
 @click.option(
     "--devices",
     type=click.IntRange(min=1),
@@ -62,24 +65,14 @@ Examples:
 )
 @click.option("--jobs", default=2, show_default=True, type=click.IntRange(min=1),
               help="Worker processes for --devices.")  # fmt: skip
-@click.option(
-    "--opt",
-    "level",
-    default="O2",
-    show_default=True,
-    type=click.Choice(LEVELS),
-    help="Search level. O2: cones merged exactly, then one ILP over them or, for large "
+@opt_option(
+    "Search level. O2: cones merged exactly, then one ILP over them or, for large "
     "graphs, segments between critical nodes solved by ILP and refined (seconds on 40k "
     "instructions; a memory budget is met by pricing memory into the search, the "
     "budget's rows relaxed into node costs). "
     "O3: one ILP over the whole graph (optimal when it finishes; slow on large graphs).",
 )
-@click.option(
-    "--cluster",
-    default="m8",
-    show_default=True,
-    help="Cluster name (configs/clusters) or YAML file.",
-)
+@cluster_option()
 @click.option(
     "--memory", help="Per-device memory budget, e.g. 16GiB (default: the cluster's device memory)."
 )

@@ -11,10 +11,13 @@ import click
 from rich.table import Table
 
 from rhino.cli.common import (
+    cluster_option,
     debug_option,
     emit_json,
     handle_errors,
     json_option,
+    mesh_option,
+    opt_option,
     prepare_output,
     status,
     stdout,
@@ -105,13 +108,9 @@ def job_of(
 @click.option(
     "--plan", "plan_file", type=click.Path(dir_okay=False), help="A plan from `rhino plan --out`."
 )
-@click.option("--mesh", "mesh_text", help="Plan first, on this mesh (when no --plan).")
-@click.option(
-    "--opt", "level", default="O2", show_default=True, help="Search level when planning first."
-)
-@click.option(
-    "--cluster", default="m8", show_default=True, help="Cluster model when planning first."
-)
+@mesh_option("Plan first, on this mesh (when no --plan).")
+@opt_option("Search level when planning first (`rhino plan --help`).")
+@cluster_option("Cluster name (configs/clusters) or YAML file, when planning first.")
 @click.option(
     "--platform", type=click.Choice(["cpu", "gpu"]), help="Run on this platform (default: jax's)."
 )

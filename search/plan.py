@@ -15,6 +15,9 @@ from typing import Any
 
 from rhino.hlo.errors import ConfigError
 
+LEVELS = ("O2", "O3")
+"""The search levels (`--opt`): O2 subgraph merging, O3 the whole-graph ILP."""
+
 _DIMS = re.compile(r"\[([\d,]*)\]")
 """The dimension lists in a shape's text (`f32[8,64]{1,0}` -> "8,64")."""
 

@@ -27,6 +27,7 @@ from rhino.search.comm import COMBINE_THRESHOLD_BYTES, GroupKey
 from rhino.search.merge import WindowMemo, solve_merged, structure
 from rhino.search.mesh import DeviceMesh
 from rhino.search.plan import (
+    LEVELS,
     InstructionPlan,
     Plan,
     PlannedCollective,
@@ -46,7 +47,6 @@ from rhino.search.reshard import reshard
 from rhino.search.solver import PROVEN_GAP, check_budget, solve_ilp
 from rhino.search.spec import ShardingSpec, SpecError
 
-LEVELS = ("O2", "O3")
 HEAVY_OPCODES = ("dot", "convolution")
 HEAVY_SHARE = 0.005
 """Besides dots and convolutions, an instruction doing this share of the step's compute

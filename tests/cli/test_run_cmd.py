@@ -119,3 +119,12 @@ def test_helps_first_example_runs_on_a_machine_without_an_accelerator() -> None:
     assert (
         done.stdout.startswith("mesh 2x4 on 8 devices (TFRT_CPU_0") or "on 8 devices" in done.stdout
     )
+
+
+def test_opt_mesh_and_cluster_are_the_same_options_everywhere() -> None:
+    r = invoke("run", str(MLP), "--mesh", "2", "--opt", "O9")
+    assert r.exit_code == 2 and "'--opt': 'O9' is not one of 'O2', 'O3'" in r.output
+    for command in ("plan", "pipeline", "run"):
+        text = invoke(command, "--help").output
+        assert "--mesh AxB" in text and "--cluster TEXT" in text
+        assert "[default: m8]" in " ".join(text.split())
