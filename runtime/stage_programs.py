@@ -94,11 +94,12 @@ class StagePlan:
 
     @staticmethod
     def from_json(doc: Any, where: str = "the stage plan") -> StagePlan:
-        if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
-            raise ConfigError(f"{where} is not a stage plan (format {PLAN_FORMAT!r}, from "
+        if not is_stage_plan_doc(doc):
+            raise ConfigError(f"{where} is not a stage plan (schema {PLAN_FORMAT}/..., from "
                               "`rhino pipeline --out`)")  # fmt: skip
-        if doc.get("version") != PLAN_VERSION:
-            raise ConfigError(f"{where} has version {doc.get('version')!r}; this rhino reads "
+        version = _stage_plan_version(doc)
+        if version != PLAN_VERSION:
+            raise ConfigError(f"{where} has version {version!r}; this rhino reads "
                               f"version {PLAN_VERSION}")  # fmt: skip
         try:
             sent = {(int(r["stage"]), int(t)): int(b)
@@ -132,7 +133,26 @@ def is_stage_plan(path: str | Path) -> bool:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return False
-    return isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT
+    return is_stage_plan_doc(doc)
+
+
+def is_stage_plan_doc(doc: Any) -> bool:
+    """`{"schema": "rhino.pipeline/<version>", ...}`, or the older `{"format":
+    "rhino.pipeline", "version": <version>, ...}` of stage plans written before."""
+    if not isinstance(doc, dict):
+        return False
+    schema = doc.get("schema")
+    return (isinstance(schema, str) and schema.startswith(f"{PLAN_FORMAT}/")) or doc.get(
+        "format"
+    ) == PLAN_FORMAT
+
+
+def _stage_plan_version(doc: dict[str, Any]) -> object:
+    schema = doc.get("schema")
+    if isinstance(schema, str):
+        number = schema.partition("/")[2]
+        return int(number) if number.isdigit() else number
+    return doc.get("version")
 
 
 @dataclass(frozen=True)

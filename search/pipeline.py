@@ -140,9 +140,11 @@ class PipelinePlan:
     """Hybrid: the mesh whose axis 0 the stages are (see `PipelineRequest.mesh`)."""
 
     def to_json(self) -> dict[str, object]:
+        """The stage plan file: `{"schema": "rhino.pipeline/1", ...}`, the convention of
+        every rhino JSON document."""
         doc = asdict(self)
         doc.pop("timelines")
-        return doc
+        return {"schema": f"{doc.pop('format')}/{doc.pop('version')}", **doc}
 
     def text(self) -> str:
         """The stage plan file's text (what `write` writes)."""

@@ -45,7 +45,7 @@ def test_json_and_plan_file(tmp_path: Path) -> None:
     doc = json.loads(r.output)
     assert doc["schema"] == "rhino.pipeline/1"
     plan = json.loads(out.read_text())
-    assert plan["format"] == "rhino.pipeline" and plan["version"] == 1
+    assert plan["schema"] == "rhino.pipeline/1" and "format" not in plan
     assert plan["cut_bytes"] == doc["cut_bytes"]
     assert len(plan["stage_reports"]) == 4
     assert {i["stage"] for i in plan["instructions"]} == {0, 1, 2, 3}
@@ -121,3 +121,26 @@ def test_a_graph_without_a_loss_exits_2(tmp_path: Path) -> None:
     r = invoke("pipeline", str(hlo), "--stages", "2")
     assert r.exit_code == 2, r.output
     assert "cannot find the loss of %n" in r.output and "--loss" in r.output
+
+
+def test_a_stage_plan_written_before_the_schema_key_still_runs(tmp_path: Path) -> None:
+    """Stage plans once said `"format": "rhino.pipeline", "version": 1`; now `"schema":
+    "rhino.pipeline/1"` like every rhino document. Both read the same."""
+    from rhino.runtime.stage_programs import StagePlan
+
+    out = tmp_path / "stages.json"
+    assert (
+        CliRunner()
+        .invoke(cli, ["pipeline", str(MLP), "--stages", "2", "--out", str(out)])
+        .exit_code
+        == 0
+    )
+    doc = json.loads(out.read_text())
+    old = {
+        "format": "rhino.pipeline",
+        "version": 1,
+        **{k: v for k, v in doc.items() if k != "schema"},
+    }
+    assert StagePlan.from_json(old) == StagePlan.from_json(doc)
+    with pytest.raises(Exception, match="has version 2"):
+        StagePlan.from_json({**doc, "schema": "rhino.pipeline/2"})

@@ -129,7 +129,7 @@ def test_plan_json_is_versioned(plan, tmp_path: Path) -> None:  # type: ignore[n
     path = tmp_path / "stages.json"
     plan.write(path)
     doc = json.loads(path.read_text())
-    assert doc["format"] == PLAN_FORMAT and doc["version"] == PLAN_VERSION
+    assert doc["schema"] == f"{PLAN_FORMAT}/{PLAN_VERSION}"
     assert len(doc["instructions"]) == len(plan.instructions)
     assert set(doc["schedules"]) == {"1f1b", "gpipe"}
 
