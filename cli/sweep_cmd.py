@@ -61,6 +61,7 @@ Examples:
   rhino sweep configs/sweeps/examples.yaml
   rhino sweep configs/sweeps/examples.yaml --jobs 4 --out results.csv
   rhino sweep configs/sweeps/gpt.yaml --json | jq '.rows[] | select(.status != "ok")'
+  rhino sweep configs/sweeps/examples.yaml configs/sweeps/gpt.yaml   # both, one table
 """
 
 
@@ -72,7 +73,8 @@ def _default_jobs() -> int:
 
 
 @click.command("sweep", epilog=EPILOG)
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("files", metavar="FILE...", nargs=-1, required=True,
+                type=click.Path(dir_okay=False))  # fmt: skip
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=_default_jobs, show_default="CPU cores",
               help="Entries planned at once, each in its own worker process.")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), callback=prepare_output,
@@ -80,15 +82,18 @@ def _default_jobs() -> int:
 @json_option
 @debug_option
 @handle_errors
-def sweep_command(file: str, jobs: int, out: str | None, as_json: bool, debug: bool) -> None:
-    """Plan every entry of a sweep file (models x meshes x levels x clusters x memory
+def sweep_command(
+    files: tuple[str, ...], jobs: int, out: str | None, as_json: bool, debug: bool
+) -> None:
+    """Plan every entry of one or more sweep files (models x meshes x levels x clusters x memory
     budgets) in parallel, and tabulate the predicted step time, communication, memory
     and search effort of each. A failing entry is reported in its row; the rest go on."""
     if out:
         output_format(out)  # a bad extension fails before hours of planning
-    sweep = load_sweep(file)
+    sweeps = [load_sweep(file) for file in files]  # every file checked before any work
+    entries = tuple(entry for sweep in sweeps for entry in sweep.entries)
     finished: dict[int, SweepRow] = {}
-    with _progress(sweep.entries, enabled=not as_json) as show_row:
+    with _progress(entries, enabled=not as_json) as show_row:
 
         def on_row(i: int, row: SweepRow) -> None:
             finished[i] = row
@@ -97,13 +102,13 @@ def sweep_command(file: str, jobs: int, out: str | None, as_json: bool, debug: b
                 write_rows([finished[k] for k in sorted(finished)], out)
 
         try:
-            rows = run_sweep(sweep.entries, jobs=jobs, on_row=on_row, tracebacks=debug)
+            rows = run_sweep(entries, jobs=jobs, on_row=on_row, tracebacks=debug)
         except KeyboardInterrupt:
             rows = [finished[k] for k in sorted(finished)]
             if rows and not as_json:
                 render(rows)
             kept = f"; their rows are in {out}" if out and rows else ""
-            click.echo(f"interrupted: {len(rows)} of {len(sweep.entries)} entries had "
+            click.echo(f"interrupted: {len(rows)} of {len(entries)} entries had "
                        f"finished{kept}", err=True)  # fmt: skip
             sys.exit(130)
     if out:

@@ -134,3 +134,12 @@ def test_ctrl_c_ends_a_running_sweep_cleanly(sweep: Path) -> None:
     assert "Traceback" not in err and "interrupted: " in err
     rows = json.loads((sweep / "rows.json").read_text())["rows"]
     assert 1 <= len(rows) < 9
+
+
+def test_several_sweep_files_make_one_table(sweep: Path) -> None:
+    (sweep / "more.yaml").write_text('models: [mlp_step.hlo]\nmeshes: ["2x2"]\n')
+    r = run("sweep", "ok.yaml", "more.yaml", "--jobs", "1", "--json")
+    assert r.exit_code == 0
+    assert [row["mesh"] for row in json.loads(r.stdout)["rows"]] == ["1x2", "1x4", "2x2"]
+    r = CliRunner().invoke(cli, ["sweep", "ok.yaml", "missing.yaml"])
+    assert r.exit_code == 2 and "missing.yaml" in r.output
