@@ -145,6 +145,10 @@ _HEADER_PROGRAM_SHAPES = ("entry_computation_layout",)
 """Header attributes that hold a program shape (checked, kept verbatim)."""
 
 
+_MLIR = re.compile(r"(module\b|func\.func\b|#loc|\"?builtin\.module)")
+"""How MLIR text (StableHLO) starts, where HLO text starts `HloModule`."""
+
+
 class _Parser:
     def __init__(self, text: str, filename: str, *, fast: bool = True) -> None:
         self.text = text
@@ -177,6 +181,13 @@ class _Parser:
     def parse(self) -> Module:
         text = self.text
         pos = self.skip(0)
+        if _MLIR.match(text, pos):
+            raise self.error(
+                "this is StableHLO/MLIR text (what `jax.jit(f).lower(...).as_text()` prints); "
+                "rhino reads HLO text: `jax.jit(f).lower(...).as_text(dialect=\"hlo\")`, or "
+                "`jax.jit(f).lower(...).compile().as_text()` for XLA's optimized module",
+                pos,
+            )
         if text.startswith("HloModule", pos):
             pos = self.skip(pos + len("HloModule"))
             m = _NAME.match(text, pos)

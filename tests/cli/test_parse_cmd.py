@@ -102,3 +102,16 @@ def test_a_malformed_program_shape_in_the_header_is_exit_2(tmp_path: Path) -> No
     r = CliRunner().invoke(cli, ["parse", str(bad)])
     assert r.exit_code == 2, r.output
     assert f"{bad}:1:" in r.output and "bad dimension" in r.output and "Traceback" not in r.output
+
+
+def test_stablehlo_text_is_named_and_the_way_to_hlo_said(tmp_path: Path) -> None:
+    mlir = tmp_path / "f.mlir"
+    mlir.write_text(
+        "module @jit_f attributes {mhlo.num_partitions = 1 : i32} {\n"
+        "  func.func public @main(%arg0: tensor<4xf32>) -> (tensor<4xf32>) {\n"
+        "    return %arg0 : tensor<4xf32>\n  }\n}\n"
+    )
+    r = run("parse", str(mlir))
+    assert r.exit_code == 2
+    assert f"{mlir}:1:1: error: this is StableHLO/MLIR text" in r.output
+    assert 'as_text(dialect="hlo")' in r.output and "Traceback" not in r.output
