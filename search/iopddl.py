@@ -129,6 +129,11 @@ def parse(doc: Any, where: str = "<problem>") -> Instance:
         raise IopddlFormatError(
             f"{where}: a value is not a number of the expected shape: {e}"
         ) from e
+    backwards = np.flatnonzero(intervals[:, 0] > intervals[:, 1])
+    if len(backwards):
+        v = int(backwards[0])
+        need(False, f"node {v}: interval [{intervals[v, 0]}, {intervals[v, 1]}] ends before it "
+                    "starts (an interval is [start, end) with start <= end)")  # fmt: skip
     for v in range(n):
         need(costs[v].ndim == 1 and len(costs[v]) > 0, f"node {v}: no strategies")
         need(usages[v].shape == costs[v].shape,

@@ -282,3 +282,13 @@ def test_solve_command_bad_file(tmp_path: Path) -> None:
     done = CliRunner().invoke(cli, ["solve", str(path)])
     assert done.exit_code == 2
     assert "error:" in done.output and "edges" in done.output
+
+
+def test_solve_command_refuses_an_interval_that_ends_before_it_starts(tmp_path: Path) -> None:
+    doc = example_doc()
+    doc["problem"]["nodes"]["intervals"][2] = [70, 30]
+    path = tmp_path / "backwards.json"
+    path.write_text(json.dumps(doc))
+    done = CliRunner().invoke(cli, ["solve", str(path)])
+    assert done.exit_code == 2
+    assert "node 2: interval [70, 30] ends before it starts" in done.output
