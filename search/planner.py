@@ -119,8 +119,11 @@ def limit_warnings(plan: Plan, options: SolveOptions) -> tuple[str, ...]:
 def plan_combined(graph: ShardingGraph, request: PlanRequest, solve: Callable[[ShardingProblem], Solution],
                   options: SolveOptions, say: Callable[[str], None], phases: dict[str, float]) -> Plan:  # fmt: skip
     """The plan `solve` finds for the graph, with the search over combined collectives
-    (`rhino.search.combine`); `phases` gets the time spent solving and writing plans."""
-    phases.update(solve=0.0, plan=0.0)
+    (`rhino.search.combine`). `phases` gets "solve" and "plan" (solving the first
+    problem and writing its plan, with the solver's own phases "solve.<phase>" inside
+    "solve") and "combine" (the further plans the search over combined collectives made,
+    solved and written), so that the phases add up to the search time."""
+    spent: list[float] = []  # per plan made: seconds solving, seconds writing
 
     def plan_with(closed: frozenset[GroupKey]) -> Plan:
         clock = time.perf_counter()
@@ -129,23 +132,30 @@ def plan_combined(graph: ShardingGraph, request: PlanRequest, solve: Callable[[S
         say(f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges"
             + (f", {keys} not combined" if closed else ""))  # fmt: skip
         solution = solve(problem)
-        phases["solve"] += time.perf_counter() - clock
-        clock = time.perf_counter()
+        solved = time.perf_counter()
         say("writing the plan")
         plan = to_plan(graph, problem, solution, request, 0.0)
-        phases["plan"] += time.perf_counter() - clock
+        spent.extend((solved - clock, time.perf_counter() - solved))
         return dataclasses.replace(plan, solver={**plan.solver, **search_report(solution, {})})
 
     first = plan_with(frozenset())
     plan, closed, made = search_groups(first, plan_with, options.left)
+    phases.update(solve=spent[0], plan=spent[1], combine=sum(spent[2:]))
     # the first problem leaves out the latency of every combined collective: its bound
     # is below every plan's objective_s, whichever problem found the plan
     combined = {"plans": made + 1, "closed": [f"{k} axis {','.join(map(str, a))}" for k, a in sorted(closed)],
                 "bound_s": min(float(first.solver["bound_s"]), plan.objective_s)}  # type: ignore[arg-type]  # fmt: skip
+    inner = first.solver["phases_s"]  # type: ignore[index]
     solver = {
         **plan.solver,
         "combined": combined,
-        "phases_s": {**phases, **plan.solver["phases_s"]},
+        "phases_s": {
+            "build": phases["build"],
+            "solve": phases["solve"],
+            **inner,
+            "combine": phases["combine"],
+            "plan": phases["plan"],
+        },  # fmt: skip
     }  # type: ignore[dict-item]
     return dataclasses.replace(plan, solver=solver)
 

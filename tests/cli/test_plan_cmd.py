@@ -186,3 +186,16 @@ def test_state_paired_by_shape_is_a_note_not_a_warning() -> None:
     r = CliRunner().invoke(cli, ["plan", str(ROOT / "examples" / "mlp.hlo"), "--mesh", "2x4"])
     assert "note: the module has no input_output_alias" in r.stdout
     assert "warning:" not in r.stdout
+
+
+def test_phases_add_up_to_the_search_time() -> None:
+    r = CliRunner().invoke(
+        cli, ["plan", str(ROOT / "examples" / "mlp.hlo"), "--mesh", "2x4", "--json"]
+    )
+    doc = json.loads(r.stdout)
+    phases = doc["solver"]["phases_s"]
+    top = sum(v for k, v in phases.items() if "." not in k)
+    assert {"build", "solve", "combine", "plan"} <= set(phases)
+    assert abs(top - doc["search_time_s"]) <= 0.05 * doc["search_time_s"] + 0.05
+    inner = sum(v for k, v in phases.items() if k.startswith("solve."))
+    assert inner <= phases["solve"] + 0.01
