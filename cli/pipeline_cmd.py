@@ -175,8 +175,16 @@ def render(file: str, plan: PipelinePlan, *, widened: bool = False) -> None:
         peaks = sched["peak_activation_bytes"]
         assert isinstance(peaks, list)
         t.add_row(f"step ({name})", f"{format_seconds(float(str(sched['step_s'])))}, bubble "
-                  f"(p-1)/(m+p-1) = {float(str(sched['bubble_fraction'])):.1%}, peak activations "
-                  f"{format_bytes(max(peaks, default=0))} (stage {peaks.index(max(peaks))})")  # fmt: skip
+                  f"{float(str(sched['simulated_bubble_fraction'])):.1%} simulated ((p-1)/(m+p-1) "
+                  f"= {float(str(sched['bubble_fraction'])):.1%} with equal stages and free sends), "
+                  f"peak activations {format_bytes(max(peaks, default=0))} "
+                  f"(stage {peaks.index(max(peaks))})")  # fmt: skip
+    steps = {name: float(str(sched["step_s"])) for name, sched in plan.schedules.items()}
+    if steps.get("1f1b", 0.0) > 1.05 * steps.get("gpipe", float("inf")):
+        t.add_row("", "1F1B is slower than GPipe here: it has at most p micro-batches in flight, "
+                  "so each waits for the round trip of its sends between stages, which outweigh "
+                  "the stages' compute at this size; GPipe streams every forward first, holding "
+                  "all m micro-batches' activations")  # fmt: skip
     solver = plan.solver
     t.add_row(
         "search",

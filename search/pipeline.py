@@ -252,6 +252,7 @@ def _report(module: Module, request: PipelineRequest, split: StepSplit, problem:
     evaluation = problem.evaluate(found.stage)
     schedules: dict[str, dict[str, object]] = {
         name: {"step_s": t.step_s, "bubble_fraction": (d - 1) / (m + d - 1),
+               "simulated_bubble_fraction": 1.0 - t.busy_fraction,
                "busy_fraction": t.busy_fraction, "peak_microbatches": list(t.peak_microbatches),
                "peak_activation_bytes": list(t.peak_activation_bytes)}
         for name, t in timelines.items()

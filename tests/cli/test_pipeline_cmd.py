@@ -144,3 +144,19 @@ def test_a_stage_plan_written_before_the_schema_key_still_runs(tmp_path: Path) -
     assert StagePlan.from_json(old) == StagePlan.from_json(doc)
     with pytest.raises(Exception, match="has version 2"):
         StagePlan.from_json({**doc, "schema": "rhino.pipeline/2"})
+
+
+def test_each_schedule_reports_its_own_simulated_bubble() -> None:
+    r = CliRunner().invoke(
+        cli, ["pipeline", str(ROOT / "examples" / "gpt_tiny.hlo"), "--stages", "4", "--json"]
+    )
+    schedules = json.loads(r.stdout)["schedules"]
+    simulated = {name: s["simulated_bubble_fraction"] for name, s in schedules.items()}
+    assert simulated["1f1b"] != simulated["gpipe"]
+    for s in schedules.values():
+        assert s["simulated_bubble_fraction"] == pytest.approx(1 - s["busy_fraction"])
+    r = CliRunner().invoke(
+        cli, ["pipeline", str(ROOT / "examples" / "gpt_tiny.hlo"), "--stages", "4"]
+    )
+    assert "1F1B is slower than GPipe here" in r.stdout
+    assert f"bubble {simulated['1f1b']:.1%} simulated" in r.stdout

@@ -61,3 +61,14 @@ def test_without_a_gradient_edge_stage_0_does_not_wait_for_stage_1() -> None:
 def test_a_task_waiting_for_itself_is_reported_not_looped() -> None:
     with pytest.raises(RhinoError, match="deadlocks"):
         simulate("1f1b", StageTimes((1.0,), (1.0,), (0.0,), {(0, 0): 0.0}, (0.0,)), 1)
+
+
+def test_sends_that_outweigh_compute_slow_1f1b_not_gpipe() -> None:
+    """Why `rhino pipeline` can simulate GPipe faster than 1F1B: with at most p
+    micro-batches in flight, 1F1B waits for each round trip of sends; GPipe streams its
+    forwards. Free sends: the two take the same time."""
+    p, m = 4, 8
+    free = [simulate(s, equal_stages(p, 0.1, 0.2), m).step_s for s in ("1f1b", "gpipe")]
+    assert free[0] == pytest.approx(free[1])
+    slow = [simulate(s, equal_stages(p, 0.1, 0.2, send=1.0), m).step_s for s in ("1f1b", "gpipe")]
+    assert slow[0] > 1.5 * slow[1]
