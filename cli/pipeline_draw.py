@@ -4,6 +4,7 @@ matplotlib when it is installed) and the graph coloured by stage (Graphviz DOT t
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 from xml.sax.saxutils import escape
 
@@ -42,16 +43,34 @@ def write_gantt(timeline: Timeline, path: str, title: str) -> None:
         save_output(path, gantt_svg(timeline, title), "schedule picture")
 
 
+KIND_NAMES = {"F": "forward", "B": "backward", "U": "update"}
+
+
 def gantt_svg(timeline: Timeline, title: str) -> str:
+    """Stages top to bottom, time left to right, with a legend of the task kinds, each
+    task labelled with its micro-batch (F3: micro-batch 3's forward; the number alone
+    where the box is narrow; every box's tooltip has the times) and a time axis."""
     stages = len(timeline.peak_microbatches)
     left, top, row, width = 80, 40, 36, 1000
     scale = width / timeline.step_s if timeline.step_s > 0 else 0.0
-    height = top + stages * row + 40
+    height = top + stages * row + 44
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 20}" height="{height}" '
         'font-family="sans-serif" font-size="12">',
         f'<text x="{left}" y="20" font-size="14">{escape(title)}</text>',
     ]
+    x = left + width
+    for kind in reversed(KIND_NAMES):  # the legend, right-aligned on the title's line
+        x -= 16 + 7 * len(f"{kind} {KIND_NAMES[kind]}") + 14
+        parts.append(f'<rect x="{x}" y="9" width="12" height="12" fill="{KIND_COLOURS[kind]}"/>'
+                     f'<text x="{x + 16}" y="19">{kind} {KIND_NAMES[kind]}</text>')  # fmt: skip
+    axis_y = top + stages * row
+    for tick in _ticks(timeline.step_s):
+        tx = left + tick * scale
+        parts.append(f'<line x1="{tx:.2f}" y1="{top}" x2="{tx:.2f}" y2="{axis_y + 4}" '
+                     'stroke="#ccc" stroke-width="0.5"/>'
+                     f'<text x="{tx:.2f}" y="{axis_y + 18}" text-anchor="middle">'
+                     f"{format_seconds(tick)}</text>")  # fmt: skip
     for s in range(stages):
         y = top + s * row
         parts.append(f'<text x="8" y="{y + row / 2 + 4:.1f}">stage {s}</text>')
@@ -65,15 +84,27 @@ def gantt_svg(timeline: Timeline, title: str) -> str:
             f"<title>stage {e.stage} {label}: {format_seconds(e.start_s)} to "
             f"{format_seconds(e.end_s)}</title></rect>"
         )
-        if w > 18:
+        short = "" if e.kind == "U" else str(e.microbatch)
+        text, size = (label, 12) if w > 7 * len(label) + 4 else (short, 9)
+        if text and w > 6 * len(text) + 1:
             parts.append(f'<text x="{x + w / 2:.2f}" y="{y + row / 2:.1f}" fill="white" '
-                         f'text-anchor="middle">{label}</text>')  # fmt: skip
-    axis_y = top + stages * row + 16
-    parts.append(f'<text x="{left}" y="{axis_y}">0</text>')
-    parts.append(f'<text x="{left + width}" y="{axis_y}" text-anchor="end">'
-                 f"{format_seconds(timeline.step_s)}</text>")  # fmt: skip
+                         f'font-size="{size}" text-anchor="middle">{text}</text>')  # fmt: skip
+    parts.append(f'<text x="{left + width}" y="{axis_y + 34}" text-anchor="end">'
+                 f"step {format_seconds(timeline.step_s)}</text>")  # fmt: skip
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+def _ticks(span: float) -> list[float]:
+    """Round times from 0 to `span`: 4 to 10 of them at 1, 2 or 5 x a power of ten."""
+    if span <= 0:
+        return [0.0]
+    step = 10 ** math.floor(math.log10(span / 5))
+    for factor in (1, 2, 5, 10):
+        if span / (step * factor) <= 10:
+            step *= factor
+            break
+    return [k * step for k in range(int(span / step + 1e-9) + 1)]
 
 
 def _gantt_png(timeline: Timeline, path: str, title: str) -> None:
@@ -84,9 +115,16 @@ def _gantt_png(timeline: Timeline, path: str, title: str) -> None:
 
     stages = len(timeline.peak_microbatches)
     fig, ax = plt.subplots(figsize=(12, 0.6 * stages + 1.2))
+    from matplotlib.patches import Patch  # type: ignore[import-not-found]
+
     for e in timeline.events:
         ax.barh(e.stage, (e.end_s - e.start_s) * 1e3, left=e.start_s * 1e3,
                 color=KIND_COLOURS[e.kind], edgecolor="white")  # fmt: skip
+        if e.kind != "U" and (e.end_s - e.start_s) > timeline.step_s / 80:
+            ax.text((e.start_s + e.end_s) / 2 * 1e3, e.stage, str(e.microbatch), color="white",
+                    ha="center", va="center", fontsize=7)  # fmt: skip
+    ax.legend(handles=[Patch(color=KIND_COLOURS[k], label=f"{k} {n}") for k, n in KIND_NAMES.items()],
+              loc="upper right", ncol=3, fontsize=8)  # fmt: skip
     ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
     ax.invert_yaxis()
     ax.set_xlabel("ms")

@@ -58,8 +58,13 @@ def test_gantt_svg_and_dot(tmp_path: Path) -> None:
                "--dot", str(dot))  # fmt: skip
     assert r.exit_code == 0, r.output
     tree = ET.parse(svg)
-    rects = [e for e in tree.iter() if e.tag.endswith("rect")]
-    assert len(rects) == 2 * 3 * 2 + 2  # F and B per stage and micro-batch, one update each
+    tasks = [e for e in tree.iter() if e.tag.endswith("rect") and e.find("{*}title") is not None]
+    assert len(tasks) == 2 * 3 * 2 + 2  # F and B per stage and micro-batch, one update each
+    texts = [e.text or "" for e in tree.iter() if e.tag.endswith("text")]
+    assert {"F forward", "B backward", "U update"} <= set(texts)  # the legend
+    assert {"F0", "F1", "F2", "B0"} <= set(texts) or {"0", "1", "2"} <= set(texts)  # micro-batches
+    ticks = [t for t in texts if t.endswith(("s", "us", "ms")) and not t.startswith("step")]
+    assert len(ticks) >= 4 and ticks[0].startswith("0")  # a time axis from 0
     text = dot.read_text()
     assert text.startswith("digraph") and "->" in text and "#f28e2b" in text  # stage 1's colour
 
