@@ -236,6 +236,9 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
                 PlanRequest(parse_mesh(mesh_text or ""), load_cluster(cluster), level),
                 update,
             )
+            if not as_json:  # what `rhino plan` would have said of the plan
+                for warning in plan.warnings:
+                    click.echo(f"warning: {warning}", err=True)
         options = RunOptions(platform, seed, verify, steps, warmup)
         if job is None:
             update("compiling and running")

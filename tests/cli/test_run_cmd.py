@@ -128,3 +128,10 @@ def test_opt_mesh_and_cluster_are_the_same_options_everywhere() -> None:
         text = invoke(command, "--help").output
         assert "--mesh AxB" in text and "--cluster TEXT" in text
         assert "[default: m8]" in " ".join(text.split())
+
+
+def test_planning_first_says_what_plan_would_warn_of() -> None:
+    r = CliRunner().invoke(cli, ["run", str(ROOT / "examples" / "mlp.hlo"), "--mesh", "1x7",
+                                 "--devices", "7", "--steps", "1"])  # fmt: skip
+    assert r.exit_code == 0
+    assert "warning: mesh 1x7: nothing is split along axis 1 (7 devices)" in r.stderr
