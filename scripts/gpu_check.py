@@ -207,11 +207,8 @@ def check_example(name: str, platform: str, cluster: Path, rates: dict[str, floa
     hlo = ROOT / "examples" / f"{name}.hlo"
     plan = work / f"{name}.plan.json"
     row: dict[str, Any] = {"name": name, "kind": "spmd", "failures": []}
-    ran = _rhino(row, "plan", hlo, "--mesh", "1", "--cluster", cluster, "--out", plan)
-    if ran is None:
-        return row
-    report = _rhino(row, "run", hlo, "--plan", plan, "--platform", platform,
-                    "--steps", steps)  # fmt: skip
+    report = _made_and_run(row, hlo, plan, platform, steps,
+                           "plan", "--mesh", "1", "--cluster", cluster)  # fmt: skip
     if report is None:
         return row
     estimate = report["predicted_step_s"]
@@ -243,12 +240,8 @@ def check_pipeline(name: str, platform: str, cluster: Path, steps: int,
     hlo = ROOT / "examples" / f"{name}.hlo"
     stages = work / f"{name}.stages.json"
     row: dict[str, Any] = {"name": f"{name} (1 stage)", "kind": "pipeline", "failures": []}
-    ran = _rhino(row, "pipeline", hlo, "--stages", "1", "--microbatches", "2",
-                 "--cluster", cluster, "--out", stages)  # fmt: skip
-    if ran is None:
-        return row
-    report = _rhino(row, "run", hlo, "--plan", stages, "--platform", platform,
-                    "--steps", steps)  # fmt: skip
+    report = _made_and_run(row, hlo, stages, platform, steps, "pipeline", "--stages", "1",
+                           "--microbatches", "2", "--cluster", cluster)  # fmt: skip
     if report is None:
         return row
     sent = report["bytes"]
@@ -279,6 +272,15 @@ def _band(row: dict[str, Any], what: str, measured: float, predicted: float,
             f"{what}: measured {_si(measured, unit)} is {ratio:.3g} x the predicted "
             f"{_si(predicted, unit)}, outside [{band[0]:.3g}, {band[1]:.3g}]"
         )
+
+
+def _made_and_run(row: dict[str, Any], hlo: Path, plan: Path, platform: str, steps: int,
+                  command: str, *options: object) -> dict[str, Any] | None:  # fmt: skip
+    """`rhino COMMAND HLO OPTIONS --out PLAN`, then `rhino run HLO --plan PLAN`: the run's
+    report, or None (the failure recorded in the row)."""
+    if _rhino(row, command, hlo, *options, "--out", plan) is None:
+        return None
+    return _rhino(row, "run", hlo, "--plan", plan, "--platform", platform, "--steps", steps)
 
 
 def _rhino(row: dict[str, Any], command: str, *args: object) -> dict[str, Any] | None:
