@@ -150,7 +150,7 @@ def plan_combined(graph: ShardingGraph, request: PlanRequest, solve: Callable[[S
         **plan.solver,
         "combined": combined,
         "phases_s": {
-            "build": phases["build"],
+            **({"build": phases["build"]} if "build" in phases else {}),
             "solve": phases["solve"],
             **inner,
             "combine": phases["combine"],
