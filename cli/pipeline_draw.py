@@ -30,7 +30,7 @@ def check_picture_path(path: str) -> None:
     if suffix == ".png":
         if importlib.util.find_spec("matplotlib") is None:
             raise ConfigError(f"--gantt {path}: writing PNG needs matplotlib, which is not "
-                              "installed (pip install "rhino[png]" or matplotlib), or write .svg instead")  # fmt: skip
+                              "installed (pip install 'rhino[png]' or matplotlib), or write .svg instead")  # fmt: skip
         return
     raise ConfigError(f"--gantt {path}: expected a .svg or .png file name")
 
