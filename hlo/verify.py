@@ -103,10 +103,6 @@ def _report(problems: list[tuple[Instruction | None, str]]) -> str:
 
 
 # -- shape rules: return a message when the result shape is wrong ----------------------
-def _dims(s: Shape) -> tuple[int, ...]:
-    return s.dims
-
-
 def _got(inst: Instruction, dims: tuple[int, ...]) -> str | None:
     if inst.shape.dims != dims:
         return f"result shape {inst.shape} does not match the expected dims {list(dims)}"

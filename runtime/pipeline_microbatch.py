@@ -99,9 +99,6 @@ class BatchFacts:
         """Does the value differ between micro-batches (per example or a partial sum)?"""
         return _varies(self.state[name])
 
-    def is_partial(self, name: str) -> bool:
-        return self.state[name] == PARTIAL
-
 
 def _varies(state: State) -> bool:
     if isinstance(state, tuple):

@@ -43,7 +43,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rhino.hlo.errors import ConfigError, RhinoError
 from rhino.search.mesh import DeviceMesh
@@ -186,10 +186,6 @@ class ShardingSpec:
     def partial_axes(self) -> tuple[int, ...]:
         """Mesh axes holding partial results."""
         return tuple(a for a, s in enumerate(self.axes) if isinstance(s, Partial))
-
-    def replicate_axes(self) -> tuple[int, ...]:
-        """Mesh axes that replicate."""
-        return tuple(a for a, s in enumerate(self.axes) if isinstance(s, Replicate))
 
     def is_replicated(self) -> bool:
         """True when every axis replicates (no split, no partial)."""
@@ -603,10 +599,3 @@ def parse_spec(text: str, mesh_ndim: int | None = None) -> ShardingSpec:
         return ShardingSpec(tuple(axes), order)
     except SpecError as e:
         raise ConfigError(f"sharding spec {text!r}: {e}") from None
-
-
-def as_spec(value: Any, mesh_ndim: int | None = None) -> ShardingSpec:
-    """A spec given as a ShardingSpec or as its notation."""
-    if isinstance(value, ShardingSpec):
-        return value
-    return parse_spec(str(value), mesh_ndim)

@@ -119,14 +119,6 @@ def replicated(mesh: DeviceMesh) -> ShardingSpec:
     return ShardingSpec.replicated(mesh.ndim)
 
 
-def shard_fraction(spec: ShardingSpec, dims: Sequence[int], mesh: DeviceMesh) -> float:
-    """Fraction of the tensor each device holds (1 for replicated)."""
-    n = math.prod(dims) if dims else 1
-    if n == 0:
-        return 1.0
-    return math.prod(spec.shard_shape(dims, mesh)) / n
-
-
 def work_fraction(specs: Sequence[ShardingSpec], mesh: DeviceMesh) -> float:
     """1 / the number of devices the work is divided over: mesh axes that split or hold
     partial sums in any of `specs` divide it."""
