@@ -184,7 +184,7 @@ class _Parser:
         if _MLIR.match(text, pos):
             raise self.error(
                 "this is StableHLO/MLIR text (what `jax.jit(f).lower(...).as_text()` prints); "
-                "rhino reads HLO text: `jax.jit(f).lower(...).as_text(dialect=\"hlo\")`, or "
+                'rhino reads HLO text: `jax.jit(f).lower(...).as_text(dialect="hlo")`, or '
                 "`jax.jit(f).lower(...).compile().as_text()` for XLA's optimized module",
                 pos,
             )
