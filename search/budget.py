@@ -36,7 +36,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rhino.search.problem import ShardingProblem, Solution, SolveOptions, SolveStatus, Usage
+from rhino.search.problem import (
+    FEASIBILITY,
+    ShardingProblem,
+    Solution,
+    SolveOptions,
+    SolveStatus,
+    Usage,
+)
 from rhino.search.solver import check_budget, fold_single_edges, improve
 
 FREE_SHARE = 0.75
@@ -72,7 +79,7 @@ def solve_within_budget(problem: ShardingProblem, options: SolveOptions, solve: 
     if first is None:
         first = solve(free, share_of(options, FREE_SHARE), None)
     stats = {**first.stats, "budget_free_peak": first.peak_memory}
-    if first.peak_memory <= budget * (1 + 1e-9):  # the budget does not bind
+    if first.peak_memory <= budget * (1 + FEASIBILITY):  # the budget does not bind
         return _final(problem, first.choice, first, begin, {**stats, "budget_solves": 1.0})
     search = _LagrangeSearch(problem, free, options, solve, first)
     found = search.run()
@@ -129,7 +136,9 @@ class _LagrangeSearch:
         found = self.solve(relaxed, share_of(self.options, STEP_SHARE), self.last)
         self.solves += 1
         self.last = found.choice
-        if found.peak_memory > self.budget * (1 + 1e-9):  # the relaxed problem's: same memory
+        if found.peak_memory > self.budget * (
+            1 + FEASIBILITY
+        ):  # the relaxed problem's: same memory
             self._mark(found.choice)
             return False
         cost = self.problem.evaluate(found.choice).objective

@@ -77,6 +77,7 @@ from rhino.search.problem import (
 )
 from rhino.search.reduce import Reduced, reduce_further, reduce_problem
 from rhino.search.solver import (
+    MIN_CPSAT_S,
     TIE_BREAK_S_PER_BYTE,
     core_choice,
     core_problem,
@@ -484,7 +485,7 @@ class _SegmentSearch:
                 tuple(ProblemEdge(i, j, m) for i, j, m in window.inside),
             )
             options = SolveOptions(
-                time_limit_s=max(0.2, min(SEGMENT_TIME_S, self.options.left())),
+                time_limit_s=max(MIN_CPSAT_S, min(SEGMENT_TIME_S, self.options.left())),
                 threads=self.options.threads,
                 seed=self.options.seed,
                 work_limit=SEGMENT_WORK,

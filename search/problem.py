@@ -19,6 +19,10 @@ import numpy as np
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.units import format_bytes
 
+FEASIBILITY = 1e-9
+"""Relative slack of every feasibility test against a limit (a memory budget, a stage's
+capacity or floor): sums of floats that equal the limit on paper pass."""
+
 
 @dataclass(frozen=True, eq=False)
 class ProblemNode:
@@ -99,7 +103,7 @@ class ShardingProblem:
         node_cost = float(sum(n.cost[k] for n, k in zip(self.nodes, choice, strict=True)))
         edge_cost = float(sum(e.cost[choice[e.u], choice[e.v]] for e in self.edges))
         peak, step, top = self.peak_memory(choice)
-        if self.budget is not None and peak > self.budget * (1 + 1e-9):
+        if self.budget is not None and peak > self.budget * (1 + FEASIBILITY):
             name, size = top
             raise InfeasibleError(
                 f"peak {format_bytes(peak)} > budget {format_bytes(self.budget)} at step {step} (largest: %{name} {format_bytes(size)})"
@@ -151,7 +155,7 @@ class Usage:
 
     def over(self, budget: float) -> np.ndarray:
         """Steps (program steps, not compressed) where the level exceeds `budget`."""
-        return self.steps[np.flatnonzero(self.level > budget * (1 + 1e-9))]
+        return self.steps[np.flatnonzero(self.level > budget * (1 + FEASIBILITY))]
 
     def highest(self, v: int) -> float:
         """The highest level while node v is live."""

@@ -55,6 +55,7 @@ from ortools.sat.python import cp_model
 
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.problem import (
+    FEASIBILITY,
     ProblemEdge,
     ProblemNode,
     ShardingProblem,
@@ -68,6 +69,12 @@ from rhino.search.units import format_bytes
 
 TIE_BREAK_S_PER_BYTE = 1e-17
 MIN_CPSAT_S = 0.2
+COST_SCALE = 1e12
+"""CP-SAT takes integer costs: seconds times this (picoseconds)..."""
+COST_SUM_MAX = 1e15
+"""...unless their sum would pass this, where the scale shrinks to keep it there."""
+MEMORY_COEFFICIENT_MAX = 2**40
+"""Memory rows' coefficients are bytes divided down to at most this (int64 room to spare)."""
 """CP-SAT and the LP get at least this long, even past the deadline, so there is a plan."""
 CPSAT_MAX_VARIABLES = 400_000
 """Above this many LP variables, CP-SAT is not tried when the LP gives no integral
@@ -297,7 +304,7 @@ def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None
         proven = SolveStatus.OPTIMAL if within else SolveStatus.FEASIBLE
         return _answer(problem, fallback, proven, lp_value, start, lp_size, "cpsat_skipped")
     total = sum(_finite_max(c) for c in node_cost) + sum(_finite_max(e.cost) for e in pair_edges)
-    scale = 1e12 if total * 1e12 < 1e15 else 1e15 / max(total, 1e-30)
+    scale = COST_SCALE if total * COST_SCALE < COST_SUM_MAX else COST_SUM_MAX / max(total, 1e-30)
 
     model = cp_model.CpModel()
     # s[v][k]
@@ -658,7 +665,7 @@ def _best_within(memory: np.ndarray, total: np.ndarray, k: int, v: int,
     usage, budget, _ = within
     better = np.flatnonzero(total < total[k] - 1e-15)
     grow = memory[better] - memory[k]
-    room = budget * (1 + 1e-9) - usage.highest(v) if (grow > 0).any() else 0.0
+    room = budget * (1 + FEASIBILITY) - usage.highest(v) if (grow > 0).any() else 0.0
     fits = better[grow <= np.maximum(room, 0.0)]
     return int(fits[np.argmin(total[fits])]) if len(fits) else -1
 
@@ -710,7 +717,7 @@ def _groups(matrix: np.ndarray) -> tuple[list[list[int]], list[int]]:
 
 def _add_memory(model: cp_model.CpModel, memory: _Rows, s: list[list[cp_model.IntVar]]) -> None:
     largest = max((abs(rhs) for _, rhs in memory.rows), default=1)
-    unit = max(1, -(-largest // 2**40))  # keep coefficients in int64 comfortably
+    unit = max(1, -(-largest // MEMORY_COEFFICIENT_MAX))
     for members, rhs in memory.rows:
         terms = [
             -(-int(m) // unit) * s[v][k]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rhino.search.problem import FEASIBILITY
 from rhino.search.stage_problem import StageEvaluation, StageProblem
 
 
@@ -92,7 +93,7 @@ def late_order(problem: StageProblem) -> tuple[int, ...]:
 def _dp(problem: StageProblem) -> tuple[int, ...] | None:
     """The DP's stage per instruction, or None when no split meets the balance."""
     n, d = len(problem.names), problem.stages
-    cap, floor = problem.capacity * (1 + 1e-9), problem.floor * (1 - 1e-9)
+    cap, floor = problem.capacity * (1 + FEASIBILITY), problem.floor * (1 - FEASIBILITY)
     prefix = np.concatenate([[0.0], np.cumsum(problem.compute)])
     f = np.full((d + 1, n + 1), math.inf)
     parent = np.full((d + 1, n + 1), -1, dtype=np.int64)
@@ -141,5 +142,5 @@ def _recv_rows(problem: StageProblem) -> Iterator[tuple[int, np.ndarray]]:
 
 def _baseline(problem: StageProblem, name: str, stage: tuple[int, ...]) -> Baseline:
     found = problem.measure(stage)
-    within = found.imbalance <= problem.epsilon * (1 + 1e-9) + 1e-12
+    within = found.imbalance <= problem.epsilon * (1 + FEASIBILITY) + 1e-12
     return Baseline(name, stage, found, within)

@@ -65,7 +65,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from rhino.hlo.errors import InfeasibleError
-from rhino.search.problem import SolveOptions, SolveStatus
+from rhino.search.problem import FEASIBILITY, SolveOptions, SolveStatus
 from rhino.search.solver import cpsat_solver
 from rhino.search.stage_problem import StageProblem
 from rhino.search.stage_receipts import least_receipts
@@ -166,12 +166,12 @@ def tighten(problem: StageProblem) -> Windows:
     up_to, from_ = ancestors + c, descendants + c  # compute at or before i, at or after i
     lows, highs = np.zeros(n), np.full(n, d - 1.0)
     if cap > 0:
-        lows = np.maximum(lows, np.ceil(up_to / cap - 1e-9) - 1)
-        highs = np.minimum(highs, d - np.ceil(from_ / cap - 1e-9))
+        lows = np.maximum(lows, np.ceil(up_to / cap - FEASIBILITY) - 1)
+        highs = np.minimum(highs, d - np.ceil(from_ / cap - FEASIBILITY))
     floor, total = problem.floor, float(c.sum())
     if floor > 0:
-        lows = np.maximum(lows, d - 1 - np.floor((total - up_to) / floor + 1e-9))
-        highs = np.minimum(highs, np.floor((total - from_) / floor + 1e-9))
+        lows = np.maximum(lows, d - 1 - np.floor((total - up_to) / floor + FEASIBILITY))
+        highs = np.minimum(highs, np.floor((total - from_) / floor + FEASIBILITY))
     lo, hi = [int(x) for x in lows], [int(x) for x in highs]
     for i in range(n):
         for j in problem.consumers[i]:
@@ -180,7 +180,7 @@ def tighten(problem: StageProblem) -> Windows:
         for j in problem.consumers[i]:
             hi[i] = min(hi[i], hi[j])
     lo_, hi_ = np.array(lo), np.array(hi)
-    too_big = c > cap * (1 + 1e-9)
+    too_big = c > cap * (1 + FEASIBILITY)
     empty = lo_ > hi_
     if (too_big | empty).any():
         i = int(np.argmax(too_big | empty))
@@ -193,10 +193,10 @@ def tighten(problem: StageProblem) -> Windows:
     possible = np.cumsum(np.bincount(lo_, weights=c, minlength=d + 1)
                          - np.bincount(hi_ + 1, weights=c, minlength=d + 1))[:d]  # fmt: skip
     for t in range(d):
-        if fixed[t] > cap * (1 + 1e-9):
+        if fixed[t] > cap * (1 + FEASIBILITY):
             why = f"the instructions that can only go to stage {t} are {fixed[t] / total:.1%} of the compute"
             raise InfeasibleError(_unbalanced(problem, why))
-        if possible[t] < problem.floor * (1 - 1e-9):
+        if possible[t] < problem.floor * (1 - FEASIBILITY):
             why = f"the instructions that can go to stage {t} are {possible[t] / total:.1%} of the compute"
             raise InfeasibleError(_unbalanced(problem, why))
     return Windows(tuple(lo), tuple(hi))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rhino.hlo.errors import InfeasibleError
+from rhino.search.problem import FEASIBILITY
 from rhino.search.units import format_seconds
 
 
@@ -90,12 +91,12 @@ class StageProblem:
         found = self.measure(stage)
         cap, floor = self.capacity, self.floor
         for s, load in enumerate(found.stage_compute):
-            if load > cap * (1 + 1e-9):
+            if load > cap * (1 + FEASIBILITY):
                 raise InfeasibleError(
                     f"stage {s} computes {format_seconds(load)} > {format_seconds(cap)} "
                     f"(1 + epsilon {self.epsilon:g} times the average)"
                 )
-            if load < floor * (1 - 1e-9):
+            if load < floor * (1 - FEASIBILITY):
                 raise InfeasibleError(
                     f"stage {s} computes {format_seconds(load)} < {format_seconds(floor)} "
                     f"(1 - epsilon {self.epsilon:g} times the average)"
