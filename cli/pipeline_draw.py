@@ -59,11 +59,11 @@ def gantt_svg(timeline: Timeline, title: str) -> str:
         'font-family="sans-serif" font-size="12">',
         f'<text x="{left}" y="20" font-size="14">{escape(title)}</text>',
     ]
-    x = left + width
+    key_x = left + width
     for kind in reversed(KIND_NAMES):  # the legend, right-aligned on the title's line
-        x -= 16 + 7 * len(f"{kind} {KIND_NAMES[kind]}") + 14
-        parts.append(f'<rect x="{x}" y="9" width="12" height="12" fill="{KIND_COLOURS[kind]}"/>'
-                     f'<text x="{x + 16}" y="19">{kind} {KIND_NAMES[kind]}</text>')  # fmt: skip
+        key_x -= 16 + 7 * len(f"{kind} {KIND_NAMES[kind]}") + 14
+        parts.append(f'<rect x="{key_x}" y="9" width="12" height="12" fill="{KIND_COLOURS[kind]}"/>'
+                     f'<text x="{key_x + 16}" y="19">{kind} {KIND_NAMES[kind]}</text>')  # fmt: skip
     axis_y = top + stages * row
     for tick in _ticks(timeline.step_s):
         tx = left + tick * scale
