@@ -1,4 +1,4 @@
-"""Tied nodes merged (rhino.search.groups): the merged problem prices and fills memory as
+"""Tied nodes merged (rhino.search.iopddl.groups): the merged problem prices and fills memory as
 the nodes it stands for do, its lower bound holds, and its search keeps the limit and
 its own total right, on seeded random instances with chains of ties."""
 
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from rhino.hlo.errors import InfeasibleError
-from rhino.search import groups, iopddl, local
+from rhino.search import iopddl
+from rhino.search.iopddl import groups, local
 from tests.search.test_iopddl import brute_force, random_doc
 
 

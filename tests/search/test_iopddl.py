@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 from rhino.cli.main import cli
 from rhino.hlo.errors import InfeasibleError
-from rhino.search import iopddl, local, window
+from rhino.search import iopddl
+from rhino.search.iopddl import local, window
 from rhino.search.problem import SolveOptions
 from tests.hlo.corpus import ROOT
 
@@ -231,7 +232,7 @@ def test_the_helper_runs_beside_the_search_and_ends(
 def test_the_helpers_plan_is_taken_where_it_is_cheaper(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the searches of this process held at their start, the answer is the plan the
     helper sends (the optimum), checked and marked as the helper's."""
-    from rhino.search import groups, lagrange
+    from rhino.search.iopddl import groups, lagrange
 
     instance = iopddl.parse(random_doc(1, n=8))
     best = np.array(optimum(instance))

@@ -1,4 +1,4 @@
-"""Lagrangian rounds on the group problem (rhino.search.lagrange): the priced costs are
+"""Lagrangian rounds on the group problem (rhino.search.iopddl.lagrange): the priced costs are
 the costs plus the priced usage the nodes hold, a repaired plan keeps the limit, and the
 rounds hand back a plan that fits and costs no more than their start, on seeded random
 instances with chains of ties."""
@@ -10,7 +10,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rhino.search import iopddl, lagrange
+from rhino.search import iopddl
+from rhino.search.iopddl import lagrange
 from rhino.search.problem import SolveOptions
 from tests.search.test_groups import merged_and_start
 
@@ -80,7 +81,7 @@ def test_rounds_with_message_passing_end_where_it_gains_nothing(
     """Message passing that decodes no plan cheaper than its start on the first relaxed
     problem adds nothing to the group search after it: the rounds with it end there (the
     rounds without it have the time); where it gains, they go on."""
-    from rhino.search import trws
+    from rhino.search.iopddl import trws
 
     def run(self: trws.MessagePassing, deadline: float, most: int = 0) -> np.ndarray:
         self.gained = gains

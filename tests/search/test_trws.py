@@ -1,4 +1,4 @@
-"""Message passing on the group problem (rhino.search.trws): exact on trees (seeded
+"""Message passing on the group problem (rhino.search.iopddl.trws): exact on trees (seeded
 random chains against brute force), a joint move single moves cannot make, and its plan
 costed as the groups cost it."""
 
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from rhino.search import groups, local, trws
+from rhino.search.iopddl import groups, local, trws
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem
 
 

@@ -1,4 +1,4 @@
-"""toulbar2 on the relaxed group problem (rhino.search.wcsp): exact against brute force
+"""toulbar2 on the relaxed group problem (rhino.search.iopddl.wcsp): exact against brute force
 on seeded random graphs with cycles and forbidden pairs, at any cost scale, silent, and
 as a relaxer of the Lagrangian rounds (its plan costed as the groups cost it)."""
 
@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rhino.search import wcsp
+from rhino.search.iopddl import wcsp
 from tests.search.test_trws import brute_force, merged
 
 

@@ -13,7 +13,7 @@ The search is a descent on the cost over plans that keep every row (a move that 
 break one is not taken): v takes the k minimizing c[v][k] + sum_w C[v,w][k, x_w].
 Everything starts from a plan that fits: every node at its smallest allowed usage,
 settled by a descent. (Lagrangian prices on the rows, set from the moves the budget
-blocked, were tried and scored worse than `rhino.search.window`'s exact windows.)
+blocked, were tried and scored worse than `rhino.search.iopddl.window`'s exact windows.)
 """
 
 from __future__ import annotations

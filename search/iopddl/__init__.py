@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from rhino.hlo.errors import InfeasibleError, RhinoError
-from rhino.search import groups, lagrange, local, window
+from rhino.search.iopddl import groups, lagrange, local, window
 from rhino.search.problem import (
     ProblemEdge,
     ProblemNode,
@@ -229,14 +229,14 @@ def answer_line(choice: list[int] | tuple[int, ...]) -> str:
 SMALL_NODES = 5_000
 """Up to this many nodes, the exact solver (reductions, LP, CP-SAT) runs on the whole
 problem after the group search (its LP gives the lower bound), then the windows of
-`rhino.search.window` until the deadline; above, the group search has all the time."""
+`rhino.search.iopddl.window` until the deadline; above, the group search has all the time."""
 GROUP_SHARE = 0.25
 """The group search's share of the time after the model is built (small or large)."""
 PASSING_SHARE = 0.5
 """The Lagrangian rounds with message passing: their share of the time after the group
 search (they stop early when they stop finding)."""
 ROUNDS_SHARE = {"small": 0.5, "large": 1.0}
-"""The Lagrangian rounds' (`rhino.search.lagrange`) share of the time after the rounds with
+"""The Lagrangian rounds' (`rhino.search.iopddl.lagrange`) share of the time after the rounds with
 message passing; on a large problem a group search from their plan has what they leave (they
 stop early when the limit does not bind), as a large problem's windows on single nodes
 found little (and one of C's, started 1.4 s before the deadline, ended 3.7 s past it)."""
@@ -405,8 +405,8 @@ def _help(merged: groups.Groups, y: np.ndarray, deadline: float, seed: int, slot
 def solve(instance: Instance, options: SolveOptions) -> Solved:
     """The cheapest feasible plan found within the options' time limit (every phase
     counted): a plan that fits (`local.legal_start`), the group search of
-    `rhino.search.groups` from it (tied nodes moved together: single and pair moves,
-    then kicks) and the Lagrangian rounds of `rhino.search.lagrange` (`_search_groups`),
+    `rhino.search.iopddl.groups` from it (tied nodes moved together: single and pair moves,
+    then kicks) and the Lagrangian rounds of `rhino.search.iopddl.lagrange` (`_search_groups`),
     then on a small problem the exact solver from there, then (unless it proved its
     plan optimal) windows until the deadline.
     InfeasibleError when no plan fits the limit."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rhino.hlo.errors import InfeasibleError
-from rhino.search.local import Graph, Search, tied, true_cost
+from rhino.search.iopddl.local import Graph, Search, tied, true_cost
 from rhino.search.problem import (
     ProblemEdge,
     ProblemNode,

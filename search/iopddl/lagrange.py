@@ -27,7 +27,7 @@ problem less B * sum_p lambda_p is a lower bound on the problem. The group searc
 message passing give no such bound; toulbar2 (`relax="wcsp"`) does (`Best.bound`).
 
 With `relax="passing"`, each relaxed problem (the first, unpriced, too) is first solved by
-message passing (`rhino.search.trws`, its messages kept from round to round) and the
+message passing (`rhino.search.iopddl.trws`, its messages kept from round to round) and the
 group search starts from its plan: the local search alone stops far from the relaxed
 optimum (IOPDDL M with no limit: 9.6e10 after 25 s; message passing and the search from
 its plan: 4.8e10, below the best plan that fits, 5.0e10), while on U, whose unlimited
@@ -37,7 +37,7 @@ Where message passing decodes no plan cheaper than its start on the first relaxe
 problem, the rounds with it end there: on IOPDDL N (no tied nodes) it never did, in any
 round, and its rounds took 21 s from the rounds without it, which found a cheaper plan
 in 6 of 11 rounds; on K, M and V it gains at once. With `relax="wcsp"`, toulbar2
-(`rhino.search.wcsp`) solves each relaxed problem in its place, in rounds of
+(`rhino.search.iopddl.wcsp`) solves each relaxed problem in its place, in rounds of
 `wcsp.ROUND_S` and more (`rhino.search.iopddl` runs them in a helper process beside the
 others).
 """
@@ -52,10 +52,10 @@ from typing import Literal
 
 import numpy as np
 
-from rhino.search import wcsp
-from rhino.search.groups import Groups, GroupSearch, column_all
-from rhino.search.trws import MessagePassing
-from rhino.search.wcsp import Wcsp
+from rhino.search.iopddl import wcsp
+from rhino.search.iopddl.groups import Groups, GroupSearch, column_all
+from rhino.search.iopddl.trws import MessagePassing
+from rhino.search.iopddl.wcsp import Wcsp
 
 ROUND_SHARE = 0.1
 """A round's time, as a share of the time the rounds have (at least MIN_ROUND_S)."""
@@ -177,7 +177,7 @@ def _round(gr: Groups, chain: _Chain, best: Best, deadline: float, seed: int,
 def _relaxed(gr: Groups, y: np.ndarray, passing: Relaxer | None, deadline: float,
              seed: int) -> GroupSearch:  # fmt: skip
     """The relaxed problem `gr` (limit +inf) searched from y; with `passing`, first its
-    share of the time (PASSING_SHARE for message passing, `rhino.search.trws`, warm from
+    share of the time (PASSING_SHARE for message passing, `rhino.search.iopddl.trws`, warm from
     its last round's messages; `wcsp.SHARE` for toulbar2) on it, and the group search from
     the cheaper of y and its plan."""
     if passing is not None:

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from rhino.search.groups import Groups
+from rhino.search.iopddl.groups import Groups
 
 FORBIDDEN_SCALE = 1e3
 """+inf becomes this many times the largest finite cost (plus one)."""

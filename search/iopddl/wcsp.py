@@ -12,7 +12,7 @@ Model (a cost function network, integer costs)
 On IOPDDL R (62k nodes; its plans without the limit hold 14.7 times the limit) it
 reaches 2.86e11 in 20 s where the group search stops at 3.49e11; the best plan that fits
 costs 3.72e11. Its preprocessing alone takes 5-7 s there, so a solve is worth its time
-only where a round has ten seconds or more: `rhino.search.lagrange` runs it in rounds of
+only where a round has ten seconds or more: `rhino.search.iopddl.lagrange` runs it in rounds of
 `ROUND_S`, on the second core (`rhino.search.iopddl`).
 
 `Wcsp` has `MessagePassing`'s interface (`y`, `reprice`, `run`, `gained`), so the
@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from rhino.search.groups import Groups
+from rhino.search.iopddl.groups import Groups
 
 TOTAL_COST = 2.0**50
 """Costs are scaled so that the start plan costs at most this (toulbar2's costs are 64-bit

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rhino.search.local import Graph, _threshold
+from rhino.search.iopddl.local import Graph, _threshold
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
 from rhino.search.solver import solve_ilp
 
