@@ -12,7 +12,7 @@ from rhino.cli.common import save_output
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.search.pipeline import PipelinePlan
-from rhino.search.pipeline_schedule import Timeline
+from rhino.search.pipeline.schedule import Timeline
 from rhino.search.units import format_seconds
 
 STAGE_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",

@@ -13,7 +13,7 @@ cluster), so they compare:
                    program planned on k devices, its predicted time the task time; the
                    sends between stages at the cluster's links (stage s on the s-th
                    block of k devices); the 1F1B step simulated
-                   (`rhino.search.pipeline_schedule`) on those task times.
+                   (`rhino.search.pipeline.schedule`) on those task times.
 The comparison keeps the lowest estimate. A candidate that cannot be planned (a
 balance no plan meets, a step that cannot be cut into m micro-batches) is listed with
 the reason and left out.
@@ -32,7 +32,7 @@ from rhino.runtime.stage_programs import StagePlan, StagePrograms, is_update, st
 from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh, mesh_factorizations
 from rhino.search.pipeline import PipelineRequest, plan_pipeline
-from rhino.search.pipeline_schedule import StageTimes, simulate
+from rhino.search.pipeline.schedule import StageTimes, simulate
 from rhino.search.planner import PlanRequest, make_plan
 
 MAX_EPSILON = 2.0

@@ -6,7 +6,7 @@ rewritten for a micro-batch.
                                                      `rhino.runtime.microbatch_rewrite`)
 
 The batch is read from the dataflow: the step's inputs (forward parameters that are not
-weights, `rhino.search.stages`) are grouped by the size B of their dimension 0, and the
+weights, `rhino.search.pipeline.split`) are grouped by the size B of their dimension 0, and the
 largest group the analysis accepts is the data (an RNG key or a table gathered from is
 refused alone and leaves it; it is read whole, as a batch-independent value); m must
 divide B. Every instruction of the ENTRY computation (calls inlined) gets a *state*:
@@ -51,8 +51,8 @@ from rhino.hlo.ir import Computation, Instruction, Module
 from rhino.hlo.opcode import ELEMENTWISE, Opcode
 from rhino.hlo.passes import flatten
 from rhino.hlo.shape import FLOAT_DTYPES
-from rhino.search.stages import Role, StepSplit, ancestors
-from rhino.search.step_loss import HEAVY
+from rhino.search.pipeline.loss import HEAVY
+from rhino.search.pipeline.split import Role, StepSplit, ancestors
 
 PARTIAL = "partial"
 STEP = "step"

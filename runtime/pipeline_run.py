@@ -66,7 +66,7 @@ from rhino.runtime.stage_programs import (
     stage_programs,
 )
 from rhino.runtime.verify import OutputCheck, compare_output, reduction_lengths, tolerance_for
-from rhino.search.pipeline_schedule import Event, Timeline, simulate
+from rhino.search.pipeline.schedule import Event, Timeline, simulate
 from rhino.search.planner import PlanRequest, make_plan
 
 WAIT_S = 300.0

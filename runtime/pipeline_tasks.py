@@ -18,7 +18,7 @@ after micro-batch 0; the sums reach the update after the last micro-batch's
 accumulation. The step's parameters come from the host, on the stage the plan gave them.
 
 A schedule is, per stage (device group), the ordered list of its tasks: the F/B order
-of `rhino.search.pipeline_schedule` (1F1B or GPipe, the orders its simulator times),
+of `rhino.search.pipeline.schedule` (1F1B or GPipe, the orders its simulator times),
 each accumulation right after the task whose sums it adds, and the update last. Every
 process of a job follows the same table.
 """
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from rhino.hlo.errors import ConfigError
 from rhino.runtime.stage_programs import ProgramKey, StagePrograms, is_update
-from rhino.search.pipeline_schedule import SCHEDULES, StageTimes
+from rhino.search.pipeline.schedule import SCHEDULES, StageTimes
 
 STEP = -1
 """The micro-batch index of once-per-step tasks and values."""

@@ -54,7 +54,7 @@ from rhino.runtime.pipeline_microbatch import (
     input_groups,
 )
 from rhino.search.pipeline import PLAN_FORMAT, PLAN_VERSION
-from rhino.search.stages import Role, StepSplit, split_step, state_scalars
+from rhino.search.pipeline.split import Role, StepSplit, split_step, state_scalars
 
 KINDS = ("F", "B", "U")
 """Forward, backward, update: the programs of a stage, in the order a step runs them. An

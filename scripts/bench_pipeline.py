@@ -72,9 +72,9 @@ def feasible_epsilon(module: Any, d: int, epsilon: float) -> float:
     """`epsilon`, raised by 0.1 until bound tightening leaves every instruction a stage."""
     from rhino.hlo.errors import InfeasibleError
     from rhino.search.cluster import load_cluster
-    from rhino.search.stage_ilp import tighten
-    from rhino.search.stage_problem import StageProblem
-    from rhino.search.stages import forward_graph, split_step
+    from rhino.search.pipeline.ilp import tighten
+    from rhino.search.pipeline.problem import StageProblem
+    from rhino.search.pipeline.split import forward_graph, split_step
 
     graph = forward_graph(split_step(module), dict(load_cluster("m8").flops))
     while epsilon < 10:
@@ -93,9 +93,9 @@ def run(name: str, d: int, epsilon: float, time_limit: float) -> dict[str, Any]:
     from rhino.hlo.parser import parse_file
     from rhino.search.cluster import load_cluster
     from rhino.search.pipeline import PipelineRequest, all_baselines, best_balanced, plan_pipeline
+    from rhino.search.pipeline.problem import StageProblem
+    from rhino.search.pipeline.split import forward_graph, split_step
     from rhino.search.problem import SolveOptions
-    from rhino.search.stage_problem import StageProblem
-    from rhino.search.stages import forward_graph, split_step
 
     path = model_path(name)
     gc.collect()  # the earlier rows' modules
@@ -143,7 +143,7 @@ def _timed(problem: Any, options: Any, tightening: bool, hint: tuple[int, ...] |
     """`solve_stages` and its time end to end (reduction, tightening and receipts, the
     model's build, CP-SAT and the plan's evaluation): the best of `REPEATS` runs where
     one takes under `REPEAT_UNDER_S`. The plan is the first run's (every run gives it)."""
-    from rhino.search.stage_ilp import solve_stages
+    from rhino.search.pipeline.ilp import solve_stages
 
     found = solve_stages(problem, options, tightening=tightening, hint=hint)
     best = found.solve_time_s

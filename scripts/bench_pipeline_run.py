@@ -47,7 +47,7 @@ from rhino.runtime.stage_programs import StagePlan  # noqa: E402
 from rhino.runtime.verify import compare_outputs  # noqa: E402
 from rhino.search.cluster import load_cluster  # noqa: E402
 from rhino.search.pipeline import PipelineRequest, plan_pipeline  # noqa: E402
-from rhino.search.pipeline_schedule import simulate  # noqa: E402
+from rhino.search.pipeline.schedule import simulate  # noqa: E402
 from rhino.search.problem import SolveOptions  # noqa: E402
 
 MODELS = ("gpt_tiny", "moe_tiny", "unet_tiny")

@@ -17,7 +17,7 @@ from rhino.runtime.pipeline_microbatch import (
     batch_facts,
     flat_step,
 )
-from rhino.search.stages import split_step
+from rhino.search.pipeline.split import split_step
 from tests.hlo.corpus import ROOT
 
 STEP_TEXT = """HloModule step

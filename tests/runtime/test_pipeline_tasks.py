@@ -11,7 +11,7 @@ import pytest
 from rhino.hlo.errors import ConfigError
 from rhino.runtime.pipeline_tasks import run_order, schedule, task_graph, transfer_order
 from rhino.runtime.stage_programs import StagePrograms, stage_programs
-from rhino.search.pipeline_schedule import SCHEDULES
+from rhino.search.pipeline.schedule import SCHEDULES
 from tests.runtime.stage_plans import example, stage_plan
 
 

@@ -10,11 +10,11 @@ import networkx as nx
 import pytest
 
 from rhino.hlo.errors import InfeasibleError
-from rhino.search import stage_receipts
+from rhino.search.pipeline import receipts as stage_receipts
+from rhino.search.pipeline.ilp import Windows, solve_brute_force, solve_stages, tighten
+from rhino.search.pipeline.problem import StageProblem
+from rhino.search.pipeline.receipts import least_receipts
 from rhino.search.problem import SolveOptions, SolveStatus
-from rhino.search.stage_ilp import Windows, solve_brute_force, solve_stages, tighten
-from rhino.search.stage_problem import StageProblem
-from rhino.search.stage_receipts import least_receipts
 from tests.search.test_stages_ilp import random_problem, sparse_problem
 
 OPTIONS = SolveOptions(time_limit_s=30)

@@ -13,9 +13,9 @@ from rhino.hlo.opcode import Opcode
 from rhino.hlo.parser import parse_file
 from rhino.search.cluster import load_cluster
 from rhino.search.pipeline import PLAN_FORMAT, PLAN_VERSION, PipelineRequest, plan_pipeline
+from rhino.search.pipeline.problem import StageProblem
+from rhino.search.pipeline.split import Role, forward_graph, split_step
 from rhino.search.problem import SolveOptions
-from rhino.search.stage_problem import StageProblem
-from rhino.search.stages import Role, forward_graph, split_step
 from tests.hlo.corpus import ROOT
 
 EXAMPLES = ROOT / "examples"

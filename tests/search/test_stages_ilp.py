@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from rhino.hlo.errors import InfeasibleError
+from rhino.search.pipeline.baselines import best_split, best_split_late, equal_count, late_order
+from rhino.search.pipeline.ilp import closure_compute, solve_brute_force, solve_stages, tighten
+from rhino.search.pipeline.problem import StageProblem
+from rhino.search.pipeline.reduce import reduce_problem
 from rhino.search.problem import SolveOptions, SolveStatus
-from rhino.search.stage_baselines import best_split, best_split_late, equal_count, late_order
-from rhino.search.stage_ilp import closure_compute, solve_brute_force, solve_stages, tighten
-from rhino.search.stage_problem import StageProblem
-from rhino.search.stage_reduce import reduce_problem
 
 OPTIONS = SolveOptions(time_limit_s=30)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rhino.hlo.errors import RhinoError
-from rhino.search.pipeline_schedule import StageTimes, gpipe, one_f_one_b, simulate
+from rhino.search.pipeline.schedule import StageTimes, gpipe, one_f_one_b, simulate
 
 
 def equal_stages(p: int, f: float = 1.0, b: float = 2.0, send: float = 0.0) -> StageTimes:

@@ -46,11 +46,11 @@ which give lo[i] and hi[i]; then lo grows along edges and hi shrinks against the
 plan. Instructions whose window is one stage are fixed before the solver runs; the
 others keep their window as their domain. The balance rows are scaled to integers
 rounding every c[i] up for the cap and down for the floor, so a plan the solver accepts
-meets the float balance that `evaluate` checks. From the windows, `stage_receipts` bounds
+meets the float balance that `evaluate` checks. From the windows, `receipts` bounds
 what each stage t receives (least(t), by max flows); where the start plan cuts no more
 than the sum, it is optimal and CP-SAT does not run (the 24- and 72-layer GPTs into 4 and
 8 stages). The model is built over the problem's exact reduction
-(`rhino.search.stage_reduce`), and its answer expanded back.
+(`rhino.search.pipeline.reduce`), and its answer expanded back.
 """
 
 from __future__ import annotations
@@ -65,11 +65,11 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from rhino.hlo.errors import InfeasibleError
+from rhino.search.pipeline.problem import StageProblem
+from rhino.search.pipeline.receipts import least_receipts
+from rhino.search.pipeline.reduce import Reduction, reduce_problem
 from rhino.search.problem import FEASIBILITY, SolveOptions, SolveStatus
 from rhino.search.solver import cpsat_solver
-from rhino.search.stage_problem import StageProblem
-from rhino.search.stage_receipts import least_receipts
-from rhino.search.stage_reduce import Reduction, reduce_problem
 
 CORE_SEARCH = "core"
 """The one CP-SAT worker the stage ILP runs: the core-based search raises the bound one
@@ -260,9 +260,9 @@ def _unbalanced(problem: StageProblem, why: str) -> str:
 def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
                  tightening: bool = True, hint: tuple[int, ...] | None = None) -> StagePlan:  # fmt: skip
     """The ILP of the module docstring on CP-SAT, over the problem's exact reduction
-    (`stage_reduce`). `hint` (a plan meeting the balance, e.g. the best baseline) starts
+    (`reduce`). `hint` (a plan meeting the balance, e.g. the best baseline) starts
     the search, and is kept when the solver finds nothing better within the time limit.
-    With tightening, the stages' least receipts (`stage_receipts`) bound the cut from
+    With tightening, the stages' least receipts (`receipts`) bound the cut from
     below; a start plan that reaches the bound is the answer without the solver."""
     options = options or SolveOptions()
     start = time.perf_counter()

@@ -7,7 +7,7 @@ forward graph the stage ILP works on.
 
 Roles, from the dataflow of the ENTRY computation (names and metadata such as
 `transpose(jvp(...))` are not read):
-    loss      the scalar the gradients differentiate (`rhino.search.step_loss`: the
+    loss      the scalar the gradients differentiate (`rhino.search.pipeline.loss`: the
               step's other scalars are learning rates, metrics, gradient norms);
               `loss=` overrides
     forward   the loss and its ancestors
@@ -34,7 +34,7 @@ from rhino.hlo.analysis import CostWalker, topological_order
 from rhino.hlo.errors import RhinoError
 from rhino.hlo.ir import Instruction, Module
 from rhino.hlo.opcode import Opcode
-from rhino.search.step_loss import find_loss
+from rhino.search.pipeline.loss import find_loss
 
 
 class Role(enum.Enum):

@@ -1,6 +1,6 @@
 """The least bytes each stage must receive, from the stage windows of bound tightening.
 
-Bound tightening (`stage_ilp.tighten`) gives every instruction a window [lo, hi] of
+Bound tightening (`ilp.tighten`) gives every instruction a window [lo, hi] of
 stages. The windows also bound the objective from below, stage by stage:
 
     before(s)  = {i : hi[i] < s}                  surely on a stage before s
@@ -50,7 +50,7 @@ from __future__ import annotations
 import numpy as np
 from ortools.graph.python import max_flow  # type: ignore[import-untyped]
 
-from rhino.search.stage_problem import StageProblem
+from rhino.search.pipeline.problem import StageProblem
 
 LIGHT_SHARE = 0.1
 """The lightest candidates of a stage, whose compute together stays under this share of

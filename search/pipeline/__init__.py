@@ -2,9 +2,9 @@
 
     split_step        forward / backward / update / state / output roles (stages.py)
     forward_graph     the forward instructions, compute in seconds, result bytes
-    StageProblem      the stage problem with its balance rows (stage_problem.py)
+    StageProblem      the stage problem with its balance rows (problem.py)
     baselines         consecutive ranges of the order: equal counts, and the DP's best
-    solve_stages      the ILP (stage_ilp.py) over the exact reduction (stage_reduce.py),
+    solve_stages      the ILP (ilp.py) over the exact reduction (reduce.py),
                       started from the best balanced baseline, the better one kept
     mirror            every other instruction gets a stage from the forward plan
     report            per stage compute, memory, sends; 1F1B and GPipe simulated
@@ -34,12 +34,11 @@ from pathlib import Path
 from rhino.hlo.errors import ConfigError, InfeasibleError
 from rhino.hlo.ir import Module
 from rhino.search.cluster import Cluster, Link
-from rhino.search.pipeline_schedule import StageTimes, Timeline, simulate
-from rhino.search.problem import SolveOptions
-from rhino.search.stage_baselines import Baseline, best_split, best_split_late, equal_count
-from rhino.search.stage_ilp import StagePlan, solve_stages
-from rhino.search.stage_problem import StageProblem
-from rhino.search.stages import (
+from rhino.search.pipeline.baselines import Baseline, best_split, best_split_late, equal_count
+from rhino.search.pipeline.ilp import StagePlan, solve_stages
+from rhino.search.pipeline.problem import StageProblem
+from rhino.search.pipeline.schedule import StageTimes, Timeline, simulate
+from rhino.search.pipeline.split import (
     Role,
     StepSplit,
     forward_graph,
@@ -47,6 +46,7 @@ from rhino.search.stages import (
     split_step,
     state_scalars,
 )
+from rhino.search.problem import SolveOptions
 
 PLAN_FORMAT = "rhino.pipeline"
 PLAN_VERSION = 1

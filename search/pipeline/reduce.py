@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rhino.search.stage_problem import StageProblem
+from rhino.search.pipeline.problem import StageProblem
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rhino.search.pipeline.problem import StageEvaluation, StageProblem
 from rhino.search.problem import FEASIBILITY
-from rhino.search.stage_problem import StageEvaluation, StageProblem
 
 
 @dataclass(frozen=True)
