@@ -19,7 +19,7 @@ from rich.console import Console, ConsoleDimensions
 
 from rhino.hlo.errors import ConfigError, HloParseError, RhinoError
 from rhino.runtime import xla_bridge
-from rhino.search.plan import LEVELS, jsonable
+from rhino.search.spmd.plan import LEVELS, jsonable
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -124,7 +124,7 @@ def compare(file: str, devices: int, microbatches: int, epsilon: float | None, c
     """`--compare N`: every layout of N devices estimated, the best one named."""
     from rhino.runtime.pipeline_controller import compare_layouts
     from rhino.search.mesh import DeviceMesh
-    from rhino.search.planner import PlanRequest
+    from rhino.search.spmd.planner import PlanRequest
 
     request = PlanRequest(DeviceMesh((devices,)), load_cluster(cluster),
                           solve=SolveOptions(time_limit_s=time_limit))  # fmt: skip

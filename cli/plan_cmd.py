@@ -28,11 +28,11 @@ from rhino.hlo.printer import print_module
 from rhino.hlo.verify import verify
 from rhino.search.cluster import load_cluster, parse_quantity
 from rhino.search.mesh import DeviceMesh, parse_mesh
-from rhino.search.meshsearch import MeshTrial, plan_best_mesh
-from rhino.search.pins import check_pins, pins_from_flags, read_pins_file
-from rhino.search.plan import Plan, mesh_use
-from rhino.search.planner import PlanRequest, make_plan
 from rhino.search.problem import SolveOptions
+from rhino.search.spmd.meshsearch import MeshTrial, plan_best_mesh
+from rhino.search.spmd.pins import check_pins, pins_from_flags, read_pins_file
+from rhino.search.spmd.plan import Plan, mesh_use
+from rhino.search.spmd.planner import PlanRequest, make_plan
 from rhino.search.units import format_bytes, format_seconds
 
 MERGE_LEVELS = {

@@ -198,7 +198,7 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
     from rhino.hlo.verify import verify as verify_module
     from rhino.runtime import xla_bridge as xb
     from rhino.runtime.runner import RunOptions, run_plan
-    from rhino.search.plan import Plan
+    from rhino.search.spmd.plan import Plan
 
     if not staged and (schedule is not None or microbatches is not None or gantt is not None):
         raise ConfigError("--schedule, --microbatches and --gantt apply to a stage plan (from "
@@ -229,7 +229,7 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
         else:
             from rhino.search.cluster import load_cluster
             from rhino.search.mesh import parse_mesh
-            from rhino.search.planner import PlanRequest, make_plan
+            from rhino.search.spmd.planner import PlanRequest, make_plan
 
             plan = make_plan(
                 module,
@@ -278,7 +278,7 @@ def _devices_needed(plan_file: str | None, mesh_text: str | None, staged: bool) 
     """The devices a run of this plan or mesh uses."""
     from rhino.runtime.stage_programs import StagePlan
     from rhino.search.mesh import parse_mesh
-    from rhino.search.plan import Plan
+    from rhino.search.spmd.plan import Plan
 
     if mesh_text is not None:
         return math.prod(parse_mesh(mesh_text).shape)

@@ -20,7 +20,7 @@ from rhino.runtime.stage_programs import StagePlan
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import DeviceMesh, parse_mesh
 from rhino.search.pipeline.schedule import Timeline
-from rhino.search.planner import PlanRequest
+from rhino.search.spmd.planner import PlanRequest
 from rhino.search.units import format_bytes, format_seconds
 
 GANTT_WIDTH = 60

@@ -9,7 +9,7 @@ from rhino.hlo.printer import print_module
 from rhino.hlo.sharding import HloSharding, parse_sharding
 from rhino.runtime.annotate import annotate
 from rhino.runtime.constraints import add_constraints
-from rhino.search.plan import Plan, module_hash
+from rhino.search.spmd.plan import Plan, module_hash
 
 
 def planned_module(module: Module) -> Module:
@@ -60,7 +60,7 @@ UNPLANNED = frozenset({"tuple", "get-tuple-element", "while"})
 def check_coverage(plan: Plan, flat: Module) -> None:
     """A plan must speak of every instruction the planner plans and of nothing else, in
     layouts of its mesh's rank: a hand-edited or truncated plan is refused (ConfigError)."""
-    from rhino.search.spec import parse_spec
+    from rhino.search.spmd.spec import parse_spec
 
     known = {inst.name for comp in flat.computations for inst in comp.instructions}
     planned = {inst.name for inst in plan.instructions}

@@ -30,8 +30,8 @@ from rhino.hlo.opcode import Opcode
 from rhino.hlo.sharding import HloSharding
 from rhino.runtime.annotate import root_sharding
 from rhino.search.mesh import DeviceMesh
-from rhino.search.plan import Plan, PlannedReshard
-from rhino.search.spec import SpecError, parse_spec
+from rhino.search.spmd.plan import Plan, PlannedReshard
+from rhino.search.spmd.spec import SpecError, parse_spec
 
 TARGET = '"Sharding"'
 

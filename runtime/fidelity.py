@@ -6,7 +6,7 @@ runs in one step; `compare(predicted, measured)` pairs them with the planner's p
 collectives and reports the difference. Nothing here imports jax: the measured side is
 plain text in, plain data out.
 
-Bytes (the convention of `rhino.search.comm`, so that both sides compare directly): per
+Bytes (the convention of `rhino.search.spmd.comm`, so that both sides compare directly): per
 device, per execution, the buffer on the FULL side of the collective:
 
     all-gather          its output              (n shards gathered)
@@ -529,7 +529,7 @@ class PredictedCollective:
     axes: tuple[int, ...]
     """Mesh axes it runs over (as `ReshardStep.axes`)."""
     nbytes: float
-    """Per-device bytes of one execution, full side (`rhino.search.comm`'s convention)."""
+    """Per-device bytes of one execution, full side (`rhino.search.spmd.comm`'s convention)."""
     instruction: str | None
     """The rhino instruction whose operand or result it reshards (XLA's op_name)."""
     note: str = ""

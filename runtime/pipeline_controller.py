@@ -33,7 +33,7 @@ from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh, mesh_factorizations
 from rhino.search.pipeline import PipelineRequest, plan_pipeline
 from rhino.search.pipeline.schedule import StageTimes, simulate
-from rhino.search.planner import PlanRequest, make_plan
+from rhino.search.spmd.planner import PlanRequest, make_plan
 
 MAX_EPSILON = 2.0
 """The loosest balance tried for a stage plan."""

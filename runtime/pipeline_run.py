@@ -67,7 +67,7 @@ from rhino.runtime.stage_programs import (
 )
 from rhino.runtime.verify import OutputCheck, compare_output, reduction_lengths, tolerance_for
 from rhino.search.pipeline.schedule import Event, Timeline, simulate
-from rhino.search.planner import PlanRequest, make_plan
+from rhino.search.spmd.planner import PlanRequest, make_plan
 
 WAIT_S = 300.0
 """How long a task waits for a value before the run is declared stuck."""

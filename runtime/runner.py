@@ -41,7 +41,7 @@ from rhino.runtime.fidelity import (
 from rhino.runtime.inputs import entry_inputs
 from rhino.runtime.verify import VerifyReport, reduction_lengths, verify_shards
 from rhino.search.mesh import DeviceMesh
-from rhino.search.plan import Plan
+from rhino.search.spmd.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ partition counts as a reduce-scatter, as on CPU XLA has none).
 Estimated step times: rhino's plan's own; a hand plan's is rhino's plan with every entry
 parameter pinned to the hand layout (O2 fills in the rest: the best completion of the
 hand plan under rhino's model, so never worse than the hand plan itself), and data
-parallel's is `rhino.search.baselines.data_parallel_plan` (the batch split carried
+parallel's is `rhino.search.spmd.baselines.data_parallel_plan` (the batch split carried
 through the graph).
 
 Checks per case (the "ok" column): rhino's estimate is at or below every hand plan's;
@@ -59,10 +59,10 @@ from rhino.runtime import xla_bridge as xb  # noqa: E402
 from rhino.runtime.apply import realized_program  # noqa: E402
 from rhino.runtime.fidelity import compare, measure_collectives  # noqa: E402
 from rhino.runtime.runner import predicted_collectives  # noqa: E402
-from rhino.search.baselines import data_parallel_plan  # noqa: E402
 from rhino.search.cluster import load_cluster  # noqa: E402
 from rhino.search.mesh import DeviceMesh, parse_mesh  # noqa: E402
-from rhino.search.planner import PlanRequest, make_plan  # noqa: E402
+from rhino.search.spmd.baselines import data_parallel_plan  # noqa: E402
+from rhino.search.spmd.planner import PlanRequest, make_plan  # noqa: E402
 
 DEVICES = 4
 MESH = "1x4"

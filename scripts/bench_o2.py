@@ -57,7 +57,7 @@ def budget_of(
     peak of O2's plan without a budget when it was needed (`free_peak` if given)."""
     from rhino.search.cluster import load_cluster, parse_quantity
     from rhino.search.mesh import parse_mesh
-    from rhino.search.planner import PlanRequest, make_plan
+    from rhino.search.spmd.planner import PlanRequest, make_plan
 
     if memory == "none":
         return None, None
@@ -75,11 +75,11 @@ def budget_of(
 
 def smallest_peak(module: Any, mesh: str) -> float:
     """The smallest peak any plan can have on this mesh."""
-    from rhino.search.builder import build_graph
     from rhino.search.cluster import load_cluster
     from rhino.search.mesh import parse_mesh
-    from rhino.search.planner import to_problem
-    from rhino.search.solver import min_peak_memory
+    from rhino.search.spmd.builder import build_graph
+    from rhino.search.spmd.planner import to_problem
+    from rhino.search.spmd.solver import min_peak_memory
 
     graph = build_graph(module, parse_mesh(mesh), load_cluster("m8"))
     return min_peak_memory(to_problem(graph, None))[0]
@@ -91,8 +91,8 @@ def plan_once(path: str, mesh: str, level: str, time_limit: float, memory: str =
     from rhino.hlo.parser import parse_file
     from rhino.search.cluster import load_cluster
     from rhino.search.mesh import parse_mesh
-    from rhino.search.planner import PlanRequest, make_plan
     from rhino.search.problem import SolveOptions
+    from rhino.search.spmd.planner import PlanRequest, make_plan
 
     budget, free_peak = budget_of(memory, parse_file(path), mesh, free_peak)
     start = time.perf_counter()

@@ -108,10 +108,10 @@ def _error(e: BaseException) -> str:
 
 def plan_both(module: Any, case: Case, s: Settings) -> dict[str, Any]:
     """name -> Plan or the error text, for "o3" and "dp"."""
-    from rhino.search.baselines import data_parallel_plan
     from rhino.search.mesh import parse_mesh
-    from rhino.search.planner import PlanRequest, make_plan
     from rhino.search.problem import SolveOptions
+    from rhino.search.spmd.baselines import data_parallel_plan
+    from rhino.search.spmd.planner import PlanRequest, make_plan
 
     mesh = parse_mesh(case.mesh)
     solve = SolveOptions(time_limit_s=s.time_limit, threads=s.threads)

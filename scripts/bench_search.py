@@ -118,8 +118,8 @@ def timed(timers: Timers) -> Iterator[None]:
     """Wrap the functions `make_plan` calls, so each stage's time lands in `timers`."""
     from ortools.sat.python import cp_model
 
-    import rhino.search.builder as builder
-    import rhino.search.planner as planner
+    import rhino.search.spmd.builder as builder
+    import rhino.search.spmd.planner as planner
 
     targets: list[tuple[object, str, str]] = [
         (planner, "build_graph", "build"),
@@ -146,8 +146,8 @@ def timed(timers: Timers) -> Iterator[None]:
 
 def clear_caches() -> dict[str, Callable[[], Any]]:
     """Clear rhino's search caches; name -> cache_info of each lru_cache found."""
-    import rhino.search.reshard as reshard
-    import rhino.search.strategy as strategy
+    import rhino.search.spmd.reshard as reshard
+    import rhino.search.spmd.strategy as strategy
 
     caches = {
         "reshard": getattr(reshard, "_reshard", None),
@@ -185,9 +185,9 @@ def run_case(case: Case, cluster: Any, budget: float | None, time_limit: float, 
     from rhino.hlo.errors import RhinoError
     from rhino.hlo.parser import parse_file
     from rhino.hlo.verify import verify
-    from rhino.search import planner
     from rhino.search.mesh import parse_mesh
-    from rhino.search.planner import PlanRequest, make_plan
+    from rhino.search.spmd import planner
+    from rhino.search.spmd.planner import PlanRequest, make_plan
 
     SolveOptions = planner.SolveOptions  # noqa: N806 - the class make_plan's solver takes
 
@@ -359,7 +359,7 @@ def main(files: tuple[Path, ...], meshes: tuple[str, ...], gpt_layers: tuple[int
 
 def _solver_module() -> str:
     """Where the `solve_ilp` that make_plan calls lives (it is being replaced)."""
-    import rhino.search.planner as planner
+    import rhino.search.spmd.planner as planner
 
     fn = getattr(planner, "solve_ilp", None)
     return f"{fn.__module__}.{fn.__name__}" if fn is not None else "?"

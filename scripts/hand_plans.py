@@ -30,7 +30,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from rhino.hlo.ir import Module
-from rhino.search.spec import ShardingSpec, parse_spec
+from rhino.search.spmd.spec import ShardingSpec, parse_spec
 
 KINDS = ("params", "adam_m", "adam_v", "count", "batch")
 """The step's arguments, in order (`zoo_models.common.make_train_step`)."""

@@ -58,7 +58,7 @@ def record_model(path: Path) -> dict[str, Any]:
     from rhino.search.cluster import load_cluster
     from rhino.search.mesh import parse_mesh
     from rhino.search.pipeline import PipelineRequest, plan_pipeline
-    from rhino.search.planner import PlanRequest, make_plan
+    from rhino.search.spmd.planner import PlanRequest, make_plan
 
     cluster = load_cluster("m8")
     module = parse_file(path)

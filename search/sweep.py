@@ -54,8 +54,8 @@ from rhino.hlo.parser import parse_file
 from rhino.hlo.verify import verify
 from rhino.search.cluster import Cluster, load_cluster, parse_quantity
 from rhino.search.mesh import DeviceMesh, parse_mesh
-from rhino.search.planner import LEVELS, PlanRequest, make_plan
 from rhino.search.problem import SolveOptions
+from rhino.search.spmd.planner import LEVELS, PlanRequest, make_plan
 from rhino.search.workers import worker_context
 from rhino.search.yamldoc import YamlReader, load, read_text
 
@@ -78,7 +78,7 @@ class SweepEntry:
     mesh: DeviceMesh
     """The device mesh to plan for."""
     level: str
-    """Search level (one of `rhino.search.planner.LEVELS`)."""
+    """Search level (one of `rhino.search.spmd.planner.LEVELS`)."""
     cluster: Cluster
     """The cluster, loaded (workers need no cluster files)."""
     memory: str

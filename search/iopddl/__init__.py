@@ -38,7 +38,7 @@ from rhino.search.problem import (
     SolveOptions,
     SolveStatus,
 )
-from rhino.search.solver import solve_ilp
+from rhino.search.spmd.solver import solve_ilp
 
 FORBIDDEN = 10**18
 """A cost of this much or more forbids the strategy (or pair of strategies)."""

@@ -41,7 +41,7 @@ import numpy as np
 
 from rhino.search.iopddl.local import Graph, _threshold
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
-from rhino.search.solver import solve_ilp
+from rhino.search.spmd.solver import solve_ilp
 
 CHECK_EVERY = 256
 """Moves between two looks at the clock."""

@@ -32,7 +32,7 @@ from rhino.search.problem import (
     SolveOptions,
     SolveStatus,
 )
-from rhino.search.solver import solve_ilp
+from rhino.search.spmd.solver import solve_ilp
 
 WINDOW_NODES = 300
 """Nodes in a window."""

@@ -69,7 +69,7 @@ from rhino.search.pipeline.problem import StageProblem
 from rhino.search.pipeline.receipts import least_receipts
 from rhino.search.pipeline.reduce import Reduction, reduce_problem
 from rhino.search.problem import FEASIBILITY, SolveOptions, SolveStatus
-from rhino.search.solver import cpsat_solver
+from rhino.search.spmd.solver import cpsat_solver
 
 CORE_SEARCH = "core"
 """The one CP-SAT worker the stage ILP runs: the core-based search raises the bound one

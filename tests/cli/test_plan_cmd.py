@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from rhino.cli.main import cli
 from rhino.hlo.parser import parse_file
 from rhino.runtime.xla_bridge import xla_parse
-from rhino.search.plan import Plan
+from rhino.search.spmd.plan import Plan
 from tests.hlo.corpus import ROOT
 
 MLP = ROOT / "tests" / "data" / "mlp_step.hlo"

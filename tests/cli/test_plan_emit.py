@@ -16,7 +16,7 @@ from rhino.runtime import xla_bridge as xb
 from rhino.runtime.fidelity import compare, measure_collectives
 from rhino.runtime.runner import predicted_collectives
 from rhino.search.mesh import parse_mesh
-from rhino.search.plan import Plan
+from rhino.search.spmd.plan import Plan
 from tests.hlo.corpus import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))

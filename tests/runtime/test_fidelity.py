@@ -1,5 +1,5 @@
 """Fidelity: collectives measured in XLA's partitioned modules, and their comparison with
-predicted ones. Bytes are per device, on the full side (rhino.search.comm's convention)."""
+predicted ones. Bytes are per device, on the full side (rhino.search.spmd.comm's convention)."""
 
 from __future__ import annotations
 

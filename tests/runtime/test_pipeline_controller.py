@@ -16,8 +16,8 @@ from rhino.runtime.pipeline_controller import compare_layouts
 from rhino.runtime.stage_programs import stage_programs
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import DeviceMesh, mesh_factorizations
-from rhino.search.planner import PlanRequest, make_plan
 from rhino.search.problem import SolveOptions
+from rhino.search.spmd.planner import PlanRequest, make_plan
 from tests.hlo.corpus import ROOT
 from tests.runtime.stage_plans import example
 

@@ -21,8 +21,8 @@ from rhino.runtime.pipeline_run import prepare, run_steps
 from rhino.runtime.verify import compare_outputs
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import DeviceMesh
-from rhino.search.planner import PlanRequest
 from rhino.search.problem import SolveOptions
+from rhino.search.spmd.planner import PlanRequest
 from tests.runtime.stage_plans import example, stage_plan
 
 CASES = [  # every model at 2 and 4 stages; every micro-batch count at two of them

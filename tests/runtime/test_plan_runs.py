@@ -11,7 +11,7 @@ from rhino.runtime.apply import apply_plan, planned_module
 from rhino.runtime.verify import run_and_compare
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
-from rhino.search.planner import PlanRequest, make_plan
+from rhino.search.spmd.planner import PlanRequest, make_plan
 from tests.hlo.corpus import ROOT
 
 
@@ -28,7 +28,7 @@ def test_plan_compiles_runs_and_matches(path: str, mesh: str) -> None:
 
 def test_a_strided_plan_runs_and_the_report_says_where_xla_chose_its_own_layout() -> None:
     from rhino.runtime.runner import RunOptions, run_plan
-    from rhino.search.spec import parse_spec
+    from rhino.search.spmd.spec import parse_spec
 
     module = parse_file(ROOT / "tests/data/strided_reshape.hlo")
     pins = (("p", parse_spec("RS1")), ("out", parse_spec("RS1")))
@@ -45,7 +45,7 @@ def test_an_o2_plan_from_segments_compiles_runs_and_matches(
 ) -> None:
     """O2's level 3 (segments solved apart, then refined) still yields a plan XLA runs
     and that computes what the single-device program computes."""
-    from rhino.search import merge
+    from rhino.search.spmd import merge
 
     monkeypatch.setattr(merge, "WHOLE_CORE_PAIRS", 0)  # segments even on a small model
     module = parse_file(ROOT / "examples/gpt_tiny.hlo")

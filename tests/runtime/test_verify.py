@@ -30,7 +30,7 @@ from rhino.runtime.verify import (
     tolerance_for,
 )
 from rhino.search.mesh import DeviceMesh, parse_mesh
-from rhino.search.spec import parse_spec
+from rhino.search.spmd.spec import parse_spec
 from tests.hlo.corpus import ROOT
 
 R = HloSharding.replicated()
@@ -40,7 +40,7 @@ R = HloSharding.replicated()
 
 
 def spec_boxes(spec: str, shape: tuple[int, ...], mesh: DeviceMesh) -> list[tuple[slice, ...]]:
-    """Each device's box of a maximal-stride spec, from search/spec.py's device_slices."""
+    """Each device's box of a maximal-stride spec, from search/spmd/spec.py's device_slices."""
     boxes = []
     for per_dim in parse_spec(spec, mesh.ndim).device_slices(shape, mesh):
         boxes.append(tuple(slice(ix[0], ix[-1] + 1) for ix in per_dim))

@@ -15,8 +15,8 @@ from rhino.hlo.parser import parse_file
 from rhino.runtime.runner import RunOptions, run_plan
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
-from rhino.search.planner import PlanRequest, make_plan
 from rhino.search.problem import SolveOptions
+from rhino.search.spmd.planner import PlanRequest, make_plan
 from tests.hlo.corpus import ROOT
 
 MODELS = ("mlp", "mlp_optimized", "gpt_tiny", "gpt_scan_tiny", "moe_tiny", "wresnet_tiny", "unet_tiny",

@@ -9,12 +9,12 @@ import pytest
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.parser import parse_file, parse_module
 from rhino.runtime.runner import RunOptions, run_plan
-from rhino.search.baselines import LEVEL, batch_split, data_parallel_inputs, data_parallel_plan
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
-from rhino.search.plan import Plan
-from rhino.search.planner import PlanRequest, make_plan
-from rhino.search.spec import parse_spec
+from rhino.search.spmd.baselines import LEVEL, batch_split, data_parallel_inputs, data_parallel_plan
+from rhino.search.spmd.plan import Plan
+from rhino.search.spmd.planner import PlanRequest, make_plan
+from rhino.search.spmd.spec import parse_spec
 from tests.hlo.corpus import ROOT
 from tests.solving import TO_THE_END
 

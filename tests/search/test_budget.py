@@ -1,4 +1,4 @@
-"""O2 under a memory budget (rhino.search.budget): the rows relaxed into node costs."""
+"""O2 under a memory budget (rhino.search.spmd.budget): the rows relaxed into node costs."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from rhino.hlo.parser import parse_file
-from rhino.search import budget, reduce, solver
-from rhino.search.builder import build_graph
 from rhino.search.cluster import load_cluster
-from rhino.search.merge import solve_merged
 from rhino.search.mesh import parse_mesh
-from rhino.search.planner import PlanRequest, make_plan, to_problem
 from rhino.search.problem import ShardingProblem, SolveStatus, Usage
-from rhino.search.solver import solve_brute_force
+from rhino.search.spmd import budget, reduce, solver
+from rhino.search.spmd.builder import build_graph
+from rhino.search.spmd.merge import solve_merged
+from rhino.search.spmd.planner import PlanRequest, make_plan, to_problem
+from rhino.search.spmd.solver import solve_brute_force
 from tests.hlo.corpus import ROOT
 from tests.search.test_solver import random_problem
 from tests.solving import TO_THE_END
@@ -135,7 +135,7 @@ def test_o3_under_a_binding_budget_starts_from_o2s_plan_within_it(
     """O3's ILP with memory rows may stop at its time limit (the 12-layer GPT on 2x4 at
     2.9 GiB does); it must then still hold O2's plan within the budget, never the
     smallest layouts it fell back to before (19% dearer there than O2)."""
-    from rhino.search import planner
+    from rhino.search.spmd import planner
 
     starts: list[tuple[int, ...] | None] = []
 
@@ -168,7 +168,7 @@ def test_o3_under_a_binding_budget_keeps_the_bound_of_the_problem_without_it(
     """The ILP with memory rows may prove nothing by its time limit (on the 24-layer GPT
     on 2x8 its LP did not converge: bound 1e-10); O3 then reports the bound of the
     problem without the budget, which holds for every plan within it."""
-    from rhino.search import planner
+    from rhino.search.spmd import planner
 
     def unproven(
         p: ShardingProblem, options: object, start: tuple[int, ...] | None = None

@@ -1,12 +1,12 @@
-"""rhino.search.comm: alpha-beta collective formulas and compute time."""
+"""rhino.search.spmd.comm: alpha-beta collective formulas and compute time."""
 
 from __future__ import annotations
 
 import pytest
 
-from rhino.search import comm
 from rhino.search.cluster import load_cluster, load_cluster_text
 from rhino.search.mesh import parse_mesh
+from rhino.search.spmd import comm
 
 # one node of 4 devices at 100 GB/s and 1 us; 10 GB/s NIC and 10 us between nodes
 CLUSTER = load_cluster_text(

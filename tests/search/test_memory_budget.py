@@ -8,8 +8,8 @@ import pytest
 from rhino.hlo.parser import parse_file
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
-from rhino.search.plan import Plan
-from rhino.search.planner import PlanRequest, make_plan
+from rhino.search.spmd.plan import Plan
+from rhino.search.spmd.planner import PlanRequest, make_plan
 from tests.hlo.corpus import ROOT
 
 # a 2-layer MLP (w0 [64, 64], w1 [64, 1024]) at batch 8: on 8 V100s every collective costs

@@ -1,4 +1,4 @@
-"""O2 (rhino.search.merge) against O3 and brute force; critical nodes, cones, segments."""
+"""O2 (rhino.search.spmd.merge) against O3 and brute force; critical nodes, cones, segments."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from rhino.hlo.parser import parse_file
-from rhino.search import merge
-from rhino.search.builder import build_graph
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
-from rhino.search.planner import PlanRequest, make_plan, to_problem
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
-from rhino.search.solver import min_peak_memory, solve_brute_force, solve_ilp
+from rhino.search.spmd import merge
+from rhino.search.spmd.builder import build_graph
+from rhino.search.spmd.planner import PlanRequest, make_plan, to_problem
+from rhino.search.spmd.solver import min_peak_memory, solve_brute_force, solve_ilp
 from tests.hlo.corpus import ROOT
 from tests.search.test_solver import random_problem
 from tests.solving import TO_THE_END
@@ -179,7 +179,7 @@ def test_one_deadline_is_shared_by_every_phase() -> None:
 
 
 def test_o3_starts_from_o2_and_is_never_worse(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rhino.search.planner import solve_whole
+    from rhino.search.spmd.planner import solve_whole
 
     monkeypatch.setattr(merge, "WHOLE_CORE_PAIRS", 0)  # O2 by segments
     monkeypatch.setattr(merge, "SEGMENT_NODES", 12)

@@ -9,9 +9,9 @@ import pytest
 from rhino.hlo.parser import parse_file
 from rhino.search.cluster import load_cluster, load_cluster_text
 from rhino.search.mesh import parse_mesh
-from rhino.search.plan import Plan
-from rhino.search.planner import PlanRequest, make_plan
-from rhino.search.spec import parse_spec
+from rhino.search.spmd.plan import Plan
+from rhino.search.spmd.planner import PlanRequest, make_plan
+from rhino.search.spmd.spec import parse_spec
 from tests.hlo.corpus import ROOT
 
 DATA = ROOT / "tests" / "data"
@@ -95,7 +95,7 @@ def test_same_plan_twice() -> None:
 
 @pytest.mark.parametrize("name", ["params_0___w__.1=RS0", "params_0___w__.1=RR"])
 def test_pins_are_honoured(name: str) -> None:
-    from rhino.search.spec import parse_spec
+    from rhino.search.spmd.spec import parse_spec
 
     inst, spec = name.split("=")
     plan = plan_for(DATA / "mlp_megatron.hlo", "1x4", pins=((inst, parse_spec(spec)),))
@@ -103,7 +103,7 @@ def test_pins_are_honoured(name: str) -> None:
 
 
 def test_reshape_merging_a_split_dim_gets_a_stride_and_saves_communication() -> None:
-    from rhino.search.spec import parse_spec
+    from rhino.search.spmd.spec import parse_spec
 
     pins = (("p", parse_spec("RS1")), ("out", parse_spec("RS1")))
     strided = plan_for(DATA / "strided_reshape.hlo", "1x4", pins=pins)
@@ -182,7 +182,7 @@ def test_gpt_block_shards_attention_by_heads_and_the_mlp_megatron_style() -> Non
 
 def test_state_paired_by_shape_is_said_and_an_alias_is_taken_as_given() -> None:
     from rhino.hlo.parser import parse_module
-    from rhino.search.builder import build_graph, state_pairs
+    from rhino.search.spmd.builder import build_graph, state_pairs
 
     text = (DATA / "mlp_step.hlo").read_text()
     guessed = build_graph(parse_module(text, "step.hlo"), parse_mesh("1x2"), load_cluster("m8"))

@@ -1,4 +1,4 @@
-"""The exact reductions (rhino.search.reduce) keep an optimum: on trees they solve the
+"""The exact reductions (rhino.search.spmd.reduce) keep an optimum: on trees they solve the
 problem alone, and any plan of the reduced core, expanded, costs what the core says."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem
-from rhino.search.reduce import reduce_further, reduce_problem
-from rhino.search.solver import core_problem, solve_brute_force, solve_ilp
+from rhino.search.spmd.reduce import reduce_further, reduce_problem
+from rhino.search.spmd.solver import core_problem, solve_brute_force, solve_ilp
 from tests.search.test_solver import random_problem
 
 

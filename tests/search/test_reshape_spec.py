@@ -9,8 +9,8 @@ import math
 import pytest
 
 from rhino.search.mesh import parse_mesh
-from rhino.search.spec import ShardingSpec, parse_spec
-from rhino.search.strategy import reshape_spec
+from rhino.search.spmd.spec import ShardingSpec, parse_spec
+from rhino.search.spmd.strategy import reshape_spec
 
 
 def local_elements(spec: ShardingSpec, shape: tuple[int, ...], mesh_text: str) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""rhino.search.reshard: costs, shortest paths, XLA's choices, and a brute-force check
+"""rhino.search.spmd.reshard: costs, shortest paths, XLA's choices, and a brute-force check
 that the steps move the right data (collectives simulated on index sets)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import re
 
 import pytest
 
-from rhino.search import comm
 from rhino.search.cluster import Cluster, load_cluster, load_cluster_text
 from rhino.search.mesh import DeviceMesh, parse_mesh
-from rhino.search.reshard import LOCAL, Reshard, reshard, reshard_cost
-from rhino.search.spec import ShardingSpec, SpecError, Split, all_specs, parse_spec
+from rhino.search.spmd import comm
+from rhino.search.spmd.reshard import LOCAL, Reshard, reshard, reshard_cost
+from rhino.search.spmd.spec import ShardingSpec, SpecError, Split, all_specs, parse_spec
 
 # 4 devices per node: on a 2x4 mesh axis 1 is fast (in a node), axis 0 slow (4 groups per NIC)
 CLUSTER = load_cluster_text(

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from rhino.hlo.parser import parse_file
-from rhino.search import rules
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
-from rhino.search.planner import PlanRequest, make_plan
+from rhino.search.spmd import rules
+from rhino.search.spmd.planner import PlanRequest, make_plan
 from tests.hlo.corpus import ROOT
 
 
@@ -29,8 +29,8 @@ def test_a_bug_in_building_a_spec_is_not_swallowed(monkeypatch: pytest.MonkeyPat
 
 def test_mapping_a_spec_lets_a_bug_through(monkeypatch: pytest.MonkeyPatch) -> None:
     """map_spec and reshape_spec skip a mapping no spec can hold, and nothing else."""
-    from rhino.search import strategy
-    from rhino.search.spec import parse_spec
+    from rhino.search.spmd import strategy
+    from rhino.search.spmd.spec import parse_spec
 
     mesh = parse_mesh("1x4")
     spec = parse_spec("RS1")

@@ -4,10 +4,10 @@ operand as on the result, though the windowed dims change size."""
 from __future__ import annotations
 
 from rhino.hlo.parser import parse_module
-from rhino.search.builder import build_graph
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
-from rhino.search.planner import PlanRequest, make_plan
+from rhino.search.spmd.builder import build_graph
+from rhino.search.spmd.planner import PlanRequest, make_plan
 
 POOL = """
 HloModule pool
@@ -39,7 +39,7 @@ def test_pooling_reads_its_operand_in_the_batch_split_it_writes() -> None:
 
 
 def test_a_batch_split_input_pools_without_communication() -> None:
-    from rhino.search.spec import parse_spec
+    from rhino.search.spmd.spec import parse_spec
 
     pins = (("x", parse_spec("RS0")), ("r", parse_spec("RS0")))
     plan = make_plan(

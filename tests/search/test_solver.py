@@ -7,7 +7,7 @@ import pytest
 
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
-from rhino.search.solver import min_peak_memory, solve_brute_force, solve_ilp
+from rhino.search.spmd.solver import min_peak_memory, solve_brute_force, solve_ilp
 from tests.solving import TO_THE_END
 
 
@@ -86,7 +86,7 @@ def test_a_search_out_of_time_still_returns_a_plan(
     (a budget, which they fit); FEASIBLE with its true cost, never an error."""
     from ortools.sat.python import cp_model
 
-    import rhino.search.solver as solver
+    import rhino.search.spmd.solver as solver
 
     monkeypatch.setattr(solver, "_solve_lp", lambda *_args: (None, 0.0, None, (0, 0)))
     monkeypatch.setattr(cp_model.CpSolver, "solve", lambda *_args, **_kw: cp_model.UNKNOWN)
@@ -104,7 +104,7 @@ def _dense(n: int, k: int, budget: bool = False) -> ShardingProblem:
     """Every pair of n nodes joined: nothing for the exact reductions to remove. With a
     budget, the nodes' memory varies, all are live at once, and the budget is a little
     above the smallest peak (a row that binds)."""
-    from rhino.search.reduce import reduce_problem
+    from rhino.search.spmd.reduce import reduce_problem
 
     rng = np.random.default_rng(5)
     nodes = tuple(
@@ -166,7 +166,7 @@ def test_a_model_too_large_for_cpsat_returns_its_start(monkeypatch: pytest.Monke
     not built."""
     from ortools.sat.python import cp_model
 
-    import rhino.search.solver as solver
+    import rhino.search.spmd.solver as solver
 
     def no_cpsat(*_args, **_kw):  # type: ignore[no-untyped-def]
         raise AssertionError("CP-SAT ran")
@@ -197,7 +197,7 @@ def test_lagrangian_bound_is_below_the_lp_optimum_for_any_prices(seed: int) -> N
     rows, boxes of 0 or 1), and the LP's own optimal prices make it tight."""
     from scipy.sparse import csc_array
 
-    import rhino.search.solver as solver
+    import rhino.search.spmd.solver as solver
 
     rng = np.random.default_rng(seed)
     m, n = 6, 12
@@ -231,7 +231,7 @@ def test_the_first_order_lp_bounds_the_optimum_and_proves_a_start(
 ) -> None:
     """Large LPs run on PDLP (here every LP): its prices give a bound that is never above
     the optimum, and a start at the optimum is reported optimal when the bound meets it."""
-    import rhino.search.solver as solver
+    import rhino.search.spmd.solver as solver
 
     monkeypatch.setattr(solver, "CPSAT_MAX_VARIABLES", 0)
     monkeypatch.setattr(solver, "LP_FIRST_ORDER_VARIABLES", 0)
@@ -252,7 +252,7 @@ def test_the_lps_running_usage_is_each_memory_rows_usage(seed: int) -> None:
     in consecutive rows (as `memory_rows` makes them) and for any others."""
     from scipy.sparse import coo_array
 
-    import rhino.search.solver as solver
+    import rhino.search.spmd.solver as solver
 
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 4, size=8)

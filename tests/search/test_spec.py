@@ -1,4 +1,4 @@
-"""rhino.search.spec: notation, validity, stride semantics, HloSharding round trips."""
+"""rhino.search.spmd.spec: notation, validity, stride semantics, HloSharding round trips."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.sharding import HloSharding, parse_sharding
 from rhino.search.mesh import DeviceMesh, parse_mesh
-from rhino.search.spec import (
+from rhino.search.spmd.spec import (
     Partial,
     R,
     ShardingSpec,

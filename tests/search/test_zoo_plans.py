@@ -17,9 +17,9 @@ from rhino.hlo.parser import parse_file, parse_module
 from rhino.hlo.passes import inline_calls
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
-from rhino.search.plan import Plan
-from rhino.search.planner import PlanRequest, make_plan
-from rhino.search.spec import ShardingSpec, parse_spec
+from rhino.search.spmd.plan import Plan
+from rhino.search.spmd.planner import PlanRequest, make_plan
+from rhino.search.spmd.spec import ShardingSpec, parse_spec
 from tests.hlo.corpus import ROOT
 from tests.solving import TO_THE_END
 

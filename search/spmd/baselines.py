@@ -45,15 +45,15 @@ from dataclasses import dataclass
 
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
-from rhino.search.builder import ShardingGraph, build_graph, state_pairs
 from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh
-from rhino.search.plan import Plan
-from rhino.search.planner import PlanRequest, plan_combined, restrict
 from rhino.search.problem import ShardingProblem, Solution, SolveOptions
-from rhino.search.solver import solve_ilp
-from rhino.search.spec import Replicate, ShardingSpec, Split
-from rhino.search.strategy import Strategy
+from rhino.search.spmd.builder import ShardingGraph, build_graph, state_pairs
+from rhino.search.spmd.plan import Plan
+from rhino.search.spmd.planner import PlanRequest, plan_combined, restrict
+from rhino.search.spmd.solver import solve_ilp
+from rhino.search.spmd.spec import Replicate, ShardingSpec, Split
+from rhino.search.spmd.strategy import Strategy
 
 LEVEL = "DP"
 """The `level` a data-parallel plan carries (its free decisions are searched as in O3)."""

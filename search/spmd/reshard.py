@@ -7,7 +7,7 @@ asks for every pair of specs on every edge), and one Dijkstra tree from `src` an
 every target.
 
 The path is the SHORTEST CONVERSION PATH over specs: Dijkstra, one collective (or free
-local step) per edge, cost = `rhino.search.comm` seconds; ties go to fewer collectives,
+local step) per edge, cost = `rhino.search.spmd.comm` seconds; ties go to fewer collectives,
 then fewer steps. The moves, per mesh axis a of size n > 1:
 
     S(d) -> R          all-gather over a          a must be the innermost axis on d
@@ -35,7 +35,7 @@ pairs; it never exploits fast inner axes (S0R -> RR on 2x8 is one all-gather of 
 whole tensor over the slow axis, where this path slices on the fast axis first and
 gathers a quarter over the slow one). So the runtime should materialize the steps.
 
-Step bytes follow `rhino.search.comm`: the per-device buffer on the full side (the
+Step bytes follow `rhino.search.spmd.comm`: the per-device buffer on the full side (the
 output of an all-gather, the input of a reduce-scatter, the buffer otherwise; for a
 collective-permute, the shard each target receives; 0 for a local step). A step that
 leaves the data in another local order (gathering strided shards) needs a local
@@ -52,9 +52,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from rhino.search.cluster import Cluster
-from rhino.search.comm import collective_time, permute_time
 from rhino.search.mesh import DeviceMesh
-from rhino.search.spec import (
+from rhino.search.spmd.comm import collective_time, permute_time
+from rhino.search.spmd.spec import (
     AxisSpec,
     Partial,
     Replicate,

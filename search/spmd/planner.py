@@ -19,22 +19,8 @@ import numpy as np
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
-from rhino.search.budget import share_of, solve_within_budget
-from rhino.search.builder import ShardingGraph, build_graph
 from rhino.search.cluster import Cluster
-from rhino.search.combine import combine, node_latencies, search_groups
-from rhino.search.comm import COMBINE_THRESHOLD_BYTES, GroupKey
-from rhino.search.merge import WindowMemo, solve_merged, structure
 from rhino.search.mesh import DeviceMesh
-from rhino.search.plan import (
-    LEVELS,
-    InstructionPlan,
-    Plan,
-    PlannedCollective,
-    PlannedReshard,
-    mesh_use_warnings,
-    module_hash,
-)
 from rhino.search.problem import (
     ProblemEdge,
     ProblemNode,
@@ -43,9 +29,23 @@ from rhino.search.problem import (
     SolveOptions,
     SolveStatus,
 )
-from rhino.search.reshard import reshard
-from rhino.search.solver import PROVEN_GAP, check_budget, solve_ilp
-from rhino.search.spec import ShardingSpec, SpecError
+from rhino.search.spmd.budget import share_of, solve_within_budget
+from rhino.search.spmd.builder import ShardingGraph, build_graph
+from rhino.search.spmd.combine import combine, node_latencies, search_groups
+from rhino.search.spmd.comm import COMBINE_THRESHOLD_BYTES, GroupKey
+from rhino.search.spmd.merge import WindowMemo, solve_merged, structure
+from rhino.search.spmd.plan import (
+    LEVELS,
+    InstructionPlan,
+    Plan,
+    PlannedCollective,
+    PlannedReshard,
+    mesh_use_warnings,
+    module_hash,
+)
+from rhino.search.spmd.reshard import reshard
+from rhino.search.spmd.solver import PROVEN_GAP, check_budget, solve_ilp
+from rhino.search.spmd.spec import ShardingSpec, SpecError
 
 HEAVY_OPCODES = ("dot", "convolution")
 HEAVY_SHARE = 0.005
@@ -71,7 +71,7 @@ class PlanRequest:
     """Consider non-maximal strides where reshapes make them useful (Rhino §4.1)."""
     memory_mode: str = "exact"
     """How the budget is met: "exact", the liveness rows (O3: in the ILP; O2: relaxed into
-    node costs, `rhino.search.budget`), or "largest" (Rhino §4.4: force the k largest
+    node costs, `rhino.search.spmd.budget`), or "largest" (Rhino §4.4: force the k largest
     parameters to be sharded, smallest feasible k)."""
 
 
@@ -119,7 +119,7 @@ def limit_warnings(plan: Plan, options: SolveOptions) -> tuple[str, ...]:
 def plan_combined(graph: ShardingGraph, request: PlanRequest, solve: Callable[[ShardingProblem], Solution],
                   options: SolveOptions, say: Callable[[str], None], phases: dict[str, float]) -> Plan:  # fmt: skip
     """The plan `solve` finds for the graph, with the search over combined collectives
-    (`rhino.search.combine`). `phases` gets "solve" and "plan" (solving the first
+    (`rhino.search.spmd.combine`). `phases` gets "solve" and "plan" (solving the first
     problem and writing its plan, with the solver's own phases "solve.<phase>" inside
     "solve") and "combine" (the further plans the search over combined collectives made,
     solved and written), so that the phases add up to the search time."""
@@ -328,7 +328,7 @@ def restrict(
 def to_problem(graph: ShardingGraph, budget: float | None,
                closed: frozenset[GroupKey] = frozenset()) -> ShardingProblem:  # fmt: skip
     """The graph as a `ShardingProblem`: the latency of collectives XLA combines left out,
-    except for the `closed` keys' (see `rhino.search.combine`)."""
+    except for the `closed` keys' (see `rhino.search.spmd.combine`)."""
     end = max((n.last_use for n in graph.nodes), default=0) + 1
     entry = graph.module.entry
     root = entry.root

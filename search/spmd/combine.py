@@ -3,7 +3,7 @@ cost, and how the search accounts for a cost that is not a sum over nodes and ed
 
 XLA merges collectives of one kind over the same devices that do not depend on each
 other (AllReduceCombiner, ReduceScatterCombiner, AllGatherCombiner) into one op, which
-pays one latency (`rhino.search.comm.COMBINE_THRESHOLD_BYTES`). rhino takes as
+pays one latency (`rhino.search.spmd.comm.COMBINE_THRESHOLD_BYTES`). rhino takes as
 combinable the collectives whose result nothing heavy reads, even through other
 instructions: those of `quiet` nodes (a gradient's all-reduce on its way into the
 optimizer update, the loss), and the conversions into `tail` nodes and of the step's
@@ -39,9 +39,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rhino.search.builder import ShardingGraph
-from rhino.search.comm import GroupKey, combined_ops, latency, latency_by_key
-from rhino.search.plan import Plan, PlannedCollective
+from rhino.search.spmd.builder import ShardingGraph
+from rhino.search.spmd.comm import GroupKey, combined_ops, latency, latency_by_key
+from rhino.search.spmd.plan import Plan, PlannedCollective
 
 GROUP_SEARCH_SHARE = 0.005
 """Close keys only while the best plan's group latency is above this share of its cost

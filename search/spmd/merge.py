@@ -4,7 +4,7 @@ Level 1, cones (§4.3.2). A cone root is a node without exactly one forward user
 by several, or by none); every other node joins its single user's cone, so a cone is an
 in-tree hanging off its root. Rhino merges each cone into its root with a table, built
 by dynamic programming, of the members' best strategies for every root strategy. The
-exact reductions of `rhino.search.reduce` are that dynamic programming where it loses
+exact reductions of `rhino.search.spmd.reduce` are that dynamic programming where it loses
 nothing: a leaf folds into its neighbour with c_u[k] += min_l C[k, l] + c_v[l] for every
 k, a chain link into an edge. A member that also talks to nodes outside its cone (a
 value read again in the backward pass) is not merged blindly: it stays in the core.
@@ -46,7 +46,7 @@ rank their refined outcomes poorly: on the 12-layer GPT on 2x8 the second-best f
 plan ends best). Repeated layers give identical windows: a window's answer is
 remembered by a fingerprint of its costs and the strategies around it (its nodes in a
 canonical order, see `_window`), so each distinct window is solved once. Last, the whole core gets the node-by-node local search of
-`rhino.search.solver.improve`.
+`rhino.search.spmd.solver.improve`.
 
 What this is not: Rhino stitches its segments by dynamic programming over the strategies
 of the critical nodes between them. Here the stitching is by the refinement's
@@ -75,8 +75,8 @@ from rhino.search.problem import (
     SolveOptions,
     SolveStatus,
 )
-from rhino.search.reduce import Reduced, reduce_further, reduce_problem
-from rhino.search.solver import (
+from rhino.search.spmd.reduce import Reduced, reduce_further, reduce_problem
+from rhino.search.spmd.solver import (
     MIN_CPSAT_S,
     TIE_BREAK_S_PER_BYTE,
     core_choice,

@@ -4,7 +4,7 @@ A rule is a pure function `(instruction, context) -> list[Strategy]`. Every rule
 includes the all-replicated strategy, so every instruction has a plan. An opcode without
 a rule gets only that one (and `unmodelled()` names it, for a warning).
 
-Compute time is the roofline of the per-device FLOPs and bytes (`rhino.search.comm`).
+Compute time is the roofline of the per-device FLOPs and bytes (`rhino.search.spmd.comm`).
 Collectives an instruction performs itself (partial sums of a dot or a reduce over a
 split dim, halos of a spatially split convolution) are in `Strategy.comm`; XLA's
 partitioner inserts them inside the instruction, so rhino does too, and the result
@@ -21,9 +21,9 @@ from rhino.hlo.analysis import instruction_bytes, instruction_flops
 from rhino.hlo.ir import Instruction
 from rhino.hlo.opcode import ELEMENTWISE, Opcode
 from rhino.hlo.shape import Shape
-from rhino.search.comm import collective_time, roofline_time
-from rhino.search.spec import Replicate, ShardingSpec, SpecError, Split
-from rhino.search.strategy import (
+from rhino.search.spmd.comm import collective_time, roofline_time
+from rhino.search.spmd.spec import Replicate, ShardingSpec, SpecError, Split
+from rhino.search.spmd.strategy import (
     CommStep,
     Context,
     Strategy,

@@ -64,7 +64,7 @@ from rhino.search.problem import (
     SolveStatus,
     Usage,
 )
-from rhino.search.reduce import Reduced, memory_rows, reduce_problem
+from rhino.search.spmd.reduce import Reduced, memory_rows, reduce_problem
 from rhino.search.units import format_bytes
 
 TIE_BREAK_S_PER_BYTE = 1e-17
@@ -118,11 +118,11 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None,
     never worse than it (with a budget: when it fits and the reductions kept its
     strategies; it is then CP-SAT's hint).
 
-    The exact reductions of `rhino.search.reduce` (leaves folded into their neighbour,
+    The exact reductions of `rhino.search.spmd.reduce` (leaves folded into their neighbour,
     chain links into an edge, dominated strategies dropped; with a budget, only where
     memory allows) shrink the problem to a core first; the core's optimum, expanded, is
     an optimum of the whole. With a budget, the core keeps only the memory rows that
-    can bind (`rhino.search.reduce.memory_rows`). `reduced`, when the caller has it
+    can bind (`rhino.search.spmd.reduce.memory_rows`). `reduced`, when the caller has it
     already, is `reduce_problem(tie_broken(problem))`.
     """
     options = (options or SolveOptions()).started()

@@ -30,13 +30,13 @@ from rhino.hlo.opcode import Opcode
 from rhino.hlo.passes import flatten
 from rhino.hlo.shape import Shape
 from rhino.search.cluster import Cluster
-from rhino.search.comm import GroupKey, latency_by_key
 from rhino.search.mesh import DeviceMesh
-from rhino.search.reshard import reshard
-from rhino.search.rules import strategies as rule_strategies
-from rhino.search.rules import unmodelled
-from rhino.search.spec import ShardingSpec
-from rhino.search.strategy import Context, Strategy, candidate_specs, strided_candidates
+from rhino.search.spmd.comm import GroupKey, latency_by_key
+from rhino.search.spmd.reshard import reshard
+from rhino.search.spmd.rules import strategies as rule_strategies
+from rhino.search.spmd.rules import unmodelled
+from rhino.search.spmd.spec import ShardingSpec
+from rhino.search.spmd.strategy import Context, Strategy, candidate_specs, strided_candidates
 
 PASS_THROUGH = (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT)
 
@@ -65,7 +65,7 @@ class GraphNode:
     """Nothing heavy (a dot, a convolution, a loop, a call) reads its result, even through
     other instructions (a gradient on its way into the optimizer update): the collectives
     that make its result do not depend on each other, and XLA combines them
-    (`rhino.search.comm.COMBINE_THRESHOLD_BYTES`)."""
+    (`rhino.search.spmd.comm.COMBINE_THRESHOLD_BYTES`)."""
     tail: bool = False
     """Quiet and not heavy itself: the conversions of its operands are combined too."""
     kind: int = -1
@@ -111,7 +111,7 @@ class ShardingGraph:
     combined: dict[tuple[int, int], dict[GroupKey, np.ndarray]] = field(default_factory=dict)
     """Edges whose conversions XLA combines with others (into a `tail` node, the step's
     state edges) -> the latency of those collectives per group key, as matrices like
-    `edges`; `edges` leaves it out (see `rhino.search.combine`)."""
+    `edges`; `edges` leaves it out (see `rhino.search.spmd.combine`)."""
 
     def node(self, name: str) -> GraphNode:
         return self.nodes[self.index[name]]

@@ -12,7 +12,7 @@ import yaml
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.search.mesh import DeviceMesh
-from rhino.search.spec import ShardingSpec, parse_spec
+from rhino.search.spmd.spec import ShardingSpec, parse_spec
 from rhino.search.yamldoc import kind_of, load, read_text
 
 EXPECTED = "expected a mapping of instruction name to layout, e.g. `params_0_.1: RS1`"

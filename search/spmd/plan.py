@@ -31,7 +31,7 @@ class PlannedCollective:
     kind: str
     axes: tuple[int, ...]
     nbytes: float
-    """Per device per execution (full-side convention of rhino.search.comm)."""
+    """Per device per execution (full-side convention of rhino.search.spmd.comm)."""
     seconds: float
     instruction: str
     """The instruction it belongs to (the consumer, for a reshard on an edge)."""
@@ -40,7 +40,7 @@ class PlannedCollective:
     note: str = ""
     group: int = -1
     """Collectives with the same group (>= 0) are combined by XLA into one op (or a few,
-    `rhino.search.comm.combined_ops`): the group's first member carries their latency,
+    `rhino.search.spmd.comm.combined_ops`): the group's first member carries their latency,
     the others only their bandwidth time."""
 
 
@@ -211,7 +211,7 @@ class MeshUse:
 
 def mesh_use(plan: Plan) -> MeshUse:
     """Which mesh axes the plan splits work along, and the useful share of the compute."""
-    from rhino.search.spec import Replicate, parse_spec
+    from rhino.search.spmd.spec import Replicate, parse_spec
 
     mesh = plan.mesh
     devices = 1

@@ -1,7 +1,7 @@
 """O2 under a memory budget: the budget's rows relaxed into node costs (Lagrange).
 
 Data
-    c[v][k], C[u,v][k,l]   node and edge costs (seconds), as in rhino.search.solver
+    c[v][k], C[u,v][k,l]   node and edge costs (seconds), as in rhino.search.spmd.solver
     m[v][k]                bytes per device of v's results under k; live[v] = [a_v, b_v]
     B                      the per-device budget
 The rows the exact ILP holds (memory): for every program step t,
@@ -44,7 +44,7 @@ from rhino.search.problem import (
     SolveStatus,
     Usage,
 )
-from rhino.search.solver import check_budget, fold_single_edges, improve
+from rhino.search.spmd.solver import check_budget, fold_single_edges, improve
 
 FREE_SHARE = 0.75
 """Of the time, the plan without a budget may take this much; the search over lam, which
@@ -181,7 +181,7 @@ def smallest(problem: ShardingProblem) -> tuple[int, ...]:
 
 def improve_within(problem: ShardingProblem, choice: tuple[int, ...], budget: float,
                    options: SolveOptions, sweeps: int = 10) -> tuple[int, ...]:  # fmt: skip
-    """`rhino.search.solver.improve` at the true costs, never leaving the budget: each node
+    """`rhino.search.spmd.solver.improve` at the true costs, never leaving the budget: each node
     in turn takes the cheapest strategy given its neighbours' that keeps every step it is
     live at within `budget` (or `sweeps` passes, or the deadline). `choice` must fit."""
     node_cost = [n.cost.astype(float) for n in problem.nodes]

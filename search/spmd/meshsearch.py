@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from rhino.hlo.errors import InfeasibleError, RhinoError
 from rhino.hlo.parser import parse_module
 from rhino.search.mesh import DeviceMesh, mesh_factorizations
-from rhino.search.plan import Plan
-from rhino.search.planner import PlanRequest, make_plan
+from rhino.search.spmd.plan import Plan
+from rhino.search.spmd.planner import PlanRequest, make_plan
 from rhino.search.workers import worker_context
 
 
@@ -58,7 +58,8 @@ def plan_best_mesh(
     else:
         say(f"{len(meshes)} meshes on {min(jobs, len(meshes))} processes")
         with ProcessPoolExecutor(
-            max_workers=min(jobs, len(meshes)), mp_context=worker_context("rhino.search.meshsearch")
+            max_workers=min(jobs, len(meshes)),
+            mp_context=worker_context("rhino.search.spmd.meshsearch"),
         ) as pool:
             results = list(pool.map(_trial, work))
     trials = tuple(

@@ -5,9 +5,9 @@ and the layout in which it reads each operand, with the compute time on one devi
 the communication the instruction performs itself (the all-reduce of a dot whose
 contracting dim is split, the halo exchange of a spatially split convolution). The
 layout conversions between a producer's result and a consumer's operand are not part
-of a strategy: they are the edge costs of the problem (`rhino.search.reshard`).
+of a strategy: they are the edge costs of the problem (`rhino.search.spmd.reshard`).
 
-Per-opcode rules live in `rhino.search.rules`; this module holds the types they share
+Per-opcode rules live in `rhino.search.spmd.rules`; this module holds the types they share
 and the tensor-layout helpers (candidate specs, mapping splits through reshapes).
 """
 
@@ -23,7 +23,7 @@ from typing import cast
 from rhino.hlo.ir import Instruction
 from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh
-from rhino.search.spec import AxisSpec, Replicate, ShardingSpec, SpecError, Split
+from rhino.search.spmd.spec import AxisSpec, Replicate, ShardingSpec, SpecError, Split
 
 R = Replicate()
 
@@ -37,7 +37,7 @@ class CommStep:
     axes: tuple[int, ...]
     """Mesh axes the collective runs over."""
     nbytes: float
-    """Bytes per device, full-side convention of `rhino.search.comm`."""
+    """Bytes per device, full-side convention of `rhino.search.spmd.comm`."""
     seconds: float
     """Predicted time."""
 
