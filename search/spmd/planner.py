@@ -144,8 +144,8 @@ def plan_combined(graph: ShardingGraph, request: PlanRequest, solve: Callable[[S
     # the first problem leaves out the latency of every combined collective: its bound
     # is below every plan's objective_s, whichever problem found the plan
     combined = {"plans": made + 1, "closed": [f"{k} axis {','.join(map(str, a))}" for k, a in sorted(closed)],
-                "bound_s": min(float(first.solver["bound_s"]), plan.objective_s)}  # type: ignore[arg-type]  # fmt: skip
-    inner = first.solver["phases_s"]  # type: ignore[index]
+                "bound_s": min(float(first.solver["bound_s"]), plan.objective_s)}  # fmt: skip
+    inner = first.solver["phases_s"]
     solver = {
         **plan.solver,
         "combined": combined,
@@ -156,7 +156,7 @@ def plan_combined(graph: ShardingGraph, request: PlanRequest, solve: Callable[[S
             "combine": phases["combine"],
             "plan": phases["plan"],
         },  # fmt: skip
-    }  # type: ignore[dict-item]
+    }
     return dataclasses.replace(plan, solver=solver)
 
 

@@ -64,7 +64,7 @@ class Reduced:
     """Node -> bytes it holds whatever the (remaining) choice, over its live interval."""
     offset: float = 0.0
     """Seconds every plan pays that are no longer in the core's costs."""
-    trail: list[tuple] = field(default_factory=list)  # type: ignore[type-arg]
+    trail: list[tuple] = field(default_factory=list)
     """Eliminations in order: ("fixed", v, k), ("leaf", v, u, table[k_u]),
     ("series", v, u, w, table[k_u, k_w]), all in original strategy indices."""
     counts: dict[str, int] = field(default_factory=dict)
@@ -418,7 +418,7 @@ def _eliminate(r: Reduced, v: int, push) -> None:  # type: ignore[no-untyped-def
         push(w)
 
 
-def _kill(r: Reduced, v: int, step: tuple, paid: float, kind: str) -> None:  # type: ignore[type-arg]
+def _kill(r: Reduced, v: int, step: tuple, paid: float, kind: str) -> None:
     r.trail.append(step)
     r.offset += float(paid)
     r.alive.discard(v)

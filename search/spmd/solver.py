@@ -397,7 +397,7 @@ def _finite_max(costs: np.ndarray) -> float:
     return float(finite.max()) if finite.size else 0.0
 
 
-def _price(model: cp_model.CpModel, objective: list, cost: float, scale: float,  # type: ignore[type-arg]
+def _price(model: cp_model.CpModel, objective: list, cost: float, scale: float,
            var: cp_model.IntVar) -> None:  # fmt: skip
     """`cost * var` into the objective (scaled to an integer); a forbidden (+inf) cost
     is a hard constraint instead: var = 0."""
@@ -438,7 +438,7 @@ def _answer(problem: ShardingProblem, choice: tuple[int, ...], status: SolveStat
     )
 
 
-def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges: list,  # type: ignore[type-arg]
+def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges: list,
               options: SolveOptions, memory: _Rows | None = None) -> tuple[tuple[int, ...] | None, float, list[int] | None, tuple[int, int]]:  # fmt: skip
     """The LP relaxation of the model (same variables in [0, 1]) on HiGHS (the
     constraint matrix built as sparse arrays).
