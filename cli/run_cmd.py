@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
 
 import click
 from rich.table import Table
@@ -24,6 +23,7 @@ from rhino.cli.common import (
 )
 from rhino.hlo.errors import ConfigError, VerificationFailed
 from rhino.runtime import xla_bridge
+from rhino.runtime.job import Job
 from rhino.search.units import format_bytes, format_seconds
 
 EPILOG = """
@@ -55,17 +55,6 @@ Exit codes (`rhino --help` has the table): 0 ok, 1 the sharded outputs differ fr
 single-device run, 2 bad input (a plan for another module or mesh, too few devices, XLA
 rejected it).
 """
-
-
-@dataclass(frozen=True)
-class Job:
-    """A run shared by several processes (hosts) through jax's distributed runtime."""
-
-    coordinator: str
-    """HOST:PORT where process 0 serves and every process connects."""
-    num_processes: int
-    process_id: int
-    """This process's index, 0 .. num_processes-1."""
 
 
 _HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})")

@@ -11,10 +11,10 @@ from rich.table import Table
 
 from rhino.cli.common import emit_json, save_output, stdout
 from rhino.cli.pipeline_draw import gantt_svg
-from rhino.cli.run_cmd import Job
 from rhino.hlo.errors import ConfigError, VerificationFailed
 from rhino.hlo.ir import Module
 from rhino.runtime import xla_bridge as xb
+from rhino.runtime.job import Job
 from rhino.runtime.pipeline_run import PipelineOptions, PipelineReport, run_pipeline
 from rhino.runtime.stage_programs import StagePlan
 from rhino.search.cluster import load_cluster
