@@ -19,6 +19,7 @@ from rhino.runtime.pipeline_run import PipelineOptions, PipelineReport, run_pipe
 from rhino.runtime.stage_programs import StagePlan
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import DeviceMesh, parse_mesh
+from rhino.search.pipeline import check_pipeline_mesh
 from rhino.search.pipeline.schedule import Timeline
 from rhino.search.spmd.planner import PlanRequest
 from rhino.search.units import format_bytes, format_seconds
@@ -42,14 +43,12 @@ def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions, dev
     plan = StagePlan.read(plan_file)
     spmd = None
     per_stage = 1
-    if mesh_text is None and plan.mesh is not None:  # made with `rhino pipeline --mesh`
-        mesh_text = "x".join(map(str, plan.mesh))
-    if mesh_text is not None:
-        mesh = parse_mesh(mesh_text)
-        if mesh.shape[0] != plan.stages:
-            raise ConfigError(f"--mesh {mesh_text}: the pipeline is mesh axis 0, which has "
-                              f"{mesh.shape[0]} devices, but the stage plan has {plan.stages} "
-                              "stages")  # fmt: skip
+    # --mesh, else the mesh the plan was made for (`rhino pipeline --mesh`)
+    mesh = parse_mesh(mesh_text) if mesh_text is not None else None
+    if mesh is None and plan.mesh is not None:
+        mesh = DeviceMesh(plan.mesh)
+    if mesh is not None:
+        check_pipeline_mesh(mesh.shape, plan.stages)
         if mesh.ndim > 1 and mesh.size > plan.stages:
             spmd = PlanRequest(DeviceMesh(mesh.shape[1:]), load_cluster(cluster), level)
             per_stage = spmd.mesh.size

@@ -167,9 +167,15 @@ def check_request(request: PipelineRequest, forward_instructions: int) -> None:
         raise ConfigError(f"--microbatches {request.microbatches}: need at least 1")
     if request.cluster is None:
         raise ConfigError("a pipeline plan needs a cluster (device rates and links)")
-    if request.mesh is not None and request.mesh[0] != request.stages:
-        raise ConfigError(f"--mesh {'x'.join(map(str, request.mesh))}: the pipeline is mesh axis "
-                          f"0, which has {request.mesh[0]} devices, not {request.stages} stages")  # fmt: skip
+    if request.mesh is not None:
+        check_pipeline_mesh(request.mesh, request.stages)
+
+
+def check_pipeline_mesh(mesh: tuple[int, ...], stages: int) -> None:
+    """The pipeline is mesh axis 0: it must have one device (block) per stage."""
+    if mesh[0] != stages:
+        raise ConfigError(f"--mesh {'x'.join(map(str, mesh))}: the pipeline is mesh axis 0, "
+                          f"which has {mesh[0]} devices, not {stages} stages")  # fmt: skip
 
 
 def plan_pipeline(module: Module, request: PipelineRequest,
