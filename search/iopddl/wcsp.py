@@ -85,7 +85,7 @@ class Wcsp:
 
 
 @dataclasses.dataclass(frozen=True)
-class Solution:
+class WcspSolution:
     y: np.ndarray | None
     """The best plan found (None: none by the deadline)."""
     bound: float
@@ -95,7 +95,7 @@ class Solution:
 
 
 def solve(gr: Groups, deadline: float, seed: int = 0, reference: float = 0.0,
-          between: list[tuple[int, int, np.ndarray]] | None = None) -> Solution:  # fmt: skip
+          between: list[tuple[int, int, np.ndarray]] | None = None) -> WcspSolution:  # fmt: skip
     """toulbar2 on the group problem `gr` (usage ignored) until `deadline`: its best plan
     and its lower bound. `reference`: a plan's cost, to scale the costs by; `between`:
     `pairs(gr)`, where the caller has it."""
@@ -122,13 +122,13 @@ def solve(gr: Groups, deadline: float, seed: int = 0, reference: float = 0.0,
     if math.isfinite(deadline):
         seconds = int(deadline - time.perf_counter())
         if seconds < 1:
-            return Solution(None, -math.inf)
+            return WcspSolution(None, -math.inf)
     try:
         found = cfn.Solve(showSolutions=0, timeLimit=seconds)
     except cfn.Contradiction:  # every plan forbidden: never so for a problem with a plan
-        return Solution(None, -math.inf)
+        return WcspSolution(None, -math.inf)
     bound = (float(cfn.GetDDualBound()) - 0.5 * rounded) * scale + constant
-    return Solution(np.array(found[0], dtype=np.int64) if found else None, bound)
+    return WcspSolution(np.array(found[0], dtype=np.int64) if found else None, bound)
 
 
 def pairs(gr: Groups) -> list[tuple[int, int, np.ndarray]]:

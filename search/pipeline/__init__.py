@@ -35,7 +35,7 @@ from rhino.hlo.errors import ConfigError, InfeasibleError
 from rhino.hlo.ir import Module
 from rhino.search.cluster import Cluster, Link
 from rhino.search.pipeline.baselines import Baseline, best_split, best_split_late, equal_count
-from rhino.search.pipeline.ilp import StagePlan, solve_stages
+from rhino.search.pipeline.ilp import StageAssignment, solve_stages
 from rhino.search.pipeline.problem import StageProblem
 from rhino.search.pipeline.schedule import StageTimes, Timeline, simulate
 from rhino.search.pipeline.split import (
@@ -225,7 +225,7 @@ def epsilons(compute: tuple[float, ...] | list[float], stages: int) -> list[floa
 
 
 def _search(problem: StageProblem, request: PipelineRequest,
-            say: Callable[[str], None]) -> tuple[StagePlan, list[Baseline]]:  # fmt: skip
+            say: Callable[[str], None]) -> tuple[StageAssignment, list[Baseline]]:  # fmt: skip
     say("baselines: equal counts, best splits of the program order and the late order")
     baselines = all_baselines(problem)
     hint = best_balanced(baselines)
@@ -247,7 +247,7 @@ def best_balanced(baselines: list[Baseline]) -> Baseline | None:
 
 
 def _report(module: Module, request: PipelineRequest, split: StepSplit, problem: StageProblem,
-            found: StagePlan, baselines: list[Baseline], stage: tuple[int, ...],
+            found: StageAssignment, baselines: list[Baseline], stage: tuple[int, ...],
             search_s: float) -> PipelinePlan:  # fmt: skip
     assert request.cluster is not None
     d, m = request.stages, request.microbatches

@@ -67,7 +67,7 @@ from ortools.sat.python import cp_model
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.pipeline.problem import StageProblem
 from rhino.search.pipeline.receipts import least_receipts
-from rhino.search.pipeline.reduce import Reduction, reduce_problem
+from rhino.search.pipeline.reduce import Reduction, reduce_stages
 from rhino.search.problem import FEASIBILITY, SolveOptions, SolveStatus
 from rhino.search.spmd.solver import cpsat_solver
 
@@ -108,7 +108,7 @@ BALANCE_UNITS = 2.0**30
 
 
 @dataclass(frozen=True)
-class StagePlan:
+class StageAssignment:
     """A stage per instruction, with how it was found."""
 
     stage: tuple[int, ...]
@@ -258,7 +258,7 @@ def _unbalanced(problem: StageProblem, why: str) -> str:
 
 
 def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
-                 tightening: bool = True, hint: tuple[int, ...] | None = None) -> StagePlan:  # fmt: skip
+                 tightening: bool = True, hint: tuple[int, ...] | None = None) -> StageAssignment:  # fmt: skip
     """The ILP of the module docstring on CP-SAT, over the problem's exact reduction
     (`reduce`). `hint` (a plan meeting the balance, e.g. the best baseline) starts
     the search, and is kept when the solver finds nothing better within the time limit.
@@ -266,7 +266,7 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
     below; a start plan that reaches the bound is the answer without the solver."""
     options = options or SolveOptions()
     start = time.perf_counter()
-    reduction = reduce_problem(problem)
+    reduction = reduce_stages(problem)
     work = reduction.problem
     windows = tighten(work) if tightening else full_windows(work)
     receipts = least_receipts(work, windows.lo, windows.hi) if tightening else (0,) * work.stages
@@ -280,7 +280,7 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
         proven = reduction.expand(first[0])
         cut = problem.evaluate(proven).cut_bytes
         stats.update(variables=0.0, constraints=0.0, build_s=0.0, cpsat_s=0.0)
-        return StagePlan(proven, cut, float(cut), SolveStatus.OPTIMAL, "hint",
+        return StageAssignment(proven, cut, float(cut), SolveStatus.OPTIMAL, "hint",
                          time.perf_counter() - start, stats)  # fmt: skip
     model, y, received = _build(work, windows, receipts)
     stats["build_s"] = time.perf_counter() - start - tightened_s
@@ -308,7 +308,7 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
     cut, _, chosen, method = min((problem.evaluate(plan).cut_bytes, k, plan, how)
                                  for k, (plan, how) in enumerate(plans))  # fmt: skip
     optimal = status == cp_model.OPTIMAL or cut <= bound
-    return StagePlan(chosen, cut, min(float(cut), bound),
+    return StageAssignment(chosen, cut, min(float(cut), bound),
                      SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE, method,
                      time.perf_counter() - start, stats)  # fmt: skip
 
@@ -458,7 +458,7 @@ def _value(solver: cp_model.CpSolver, row: Prefix) -> int:
 # -- brute force (tests) -------------------------------------------------------------------
 
 
-def solve_brute_force(problem: StageProblem) -> tuple[tuple[int, ...], int] | None:
+def solve_stages_brute_force(problem: StageProblem) -> tuple[tuple[int, ...], int] | None:
     """The least cut bytes over every plan that meets (order) and (balance), and one plan
     reaching it (the first in lexicographic order); None when no plan meets them."""
     n, d = len(problem.names), problem.stages

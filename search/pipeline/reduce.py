@@ -43,7 +43,7 @@ class Reduction:
         return tuple(stage[i] for i in self.survivor)
 
 
-def reduce_problem(problem: StageProblem) -> Reduction:
+def reduce_stages(problem: StageProblem) -> Reduction:
     """Fold every instruction the module docstring allows; see there."""
     n = len(problem.names)
     operands: list[set[int]] = [set() for _ in range(n)]

@@ -11,7 +11,7 @@ import pytest
 
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.pipeline import receipts as stage_receipts
-from rhino.search.pipeline.ilp import Windows, solve_brute_force, solve_stages, tighten
+from rhino.search.pipeline.ilp import Windows, solve_stages, solve_stages_brute_force, tighten
 from rhino.search.pipeline.problem import StageProblem
 from rhino.search.pipeline.receipts import least_receipts
 from rhino.search.problem import SolveOptions, SolveStatus
@@ -81,7 +81,7 @@ def test_two_streams_are_cut_together_on_the_stage_that_merges_them() -> None:
     consumers = ((1,), (2,), (6,), (4,), (5,), (6,), (7,), ())
     problem = StageProblem(names, (1.0,) * 8, (10, 10, 10, 20, 20, 20, 10, 10), consumers, 2, 0.0)
     windows = tighten(problem)
-    best = solve_brute_force(problem)
+    best = solve_stages_brute_force(problem)
     assert best is not None and best[1] == 30
     assert least_receipts(problem, windows.lo, windows.hi) == (0, 30)
     plan = solve_stages(problem, OPTIONS, hint=best[0])
@@ -91,7 +91,7 @@ def test_two_streams_are_cut_together_on_the_stage_that_merges_them() -> None:
 def test_where_the_bound_is_below_the_optimum_the_solver_closes_the_gap() -> None:
     problem = random_problem(25, n=7, d=3, eps=0.2)
     windows = tighten(problem)
-    best = solve_brute_force(problem)
+    best = solve_stages_brute_force(problem)
     assert best is not None
     assert 0 < sum(least_receipts(problem, windows.lo, windows.hi)) < best[1]
     plan = solve_stages(problem, OPTIONS)
@@ -166,7 +166,7 @@ def test_light_candidates_that_fill_the_floor_bound_the_stage_by_the_least_cut()
     windows = tighten(problem)
     assert (windows.lo[2], windows.hi[2]) == (1, 1)
     assert least_receipts(problem, windows.lo, windows.hi) == (0, 1)
-    best = solve_brute_force(problem)
+    best = solve_stages_brute_force(problem)
     assert best == ((0, 0, 1, 1), 1)
     plan = solve_stages(problem, OPTIONS)
     assert plan.cut_bytes == 1 and plan.status is SolveStatus.OPTIMAL

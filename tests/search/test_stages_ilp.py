@@ -11,9 +11,14 @@ import pytest
 
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.pipeline.baselines import best_split, best_split_late, equal_count, late_order
-from rhino.search.pipeline.ilp import closure_compute, solve_brute_force, solve_stages, tighten
+from rhino.search.pipeline.ilp import (
+    closure_compute,
+    solve_stages,
+    solve_stages_brute_force,
+    tighten,
+)
 from rhino.search.pipeline.problem import StageProblem
-from rhino.search.pipeline.reduce import reduce_problem
+from rhino.search.pipeline.reduce import reduce_stages
 from rhino.search.problem import SolveOptions, SolveStatus
 
 OPTIONS = SolveOptions(time_limit_s=30)
@@ -38,7 +43,7 @@ def random_problem(seed: int, n: int = 8, d: int = 3, eps: float = 0.3) -> Stage
 @pytest.mark.parametrize("seed", range(30))
 def test_ilp_equals_brute_force(seed: int) -> None:
     problem = random_problem(seed, d=2 + seed % 2)
-    best = solve_brute_force(problem)
+    best = solve_stages_brute_force(problem)
     assert best is not None
     for tightening in (True, False):
         plan = solve_stages(problem, OPTIONS, tightening=tightening)
@@ -63,9 +68,12 @@ def sparse_problem(seed: int, n: int = 9, d: int = 3, eps: float = 0.4) -> Stage
 @pytest.mark.parametrize("seed", range(40))
 def test_reduction_keeps_the_optimum_and_expands_to_equal_cut(seed: int) -> None:
     problem = sparse_problem(seed)
-    reduction = reduce_problem(problem)
+    reduction = reduce_stages(problem)
     assert len(reduction.problem.names) <= len(problem.names)
-    best, reduced_best = solve_brute_force(problem), solve_brute_force(reduction.problem)
+    best, reduced_best = (
+        solve_stages_brute_force(problem),
+        solve_stages_brute_force(reduction.problem),
+    )
     assert (best is None) == (reduced_best is None)
     if best is not None and reduced_best is not None:
         assert reduced_best[1] == best[1]
@@ -77,7 +85,7 @@ def test_reduction_folds_a_zero_compute_chain() -> None:
     # w (a weight, no compute) -> t (a transpose, no compute) -> dot -> loss
     problem = StageProblem(("w", "t", "dot", "loss"), (0.0, 0.0, 4.0, 1.0), (16, 16, 8, 4),
                            ((1,), (2,), (3,), ()), 2, 1.0)  # fmt: skip
-    reduction = reduce_problem(problem)
+    reduction = reduce_stages(problem)
     assert reduction.problem.names == ("dot", "loss")
     assert reduction.node_of == (0, 0, 0, 1)
 
@@ -139,7 +147,7 @@ def test_a_nearly_empty_stage_is_below_the_floor() -> None:
     with pytest.raises(InfeasibleError, match=r"stage 2 computes .* < .*\(1 - epsilon 0.5"):
         problem.evaluate((0, 0, 1, 2))
     assert problem.measure((0, 0, 1, 2)).imbalance == pytest.approx(0.6)
-    assert solve_brute_force(problem) is None
+    assert solve_stages_brute_force(problem) is None
     with pytest.raises(InfeasibleError, match="no 3-stage plan"):
         solve_stages(problem, OPTIONS)
     assert best_split(problem).stage is None
@@ -155,7 +163,7 @@ def test_an_instruction_larger_than_a_stage_is_refused_with_numbers() -> None:
 
 def test_a_balanced_hint_is_kept_when_it_is_optimal() -> None:
     problem = random_problem(3)
-    best = solve_brute_force(problem)
+    best = solve_stages_brute_force(problem)
     assert best is not None
     plan = solve_stages(problem, OPTIONS, hint=best[0])
     assert plan.cut_bytes == best[1]
