@@ -53,12 +53,17 @@ def _digest(items: list[Any]) -> str:
     return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def record_model(path: Path) -> dict[str, Any]:
+def record_model(path: Path, time_limit_s: float) -> dict[str, Any]:
     from rhino.hlo.parser import parse_file
     from rhino.search.cluster import load_cluster
     from rhino.search.mesh import parse_mesh
     from rhino.search.pipeline import PipelineRequest, plan_pipeline
-    from rhino.search.spmd.planner import PlanRequest, make_plan
+    from rhino.search.problem import SolveOptions
+
+    try:
+        from rhino.search.spmd.planner import PlanRequest, make_plan
+    except ImportError:  # a tree from before search/spmd/ (the record of a refactoring's start)
+        from rhino.search.planner import PlanRequest, make_plan  # type: ignore[no-redef]
 
     cluster = load_cluster("m8")
     module = parse_file(path)
@@ -66,7 +71,9 @@ def record_model(path: Path) -> dict[str, Any]:
     for mesh in MESHES:
         key = f"plan {mesh}"
         try:
-            plan = make_plan(module, PlanRequest(parse_mesh(mesh), cluster, "O2"))
+            request = PlanRequest(parse_mesh(mesh), cluster, "O2",
+                                  solve=SolveOptions(time_limit_s=time_limit_s))  # fmt: skip
+            plan = make_plan(module, request)
             found[key] = {
                 "objective_s": plan.objective_s, "compute_s": plan.compute_s,
                 "comm_s": plan.comm_s, "peak_memory_bytes": plan.peak_memory_bytes,
@@ -78,7 +85,10 @@ def record_model(path: Path) -> dict[str, Any]:
     for stages in STAGES:
         key = f"pipeline {stages}"
         try:
-            staged = plan_pipeline(module, PipelineRequest(stages, None, 8, cluster))
+            staged = plan_pipeline(
+                module,
+                PipelineRequest(stages, None, 8, cluster, SolveOptions(time_limit_s=time_limit_s)),
+            )
             found[key] = {
                 "cut_bytes": staged.cut_bytes, "imbalance": staged.imbalance,
                 "epsilon": staged.epsilon,
@@ -116,6 +126,10 @@ def main() -> int:
     rec = sub.add_parser("record", help="Plan and pipeline every model; write the record.")
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--only", help="Comma-separated model names (default: all).")
+    rec.add_argument("--time-limit", type=float, default=600.0,
+                     help="Seconds per search (default %(default)s: long enough that every "
+                     "search finishes, so that records compare; a search cut short by its limit "
+                     "depends on the machine's load).")  # fmt: skip
     cmp = sub.add_parser("compare", help="Compare two records; exit 1 on any difference.")
     cmp.add_argument("before", type=Path)
     cmp.add_argument("after", type=Path)
@@ -124,7 +138,7 @@ def main() -> int:
         rows = {}
         for path in models(args.only):
             start = time.perf_counter()
-            rows[_name(path)] = record_model(path)
+            rows[_name(path)] = record_model(path, args.time_limit)
             print(
                 f"{_name(path)}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True
             )
