@@ -143,13 +143,19 @@ def main() -> int:
                 f"{_name(path)}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True
             )
         args.out.parent.mkdir(parents=True, exist_ok=True)
+        import rhino.search
+
+        source = str(Path(rhino.search.__file__).resolve().parent.parent)  # the rhino recorded
         args.out.write_text(json.dumps({"revision": revision("hlo", "search", "runtime", "cli"),
-                                        "models": rows}, indent=1) + "\n")  # fmt: skip
+                                        "source": source, "models": rows}, indent=1) + "\n")  # fmt: skip
         print(f"wrote {args.out}: {len(rows)} models")
         return 0
     before = json.loads(args.before.read_text())
     after = json.loads(args.after.read_text())
-    print(f"before {before['revision']}, after {after['revision']}")
+    print(
+        f"before {before['revision']} ({before.get('source', '?')}), "
+        f"after {after['revision']} ({after.get('source', '?')})"
+    )
     found = differences(before["models"], after["models"])
     for name in sorted(set(before["models"]) | set(after["models"])):
         mine = [d for d in found if d.startswith(f"{name}.")]
