@@ -103,7 +103,8 @@ def handle_errors(fn: F) -> F:
             if debug:
                 raise
             # plain text, never wrapped: paths and carets must stay intact
-            message = str(e) if isinstance(e, HloParseError) else f"error: {e}"
+            text = e.shown() if isinstance(e, ConfigError) else str(e)
+            message = text if isinstance(e, HloParseError) else f"error: {text}"
             click.echo(message, err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:

@@ -56,7 +56,22 @@ class HloVerifyError(RhinoError):
 
 
 class ConfigError(RhinoError):
-    """A bad configuration file, option value or YAML document."""
+    """A bad configuration file, option value or YAML document.
+
+    `option`: the request's parameter at fault (e.g. "stages"); the message then starts
+    with it ("stages 0: need at least 1 stage"), and the CLI shows it as its flag
+    ("--stages 0: ..."). The library never names a flag itself."""
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
+
+    def shown(self) -> str:
+        """The message as the CLI shows it: the parameter as its flag."""
+        text = str(self)
+        if self.option is not None and text.startswith(self.option):
+            return f"--{self.option.replace('_', '-')}{text[len(self.option) :]}"
+        return text
 
 
 class InfeasibleError(RhinoError):

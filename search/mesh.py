@@ -132,7 +132,7 @@ def mesh_factorizations(n: int) -> list[DeviceMesh]:
     axis of size 1 other than the 1-D mesh are left out (they repeat the 1-D mesh).
     """
     if n < 1:
-        raise ConfigError(f"--devices: expected a positive number of devices, got {n}")
+        raise ConfigError(f"devices: expected a positive number of devices, got {n}", "devices")
     meshes = [DeviceMesh((n,))]
     for a in range(2, n):
         if n % a == 0:

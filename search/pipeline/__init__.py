@@ -156,15 +156,15 @@ class PipelinePlan:
 
 def check_request(request: PipelineRequest, forward_instructions: int) -> None:
     if request.stages < 1:
-        raise ConfigError(f"--stages {request.stages}: need at least 1 stage")
+        raise ConfigError(f"stages {request.stages}: need at least 1 stage", "stages")
     if request.stages > forward_instructions:
-        raise ConfigError(f"--stages {request.stages}: more stages than the {forward_instructions} "
-                          "forward instructions to place")  # fmt: skip
+        raise ConfigError(f"stages {request.stages}: more stages than the {forward_instructions} "
+                          "forward instructions to place", "stages")  # fmt: skip
     if request.epsilon is not None and not 0 <= request.epsilon <= 100:
-        raise ConfigError(f"--epsilon {request.epsilon:g}: expected a tolerance between 0 and 100 "
-                          "(0.1: a stage computes at most 10% more than the average)")  # fmt: skip
+        raise ConfigError(f"epsilon {request.epsilon:g}: expected a tolerance between 0 and 100 "
+                          "(0.1: a stage computes at most 10% more than the average)", "epsilon")  # fmt: skip
     if request.microbatches < 1:
-        raise ConfigError(f"--microbatches {request.microbatches}: need at least 1")
+        raise ConfigError(f"microbatches {request.microbatches}: need at least 1", "microbatches")
     if request.cluster is None:
         raise ConfigError("a pipeline plan needs a cluster (device rates and links)")
     if request.mesh is not None:
@@ -174,8 +174,8 @@ def check_request(request: PipelineRequest, forward_instructions: int) -> None:
 def check_pipeline_mesh(mesh: tuple[int, ...], stages: int) -> None:
     """The pipeline is mesh axis 0: it must have one device (block) per stage."""
     if mesh[0] != stages:
-        raise ConfigError(f"--mesh {'x'.join(map(str, mesh))}: the pipeline is mesh axis 0, "
-                          f"which has {mesh[0]} devices, not {stages} stages")  # fmt: skip
+        raise ConfigError(f"mesh {'x'.join(map(str, mesh))}: the pipeline is mesh axis 0, "
+                          f"which has {mesh[0]} devices, not {stages} stages", "mesh")  # fmt: skip
 
 
 def plan_pipeline(module: Module, request: PipelineRequest,

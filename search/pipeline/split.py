@@ -31,7 +31,7 @@ import enum
 from dataclasses import dataclass
 
 from rhino.hlo.analysis import CostWalker, topological_order
-from rhino.hlo.errors import RhinoError
+from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Instruction, Module
 from rhino.hlo.opcode import Opcode
 from rhino.search.pipeline.loss import find_loss
@@ -132,7 +132,8 @@ def state_scalars(split: StepSplit) -> frozenset[str]:
 
 def _named_loss(inst: Instruction | None, name: str, entry: str) -> Instruction:
     if inst is None:
-        raise RhinoError(f"--loss {name}: no instruction %{name} in the ENTRY computation {entry}")
+        raise ConfigError(f"loss {name}: no instruction %{name} in the ENTRY computation {entry}",
+                          "loss")  # fmt: skip
     return inst
 
 

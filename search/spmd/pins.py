@@ -36,7 +36,7 @@ def pins_from_flags(flags: Iterable[str], ndim: int) -> list[Pin]:
     for text in flags:
         name, sep, spec = text.partition("=")
         if not sep or not name:
-            raise ConfigError(f"--pin {text!r}: expected NAME=SPEC, e.g. w1=RS1")
+            raise ConfigError(f"pin {text!r}: expected NAME=SPEC, e.g. w1=RS1", "pin")
         out.append(Pin(name.lstrip("%"), parse_spec(spec, ndim), f"--pin {text}"))
     return out
 

@@ -165,3 +165,17 @@ def test_each_schedule_reports_its_own_simulated_bubble() -> None:
     )
     assert "1F1B is slower than GPipe here" in r.stdout
     assert f"bubble {simulated['1f1b']:.1%} simulated" in r.stdout
+
+
+def test_library_errors_name_the_parameter_and_the_cli_its_flag() -> None:
+    from rhino.hlo.errors import ConfigError
+    from rhino.search.pipeline import PipelineRequest, check_request
+
+    with pytest.raises(ConfigError) as caught:
+        check_request(PipelineRequest(0), 10)
+    assert (
+        str(caught.value) == "stages 0: need at least 1 stage" and caught.value.option == "stages"
+    )
+    assert caught.value.shown() == "--stages 0: need at least 1 stage"
+    r = invoke("pipeline", MLP, "--stages", "0")
+    assert r.exit_code == 2 and "error: --stages 0: need at least 1 stage" in r.output
