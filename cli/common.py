@@ -10,7 +10,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,9 +44,16 @@ class _Console(Console):
         Console.size.fset(self, new_size)  # type: ignore[attr-defined]
 
     def on_broken_pipe(self) -> None:
-        """The reader went away (`| head`): exit 141 as SIGPIPE would (rich exits 1)."""
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise SystemExit(141)
+        """Rich would exit 1 here; see `reader_gone`."""
+        reader_gone()
+
+
+def reader_gone() -> None:
+    """The reader of stdout went away (`rhino ... | head`): it has what it wanted, so stop
+    quietly with 141, as SIGPIPE would; stdout goes to /dev/null first, or Python would
+    complain again when it flushes stdout at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(141)
 
 
 stdout = _Console(highlight=False, soft_wrap=False)
@@ -95,10 +102,7 @@ def handle_errors(fn: F) -> F:
             sys.stdout.flush()  # a reader that went away shows here, not at exit
             return result
         except BrokenPipeError:
-            # `rhino ... | head`: the reader has what it wanted; stop quietly, as SIGPIPE
-            # would (Python would complain again when it flushes stdout at exit)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.exit(141)
+            reader_gone()
         except RhinoError as e:
             if debug:
                 raise
@@ -141,14 +145,13 @@ def print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
 
 def prepare_output(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Click callback of an output file option: checked before any work is done. Its
-    folder is created when missing; a path that is a folder, or whose folder cannot be
-    made or written, is refused (exit 2) instead of failing after the work."""
+    folder is created when missing; a path whose folder cannot be made or written is
+    refused (exit 2) instead of failing after the work. (A path that is a folder the
+    option's `click.Path(dir_okay=False)` refuses before this runs.)"""
     if value is None or value == "-":
         return value
     flag = f"--{(param.name or 'out').replace('_', '-')}"
     path = Path(value)
-    if path.is_dir():
-        raise click.BadParameter(f"{value} is a folder; give a file name", param_hint=flag)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -219,46 +222,37 @@ def status(message: str, enabled: bool = True,
     start = time.perf_counter()
     limit = f", limit {limit_s:g} s" if limit_s is not None else ""
     phase = [""]
-    done = threading.Event()
 
     def line() -> str:
         spent = f"{time.perf_counter() - start:.0f} s{limit}"
         return f"{message} ({spent})" + (f": {phase[0]}" if phase[0] else "")
 
-    if stderr.is_terminal:
-        with stderr.status(line()) as spinner:
-            ticker = threading.Thread(target=_tick, args=(done, 1.0, lambda: spinner.update(line())),
-                                      daemon=True)  # fmt: skip
-            ticker.start()
+    with ExitStack() as stack:
+        if stderr.is_terminal:
+            spinner = stack.enter_context(stderr.status(line()))
+            every = 1.0
 
-            def update(text: str) -> None:
-                phase[0] = text
+            def show() -> None:
                 spinner.update(line())
+        else:
+            every = PROGRESS_EVERY_S
+            lock = threading.Lock()  # the ticker and the caller both print
 
-            try:
-                yield update
-            finally:
-                done.set()
-        return
-    emit = threading.Lock()
+            def show() -> None:
+                with lock:
+                    click.echo(f"rhino: {line()}", err=True)
 
-    def say() -> None:
-        with emit:
-            click.echo(f"rhino: {line()}", err=True)
+            show()
+        done = threading.Event()
+        stack.callback(done.set)
+        threading.Thread(target=_tick, args=(done, every, show), daemon=True).start()
 
-    say()
-    ticker = threading.Thread(target=_tick, args=(done, PROGRESS_EVERY_S, say), daemon=True)
-    ticker.start()
+        def update(text: str) -> None:
+            if text != phase[0]:
+                phase[0] = text
+                show()
 
-    def update_line(text: str) -> None:
-        if text != phase[0]:
-            phase[0] = text
-            say()
-
-    try:
-        yield update_line
-    finally:
-        done.set()
+        yield update
 
 
 def _tick(done: threading.Event, every: float, action: Callable[[], None]) -> None:
