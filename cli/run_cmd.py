@@ -22,8 +22,9 @@ from rhino.cli.common import (
     stdout,
 )
 from rhino.hlo.errors import ConfigError, VerificationFailed
-from rhino.runtime import xla_bridge
+from rhino.runtime import xla_bridge as xb
 from rhino.runtime.job import Job
+from rhino.search.spmd.plan import Plan
 from rhino.search.units import format_bytes, format_seconds
 
 EPILOG = """
@@ -156,7 +157,7 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
     and each process verifies and times its own partitions and prints its own report."""
     from rhino.runtime.stage_programs import is_stage_plan
 
-    if reason := xla_bridge.untested_jax():
+    if reason := xb.untested_jax():
         click.echo(f"warning: {reason}; `rhino --version` says what it runs on", err=True)
     staged = plan_file is not None and is_stage_plan(plan_file)
     if (plan_file is None) == (mesh_text is None) and not staged:
@@ -167,6 +168,7 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
             "a job of several processes runs a plan made beforehand: give --plan FILE "
             "(from `rhino plan FILE --mesh ... --out plan.json`), not --mesh"
         )
+    early: Plan | None = None  # a plan read for its mesh before jax starts, read once
     if devices is not None:
         if platform not in (None, "cpu"):
             raise ConfigError(
@@ -174,9 +176,11 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
             )
         _simulate_cpu_devices(devices, exactly=job is not None)
         platform = "cpu"
-    elif job is None and platform in (None, "cpu") and not xla_bridge.jax_plugins():
+    elif job is None and platform in (None, "cpu") and not xb.jax_plugins():
         # no accelerator here: simulate the mesh's devices on the CPU, as --devices would
-        needed = _devices_needed(plan_file, mesh_text, staged)
+        if plan_file is not None and not staged and mesh_text is None:
+            early = Plan.read(plan_file)
+        needed = _devices_needed(early, plan_file if staged else None, mesh_text)
         if needed > 1:
             if not as_json:
                 click.echo(f"note: no accelerator plugin for jax here: running on {needed} "
@@ -185,9 +189,7 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
             platform = "cpu"
     from rhino.hlo.parser import parse_file
     from rhino.hlo.verify import verify as verify_module
-    from rhino.runtime import xla_bridge as xb
     from rhino.runtime.runner import RunOptions, run_plan
-    from rhino.search.spmd.plan import Plan
 
     if not staged and (schedule is not None or microbatches is not None or gantt is not None):
         raise ConfigError("--schedule, --microbatches and --gantt apply to a stage plan (from "
@@ -214,7 +216,7 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
         return
     with status(f"running {file}", enabled=not as_json) as update:
         if plan_file is not None:
-            plan = Plan.read(plan_file)
+            plan = early if early is not None else Plan.read(plan_file)
         else:
             from rhino.search.cluster import load_cluster
             from rhino.search.mesh import parse_mesh
@@ -263,27 +265,24 @@ def _check_job_devices(job: Job, devices: int | None, mesh: tuple[int, ...]) -> 
         )
 
 
-def _devices_needed(plan_file: str | None, mesh_text: str | None, staged: bool) -> int:
-    """The devices a run of this plan or mesh uses."""
+def _devices_needed(plan: Plan | None, stage_file: str | None, mesh_text: str | None) -> int:
+    """The devices a run uses: of --mesh, else of the plan, else of the stage plan."""
     from rhino.runtime.stage_programs import StagePlan
     from rhino.search.mesh import parse_mesh
-    from rhino.search.spmd.plan import Plan
 
     if mesh_text is not None:
         return math.prod(parse_mesh(mesh_text).shape)
-    assert plan_file is not None
-    if staged:
-        stages = StagePlan.read(plan_file)
-        return math.prod(stages.mesh) if stages.mesh else stages.stages
-    return math.prod(Plan.read(plan_file).mesh)
+    if plan is not None:
+        return math.prod(plan.mesh)
+    assert stage_file is not None
+    stages = StagePlan.read(stage_file)
+    return math.prod(stages.mesh) if stages.mesh else stages.stages
 
 
 def _simulate_cpu_devices(n: int, *, exactly: bool) -> None:
     """Ask XLA for at least n host devices (the run uses the first n), or exactly n in a
     job of several processes, whose devices together make the mesh. Only possible before
     jax starts its backends; afterwards, check that there are enough."""
-    from rhino.runtime import xla_bridge as xb
-
     if xb.backends_started():  # too late to choose (a job then fails to join, and says why)
         have = xb.device_count("cpu")
         if have < n and not exactly:
@@ -303,7 +302,7 @@ def _simulate_cpu_devices(n: int, *, exactly: bool) -> None:
 def render(report) -> None:  # type: ignore[no-untyped-def]
     out = stdout
     mesh = "x".join(map(str, report.mesh))
-    found = xla_bridge.versions()
+    found = xb.versions()
     out.print(f"mesh {mesh} on {len(report.devices)} devices ({report.devices[0]}, ...), "
               f"jax {found['jax']}")  # fmt: skip
     if report.process_count > 1:
