@@ -200,6 +200,16 @@ _NO_KERNEL = frozenset({
 })  # fmt: skip
 
 
+def while_runs(inst: Instruction) -> tuple[list[tuple[Computation, int]], bool]:
+    """The computations a while loop calls, each with how often one execution of the loop
+    runs it (the body once a trip, the condition once more), and whether the trip count
+    is known (an unknown one counts as one trip)."""
+    trips = while_trip_count(inst).count
+    n = trips if trips is not None else 1
+    condition = inst.attr("condition")
+    return [(c, n + 1 if c.name == condition else n) for c in inst.called], trips is not None
+
+
 def kernel_launches(module: Module) -> int:
     """How many kernels one step of XLA's compiled (partitioned) module launches: every
     instruction of the entry that computes something (a fusion, a custom call, a
@@ -214,9 +224,7 @@ def kernel_launches(module: Module) -> int:
             total = 0
             for inst in comp.instructions:
                 if inst.opcode is Opcode.WHILE:
-                    trips = while_trip_count(inst).count or 1
-                    total += sum(count(c) * (trips + (c.name == inst.attr("condition")))
-                                 for c in inst.called)  # fmt: skip
+                    total += sum(count(c) * runs for c, runs in while_runs(inst)[0])
                 elif inst.opcode is Opcode.CONDITIONAL:
                     total += max((count(c) for c in inst.called), default=0)
                 elif inst.opcode is Opcode.CALL or inst.opcode is Opcode.ASYNC_START:
@@ -268,16 +276,10 @@ class _Measurer:
     def _callees(self, inst: Instruction) -> Iterator[tuple[Computation, int, str]]:
         """Computations `inst` runs, with how many times per execution of `inst`."""
         if inst.opcode is Opcode.WHILE:
-            trips = while_trip_count(inst)
-            n = trips.count if trips.count is not None else 1
-            note = (
-                ""
-                if trips.count is not None
-                else f"trip count of %{inst.name} unknown: counted once"
-            )
-            for callee in inst.called:
-                runs = n + 1 if callee.name == inst.attr("condition") else n
-                yield callee, runs, note
+            runs, known = while_runs(inst)
+            note = "" if known else f"trip count of %{inst.name} unknown: counted once"
+            for callee, times in runs:
+                yield callee, times, note
         elif inst.opcode is Opcode.CONDITIONAL:
             for callee in inst.called:
                 yield callee, 1, f"in branch {callee.name} of %{inst.name} (counted as taken)"
