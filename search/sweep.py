@@ -78,7 +78,7 @@ class SweepEntry:
     mesh: DeviceMesh
     """The device mesh to plan for."""
     level: str
-    """Search level (one of `rhino.search.spmd.planner.LEVELS`)."""
+    """Search level (one of `rhino.search.spmd.plan.LEVELS`)."""
     cluster: Cluster
     """The cluster, loaded (workers need no cluster files)."""
     memory: str

@@ -211,30 +211,24 @@ class MeshUse:
 
 def mesh_use(plan: Plan) -> MeshUse:
     """Which mesh axes the plan splits work along, and the useful share of the compute."""
-    from rhino.search.spmd.spec import Replicate, parse_spec
+    from rhino.search.mesh import DeviceMesh
+    from rhino.search.spmd.spec import parse_spec
+    from rhino.search.spmd.strategy import dividing_axes, work_fraction
 
-    mesh = plan.mesh
-    devices = 1
-    for size in mesh:
-        devices *= size
+    mesh = DeviceMesh(plan.mesh)
     used: set[int] = set()
     ideal = actual = 0.0
     sizes: set[int] = set()
     for inst in plan.instructions:
-        layouts = [*inst.outs, *(i for i in inst.ins if i is not None)]
-        axes = {a for text in layouts
-                for a, s in enumerate(parse_spec(text, len(mesh)).axes)
-                if not isinstance(s, Replicate) and mesh[a] > 1}  # fmt: skip
-        used |= axes
-        spread = 1
-        for a in axes:
-            spread *= mesh[a]
+        specs = [parse_spec(text, mesh.ndim) for text in inst.outs]
+        specs += [parse_spec(text, mesh.ndim) for text in inst.ins if text is not None]
+        used |= dividing_axes(specs)
         cost = inst.compute_s * inst.weight
-        ideal += cost * spread / devices
+        ideal += cost / (work_fraction(specs, mesh) * mesh.size)
         actual += cost
         sizes.update(int(d) for dims in _DIMS.findall(inst.shape) for d in dims.split(",") if d)
-    idle = tuple(a for a, size in enumerate(mesh) if size > 1 and a not in used)
-    undividable = tuple(a for a in idle if not any(d % mesh[a] == 0 for d in sizes if d > 1))
+    idle = tuple(a for a, size in enumerate(plan.mesh) if size > 1 and a not in used)
+    undividable = tuple(a for a in idle if not any(d % plan.mesh[a] == 0 for d in sizes if d > 1))
     return MeshUse(ideal / actual if actual > 0 else 1.0, idle, undividable)
 
 

@@ -119,12 +119,18 @@ def replicated(mesh: DeviceMesh) -> ShardingSpec:
     return ShardingSpec.replicated(mesh.ndim)
 
 
-def work_fraction(specs: Sequence[ShardingSpec], mesh: DeviceMesh) -> float:
-    """1 / the number of devices the work is divided over: mesh axes that split or hold
-    partial sums in any of `specs` divide it."""
+def dividing_axes(specs: Sequence[ShardingSpec]) -> set[int]:
+    """The mesh axes that divide an instruction's work: those that split or hold partial
+    sums in any of its layouts `specs`."""
     used: set[int] = set()
     for spec in specs:
         used.update(a for a, s in enumerate(spec.axes) if not isinstance(s, Replicate))
+    return used
+
+
+def work_fraction(specs: Sequence[ShardingSpec], mesh: DeviceMesh) -> float:
+    """1 / the number of devices the work is divided over (`dividing_axes`)."""
+    used = dividing_axes(specs)
     return 1.0 / math.prod(mesh.shape[a] for a in used) if used else 1.0
 
 
