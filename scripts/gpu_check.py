@@ -53,6 +53,8 @@ from typing import Any
 
 from benchlib import ROOT, revision
 
+from rhino.search.units import format_bytes, format_seconds
+
 EXAMPLES = ("mlp", "gpt_tiny", "vgg19_tiny", "moe_tiny", "wresnet_tiny", "unet_tiny")
 MEMORY_BAND = (0.5, 2.0)
 TIME_BAND = (1 / 8, 8.0)
@@ -93,10 +95,9 @@ def main() -> int:
     rates = calibrate(device)
     cluster = work / "this_device.yaml"
     cluster.write_text(cluster_yaml(rates, device.device_kind))
-    print("calibrated: " + ", ".join(f"{k} {_si(v, u)}" for k, (v, u) in {
-        "f32": (rates["f32"], "FLOP/s"), "bf16": (rates["bf16"], "FLOP/s"),
-        "memory": (rates["memory_bandwidth"], "B/s"), "per kernel": (rates["kernel_s"], "s"),
-    }.items()), flush=True)  # fmt: skip
+    print(f"calibrated: f32 {_rate(rates['f32'], 'FLOP/s')}, bf16 {_rate(rates['bf16'], 'FLOP/s')}, "
+          f"memory {_rate(rates['memory_bandwidth'], 'B/s')}, per kernel "
+          f"{format_seconds(rates['kernel_s'])}", flush=True)  # fmt: skip
 
     rows = [check_example(n, platform, cluster, rates, args.steps, work) for n in names]
     rows.append(check_pipeline(args.pipeline, platform, cluster, args.steps, work))
@@ -269,8 +270,8 @@ def _band(row: dict[str, Any], what: str, measured: float, predicted: float,
     ratio = measured / predicted if predicted > 0 else math.inf
     if not band[0] <= ratio <= band[1]:
         row["failures"].append(
-            f"{what}: measured {_si(measured, unit)} is {ratio:.3g} x the predicted "
-            f"{_si(predicted, unit)}, outside [{band[0]:.3g}, {band[1]:.3g}]"
+            f"{what}: measured {_shown(measured, unit)} is {ratio:.3g} x the predicted "
+            f"{_shown(predicted, unit)}, outside [{band[0]:.3g}, {band[1]:.3g}]"
         )
 
 
@@ -318,7 +319,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         table.add_row(
             r["name"],
             "-" if "verify" not in r else ("ok" if r["verify"] else "FAILED"),
-            "-" if "bytes" not in r else "/".join(_si(v, "B") for v in r["bytes"].values()),
+            "-" if "bytes" not in r else "/".join(_shown(v, "B") for v in r["bytes"].values()),
             *(_pair(mem, "B") if mem else ("-",) * 3),
             *(_pair(tim, "s") if tim else ("-",) * 3),
             "ok" if not r["failures"] else "FAILED",
@@ -328,15 +329,16 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def _pair(d: dict[str, float], unit: str) -> tuple[str, str, str]:
     ratio = d["measured"] / d["predicted"] if d["predicted"] else math.inf
-    return _si(d["predicted"], unit), _si(d["measured"], unit), f"{ratio:.2f}"
+    return _shown(d["predicted"], unit), _shown(d["measured"], unit), f"{ratio:.2f}"
 
 
-def _si(value: float, unit: str) -> str:
-    if unit == "s":
-        for scale, name in ((1, "s"), (1e-3, "ms"), (1e-6, "us")):
-            if value >= scale:
-                return f"{value / scale:.3g} {name}"
-        return f"{value * 1e9:.3g} ns"
+def _shown(value: float, unit: str) -> str:
+    """Bytes and seconds as every rhino report shows them (`rhino.search.units`)."""
+    return format_bytes(value) if unit == "B" else format_seconds(value)
+
+
+def _rate(value: float, unit: str) -> str:
+    """A rate with an SI prefix: 1.95e11 FLOP/s -> "195 GFLOP/s"."""
     for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:
             return f"{value / scale:.3g} {prefix}{unit}"

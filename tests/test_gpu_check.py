@@ -65,7 +65,7 @@ def report(**changes: Any) -> dict[str, Any]:
         ({"fidelity": {"ok": True, "predicted_bytes": 0, "measured_bytes": 64}},
          "collective bytes predicted 0 != measured 64"),
         ({"memory": {"plan_peak_bytes": 1000.0, "total_bytes": 2500}}, "memory: measured"),
-        ({"step": {"median_s": 0.5}}, "time: measured 500 ms is 250 x the predicted 2 ms"),
+        ({"step": {"median_s": 0.5}}, "time: measured 500.000 ms is 250 x the predicted 2.000 ms"),
         ({"step": {"median_s": 1e-4}}, "outside [0.125, 8]"),
     ],
 )  # fmt: skip
@@ -98,4 +98,4 @@ def test_a_stage_plan_run_fails_on_bytes_order_and_schedule(monkeypatch: pytest.
         "a stage ran its tasks out of the planned order",
         "step",
     ]
-    assert "measured 4 ms is 2 x the predicted 2 ms" in row["failures"][2]
+    assert "measured 4.000 ms is 2 x the predicted 2.000 ms" in row["failures"][2]
