@@ -111,7 +111,7 @@ def sweep_command(
             click.echo(f"interrupted: {len(rows)} of {len(entries)} entries had "
                        f"finished{kept}", err=True)  # fmt: skip
             sys.exit(130)
-    if out:
+    if out and not finished:  # each finished row wrote the file; a sweep of none writes it here
         write_rows(rows, out)
     if as_json:
         emit_json("sweep", {"rows": rows})
