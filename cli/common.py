@@ -75,8 +75,9 @@ def cluster_option(help: str = "Cluster name (configs/clusters) or YAML file.") 
 
 def opt_option(help: str) -> Callable[[F], F]:
     """--opt: the search level, one of LEVELS."""
-    return click.option("--opt", "level", default="O2", show_default=True,
-                        type=click.Choice(LEVELS), help=help)  # fmt: skip
+    return click.option(
+        "--opt", "level", default="O2", show_default=True, type=click.Choice(LEVELS), help=help
+    )
 
 
 json_option = click.option(
@@ -160,8 +161,7 @@ def prepare_output(_ctx: click.Context, param: click.Parameter, value: str | Non
             param_hint=flag,
         ) from None
     if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise click.BadParameter(f"{value} cannot be written (permission denied)",
-                                 param_hint=flag)  # fmt: skip
+        raise click.BadParameter(f"{value} cannot be written (permission denied)", param_hint=flag)
     return value
 
 
@@ -207,8 +207,9 @@ PROGRESS_EVERY_S = 10.0
 
 
 @contextmanager
-def status(message: str, enabled: bool = True,
-           limit_s: float | None = None) -> Iterator[Callable[[str], None]]:  # fmt: skip
+def status(
+    message: str, enabled: bool = True, limit_s: float | None = None
+) -> Iterator[Callable[[str], None]]:
     """Progress on stderr while a step runs (not with --json): at a terminal a spinner
     with the seconds spent (and the time limit, when given); off one, a line when the
     step starts, a line when it moves on to another phase, and one every

@@ -18,11 +18,18 @@ EPILOG = "\b\nExit codes, the same for every command:\n" + "\n".join(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-             epilog=EPILOG)  # fmt: skip
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
-              callback=print_version,
-              help="Show rhino's version and the jax, jaxlib and Python it runs on, and exit.")  # fmt: skip
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EPILOG,
+)
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=print_version,
+    help="Show rhino's version and the jax, jaxlib and Python it runs on, and exit.",
+)
 def cli() -> None:
     """rhino: make a single-device XLA HLO training step run well on many devices.
 

@@ -44,8 +44,10 @@ Examples:
 @click.command("pipeline", epilog=EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--stages", type=int, help="Number of pipeline stages d (default: --mesh's axis 0).")
-@mesh_option("Hybrid: the job's mesh, e.g. 2x4: stages on axis 0, each stage's programs "
-             "sharded over the others when `rhino run` runs the plan.")  # fmt: skip
+@mesh_option(
+    "Hybrid: the job's mesh, e.g. 2x4: stages on axis 0, each stage's programs "
+    "sharded over the others when `rhino run` runs the plan."
+)
 @click.option(
     "--epsilon",
     default=None,
@@ -54,30 +56,72 @@ Examples:
     "average. Default: 0.1, or, where no plan meets it (one instruction holds most of the "
     "compute), the least wider one that has a plan (reported).",
 )
-@click.option("--microbatches", default=8, show_default=True, type=int,
-              help="Micro-batches per step, for the schedules.")  # fmt: skip
+@click.option(
+    "--microbatches",
+    default=8,
+    show_default=True,
+    type=int,
+    help="Micro-batches per step, for the schedules.",
+)
 @cluster_option()
-@click.option("--time-limit", default=20.0, show_default=True, type=SECONDS,
-              help="Stage ILP time limit in seconds (the best plan so far when hit).")  # fmt: skip
-@click.option("--no-tightening", is_flag=True,
-              help="Solve the stage ILP without bound tightening (slower; for comparison).")  # fmt: skip
+@click.option(
+    "--time-limit",
+    default=20.0,
+    show_default=True,
+    type=SECONDS,
+    help="Stage ILP time limit in seconds (the best plan so far when hit).",
+)
+@click.option(
+    "--no-tightening",
+    is_flag=True,
+    help="Solve the stage ILP without bound tightening (slower; for comparison).",
+)
 @click.option("--loss", help="Name of the loss instruction (default: found from the graph).")
-@click.option("--out", type=click.Path(dir_okay=False, writable=True), callback=prepare_output,
-              help="Write the stage plan (versioned JSON) here.")  # fmt: skip
-@click.option("--gantt", type=click.Path(dir_okay=False, writable=True), callback=prepare_output,
-              help="Draw the 1F1B schedule (stages x time) to this .svg (or .png) file.")  # fmt: skip
-@click.option("--dot", type=click.Path(dir_okay=False, writable=True), callback=prepare_output,
-              help="Write the graph coloured by stage as Graphviz DOT to this file.")  # fmt: skip
-@click.option("--compare", "compare_devices", type=click.IntRange(min=2),
-              help="Estimate pure SPMD, pure pipeline and hybrid layouts of this many devices "
-              "(Rhino §3) and report the best, instead of planning one stage count.")  # fmt: skip
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, writable=True),
+    callback=prepare_output,
+    help="Write the stage plan (versioned JSON) here.",
+)
+@click.option(
+    "--gantt",
+    type=click.Path(dir_okay=False, writable=True),
+    callback=prepare_output,
+    help="Draw the 1F1B schedule (stages x time) to this .svg (or .png) file.",
+)
+@click.option(
+    "--dot",
+    type=click.Path(dir_okay=False, writable=True),
+    callback=prepare_output,
+    help="Write the graph coloured by stage as Graphviz DOT to this file.",
+)
+@click.option(
+    "--compare",
+    "compare_devices",
+    type=click.IntRange(min=2),
+    help="Estimate pure SPMD, pure pipeline and hybrid layouts of this many devices "
+    "(Rhino §3) and report the best, instead of planning one stage count.",
+)
 @json_option
 @debug_option
 @handle_errors
-def pipeline_command(file: str, stages: int | None, mesh_text: str | None, epsilon: float | None,
-                     microbatches: int, cluster: str, time_limit: float, no_tightening: bool,
-                     loss: str | None, out: str | None, gantt: str | None, dot: str | None,
-                     compare_devices: int | None, as_json: bool, debug: bool) -> None:  # fmt: skip
+def pipeline_command(
+    file: str,
+    stages: int | None,
+    mesh_text: str | None,
+    epsilon: float | None,
+    microbatches: int,
+    cluster: str,
+    time_limit: float,
+    no_tightening: bool,
+    loss: str | None,
+    out: str | None,
+    gantt: str | None,
+    dot: str | None,
+    compare_devices: int | None,
+    as_json: bool,
+    debug: bool,
+) -> None:
     """Split a single-device training step into pipeline stages: forward instructions
     placed by an ILP that minimizes the bytes sent between stages at balanced compute
     (Rhino §5, with bound tightening), backward and update mirrored onto the stage of
@@ -85,8 +129,10 @@ def pipeline_command(file: str, stages: int | None, mesh_text: str | None, epsil
     the step time under 1F1B and GPipe."""
     if compare_devices is not None:
         if stages is not None or mesh_text is not None or out or gantt or dot:
-            raise ConfigError("--compare estimates every layout; it takes no --stages, --mesh, "
-                              "--out, --gantt or --dot")  # fmt: skip
+            raise ConfigError(
+                "--compare estimates every layout; it takes no --stages, --mesh, "
+                "--out, --gantt or --dot"
+            )
         compare(file, compare_devices, microbatches, epsilon, cluster, time_limit, as_json)
         return
     mesh = parse_mesh(mesh_text).shape if mesh_text is not None else None
@@ -98,19 +144,30 @@ def pipeline_command(file: str, stages: int | None, mesh_text: str | None, epsil
         raise ConfigError(f"--stages {stages}: need at least 1 stage")
     if gantt:
         check_picture_path(gantt)
-    request = PipelineRequest(stages, epsilon, microbatches, load_cluster(cluster),
-                              SolveOptions(time_limit_s=time_limit), not no_tightening, loss,
-                              mesh)  # fmt: skip
-    with status(f"pipelining {file} into {stages} stages", enabled=not as_json,
-                limit_s=time_limit) as update:  # fmt: skip
+    request = PipelineRequest(
+        stages,
+        epsilon,
+        microbatches,
+        load_cluster(cluster),
+        SolveOptions(time_limit_s=time_limit),
+        not no_tightening,
+        loss,
+        mesh,
+    )
+    with status(
+        f"pipelining {file} into {stages} stages", enabled=not as_json, limit_s=time_limit
+    ) as update:
         module = parse_file(file)
         verify(module)
         plan = plan_pipeline(module, request, progress=update)
     if out:
         save_output(out, plan.text(), "stage plan")
     if gantt:
-        write_gantt(plan.timelines["1f1b"], gantt,
-                    f"{plan.module}: {stages} stages, {microbatches} micro-batches, 1F1B")  # fmt: skip
+        write_gantt(
+            plan.timelines["1f1b"],
+            gantt,
+            f"{plan.module}: {stages} stages, {microbatches} micro-batches, 1F1B",
+        )
     if dot:
         write_dot(plan, module, dot)
     if as_json:
@@ -119,28 +176,45 @@ def pipeline_command(file: str, stages: int | None, mesh_text: str | None, epsil
         render(file, plan, widened=epsilon is None)
 
 
-def compare(file: str, devices: int, microbatches: int, epsilon: float | None, cluster: str,
-            time_limit: float, as_json: bool) -> None:  # fmt: skip
+def compare(
+    file: str,
+    devices: int,
+    microbatches: int,
+    epsilon: float | None,
+    cluster: str,
+    time_limit: float,
+    as_json: bool,
+) -> None:
     """`--compare N`: every layout of N devices estimated, the best one named."""
     from rhino.runtime.pipeline_controller import compare_layouts
     from rhino.search.mesh import DeviceMesh
     from rhino.search.spmd.planner import PlanRequest
 
-    request = PlanRequest(DeviceMesh((devices,)), load_cluster(cluster),
-                          solve=SolveOptions(time_limit_s=time_limit))  # fmt: skip
+    request = PlanRequest(
+        DeviceMesh((devices,)), load_cluster(cluster), solve=SolveOptions(time_limit_s=time_limit)
+    )
     with status(f"comparing layouts of {file} on {devices} devices", enabled=not as_json):
         module = parse_file(file)
         verify(module)
-        found = compare_layouts(module, devices, request, microbatches=microbatches,
-                                epsilon=epsilon)  # fmt: skip
+        found = compare_layouts(
+            module, devices, request, microbatches=microbatches, epsilon=epsilon
+        )
     best = found.best
     if as_json:
-        emit_json("pipeline.compare", {"devices": devices, "microbatches": microbatches,
-                                       "best": best.to_json() if best else None,
-                                       "candidates": [c.to_json() for c in found.candidates]})  # fmt: skip
+        emit_json(
+            "pipeline.compare",
+            {
+                "devices": devices,
+                "microbatches": microbatches,
+                "best": best.to_json() if best else None,
+                "candidates": [c.to_json() for c in found.candidates],
+            },
+        )
         return
-    table = Table(title=f"{module.name} on {devices} devices ({cluster}): estimated step time",
-                  title_justify="left")  # fmt: skip
+    table = Table(
+        title=f"{module.name} on {devices} devices ({cluster}): estimated step time",
+        title_justify="left",
+    )
     for col in ("layout", "mesh", "step", "how"):
         table.add_column(col, justify="right" if col == "step" else "left")
     for c in found.candidates:
@@ -160,31 +234,48 @@ def _solved(solver: dict[str, float]) -> str:
 
 def render(file: str, plan: PipelinePlan, *, widened: bool = False) -> None:
     out = stdout
-    out.print(f"[bold]{plan.module}[/] ({file}) in {plan.stages} stages, {plan.microbatches} "
-              f"micro-batches ({plan.cluster})")  # fmt: skip
+    out.print(
+        f"[bold]{plan.module}[/] ({file}) in {plan.stages} stages, {plan.microbatches} "
+        f"micro-batches ({plan.cluster})"
+    )
     t = Table(show_header=False, box=None, pad_edge=False)
-    t.add_row("loss", f"%{plan.loss} (its forward holds {plan.forward_share:.0%} of the step's "
-              "dot and convolution FLOPs)")  # fmt: skip
-    t.add_row("cut (forward)", f"{format_bytes(plan.cut_bytes)} per step "
-              f"(bound {format_bytes(plan.bound_bytes)}, gap {plan.gap:.2%}, {plan.status}, "
-              f"from {plan.method})")  # fmt: skip
+    t.add_row(
+        "loss",
+        f"%{plan.loss} (its forward holds {plan.forward_share:.0%} of the step's "
+        "dot and convolution FLOPs)",
+    )
+    t.add_row(
+        "cut (forward)",
+        f"{format_bytes(plan.cut_bytes)} per step "
+        f"(bound {format_bytes(plan.bound_bytes)}, gap {plan.gap:.2%}, {plan.status}, "
+        f"from {plan.method})",
+    )
     note = f"; widened: no plan has {EPSILON:g}" if widened and plan.epsilon > EPSILON else ""
-    t.add_row("imbalance", f"{plan.imbalance:.1%}: the stage farthest from the average "
-              f"(epsilon {plan.epsilon:g}{note})")  # fmt: skip
+    t.add_row(
+        "imbalance",
+        f"{plan.imbalance:.1%}: the stage farthest from the average "
+        f"(epsilon {plan.epsilon:g}{note})",
+    )
     for name, sched in plan.schedules.items():
         peaks = sched["peak_activation_bytes"]
         assert isinstance(peaks, list)
-        t.add_row(f"step ({name})", f"{format_seconds(float(str(sched['step_s'])))}, bubble "
-                  f"{float(str(sched['simulated_bubble_fraction'])):.1%} simulated ((p-1)/(m+p-1) "
-                  f"= {float(str(sched['bubble_fraction'])):.1%} with equal stages and free sends), "
-                  f"peak activations {format_bytes(max(peaks, default=0))} "
-                  f"(stage {peaks.index(max(peaks))})")  # fmt: skip
+        t.add_row(
+            f"step ({name})",
+            f"{format_seconds(float(str(sched['step_s'])))}, bubble "
+            f"{float(str(sched['simulated_bubble_fraction'])):.1%} simulated ((p-1)/(m+p-1) "
+            f"= {float(str(sched['bubble_fraction'])):.1%} with equal stages and free sends), "
+            f"peak activations {format_bytes(max(peaks, default=0))} "
+            f"(stage {peaks.index(max(peaks))})",
+        )
     steps = {name: float(str(sched["step_s"])) for name, sched in plan.schedules.items()}
     if steps.get("1f1b", 0.0) > 1.05 * steps.get("gpipe", float("inf")):
-        t.add_row("", "1F1B is slower than GPipe here: it has at most p micro-batches in flight, "
-                  "so each waits for the round trip of its sends between stages, which outweigh "
-                  "the stages' compute at this size; GPipe streams every forward first, holding "
-                  "all m micro-batches' activations")  # fmt: skip
+        t.add_row(
+            "",
+            "1F1B is slower than GPipe here: it has at most p micro-batches in flight, "
+            "so each waits for the round trip of its sends between stages, which outweigh "
+            "the stages' compute at this size; GPipe streams every forward first, holding "
+            "all m micro-batches' activations",
+        )
     solver = plan.solver
     t.add_row(
         "search",
@@ -203,9 +294,12 @@ def render(file: str, plan: PipelinePlan, *, widened: bool = False) -> None:
     base.add_row("rhino (ILP)", format_bytes(plan.cut_bytes), f"{plan.imbalance:.1%}", "yes")
     for b in plan.baselines:
         cut, imb = b["cut_bytes"], b["imbalance"]
-        base.add_row(str(b["name"]), "-" if cut is None else format_bytes(float(str(cut))),
-                     "-" if imb is None else f"{float(str(imb)):.1%}",
-                     "yes" if b["within_balance"] else "no")  # fmt: skip
+        base.add_row(
+            str(b["name"]),
+            "-" if cut is None else format_bytes(float(str(cut))),
+            "-" if imb is None else f"{float(str(imb)):.1%}",
+            "yes" if b["within_balance"] else "no",
+        )
     out.print(base)
 
 
@@ -215,13 +309,29 @@ def _stage_table(plan: PipelinePlan) -> Table:
         "state; act./mb activations stored per micro-batch",
         title_justify="left",
     )
-    for col in ("stage", "fwd", "bwd", "upd", "weights", "opt.", "act./mb", "peak 1F1B",
-                "sends (to stage: bytes)"):  # fmt: skip
+    for col in (
+        "stage",
+        "fwd",
+        "bwd",
+        "upd",
+        "weights",
+        "opt.",
+        "act./mb",
+        "peak 1F1B",
+        "sends (to stage: bytes)",
+    ):
         table.add_column(col, justify="left" if col.startswith("sends") else "right")
     for r in plan.stage_reports:
         sends = "\n".join(f"{k}: {format_bytes(v)}" for k, v in r.sent_bytes.items()) or "-"
-        table.add_row(str(r.stage), format_seconds(r.forward_s), format_seconds(r.backward_s),
-                      format_seconds(r.update_s), format_bytes(r.parameter_bytes),
-                      format_bytes(r.optimizer_bytes), format_bytes(r.activation_bytes),
-                      format_bytes(r.peak_activation_bytes["1f1b"]), sends)  # fmt: skip
+        table.add_row(
+            str(r.stage),
+            format_seconds(r.forward_s),
+            format_seconds(r.backward_s),
+            format_seconds(r.update_s),
+            format_bytes(r.parameter_bytes),
+            format_bytes(r.optimizer_bytes),
+            format_bytes(r.activation_bytes),
+            format_bytes(r.peak_activation_bytes["1f1b"]),
+            sends,
+        )
     return table

@@ -15,11 +15,26 @@ from rhino.search.pipeline import PipelinePlan
 from rhino.search.pipeline.schedule import Timeline
 from rhino.search.units import format_seconds
 
-STAGE_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
-                 "#ff9da7", "#9c755f", "#bab0ac")  # fmt: skip
+STAGE_COLOURS = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#76b7b2",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
 KIND_COLOURS = {"F": "#4e79a7", "B": "#e15759", "U": "#59a14f"}
-ROLE_SHAPES = {"forward": "box", "backward": "ellipse", "update": "diamond", "state": "note",
-               "output": "doubleoctagon"}  # fmt: skip
+ROLE_SHAPES = {
+    "forward": "box",
+    "backward": "ellipse",
+    "update": "diamond",
+    "state": "note",
+    "output": "doubleoctagon",
+}
 
 
 def check_picture_path(path: str) -> None:
@@ -29,8 +44,10 @@ def check_picture_path(path: str) -> None:
         return
     if suffix == ".png":
         if importlib.util.find_spec("matplotlib") is None:
-            raise ConfigError(f"--gantt {path}: writing PNG needs matplotlib, which is not "
-                              "installed (pip install 'rhino[png]' or matplotlib), or write .svg instead")  # fmt: skip
+            raise ConfigError(
+                f"--gantt {path}: writing PNG needs matplotlib, which is not "
+                "installed (pip install 'rhino[png]' or matplotlib), or write .svg instead"
+            )
         return
     raise ConfigError(f"--gantt {path}: expected a .svg or .png file name")
 
@@ -62,15 +79,19 @@ def gantt_svg(timeline: Timeline, title: str) -> str:
     key_x = left + width
     for kind in reversed(KIND_NAMES):  # the legend, right-aligned on the title's line
         key_x -= 16 + 7 * len(f"{kind} {KIND_NAMES[kind]}") + 14
-        parts.append(f'<rect x="{key_x}" y="9" width="12" height="12" fill="{KIND_COLOURS[kind]}"/>'
-                     f'<text x="{key_x + 16}" y="19">{kind} {KIND_NAMES[kind]}</text>')  # fmt: skip
+        parts.append(
+            f'<rect x="{key_x}" y="9" width="12" height="12" fill="{KIND_COLOURS[kind]}"/>'
+            f'<text x="{key_x + 16}" y="19">{kind} {KIND_NAMES[kind]}</text>'
+        )
     axis_y = top + stages * row
     for tick in _ticks(timeline.step_s):
         tx = left + tick * scale
-        parts.append(f'<line x1="{tx:.2f}" y1="{top}" x2="{tx:.2f}" y2="{axis_y + 4}" '
-                     'stroke="#ccc" stroke-width="0.5"/>'
-                     f'<text x="{tx:.2f}" y="{axis_y + 18}" text-anchor="middle">'
-                     f"{format_seconds(tick)}</text>")  # fmt: skip
+        parts.append(
+            f'<line x1="{tx:.2f}" y1="{top}" x2="{tx:.2f}" y2="{axis_y + 4}" '
+            'stroke="#ccc" stroke-width="0.5"/>'
+            f'<text x="{tx:.2f}" y="{axis_y + 18}" text-anchor="middle">'
+            f"{format_seconds(tick)}</text>"
+        )
     for s in range(stages):
         y = top + s * row
         parts.append(f'<text x="8" y="{y + row / 2 + 4:.1f}">stage {s}</text>')
@@ -87,10 +108,14 @@ def gantt_svg(timeline: Timeline, title: str) -> str:
         short = "" if e.kind == "U" else str(e.microbatch)
         text, size = (label, 12) if w > 7 * len(label) + 4 else (short, 9)
         if text and w > 6 * len(text) + 1:
-            parts.append(f'<text x="{x + w / 2:.2f}" y="{y + row / 2:.1f}" fill="white" '
-                         f'font-size="{size}" text-anchor="middle">{text}</text>')  # fmt: skip
-    parts.append(f'<text x="{left + width}" y="{axis_y + 34}" text-anchor="end">'
-                 f"step {format_seconds(timeline.step_s)}</text>")  # fmt: skip
+            parts.append(
+                f'<text x="{x + w / 2:.2f}" y="{y + row / 2:.1f}" fill="white" '
+                f'font-size="{size}" text-anchor="middle">{text}</text>'
+            )
+    parts.append(
+        f'<text x="{left + width}" y="{axis_y + 34}" text-anchor="end">'
+        f"step {format_seconds(timeline.step_s)}</text>"
+    )
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -118,13 +143,29 @@ def _gantt_png(timeline: Timeline, path: str, title: str) -> None:
     from matplotlib.patches import Patch  # type: ignore[import-not-found]
 
     for e in timeline.events:
-        ax.barh(e.stage, (e.end_s - e.start_s) * 1e3, left=e.start_s * 1e3,
-                color=KIND_COLOURS[e.kind], edgecolor="white")  # fmt: skip
+        ax.barh(
+            e.stage,
+            (e.end_s - e.start_s) * 1e3,
+            left=e.start_s * 1e3,
+            color=KIND_COLOURS[e.kind],
+            edgecolor="white",
+        )
         if e.kind != "U" and (e.end_s - e.start_s) > timeline.step_s / 80:
-            ax.text((e.start_s + e.end_s) / 2 * 1e3, e.stage, str(e.microbatch), color="white",
-                    ha="center", va="center", fontsize=7)  # fmt: skip
-    ax.legend(handles=[Patch(color=KIND_COLOURS[k], label=f"{k} {n}") for k, n in KIND_NAMES.items()],
-              loc="upper right", ncol=3, fontsize=8)  # fmt: skip
+            ax.text(
+                (e.start_s + e.end_s) / 2 * 1e3,
+                e.stage,
+                str(e.microbatch),
+                color="white",
+                ha="center",
+                va="center",
+                fontsize=7,
+            )
+    ax.legend(
+        handles=[Patch(color=KIND_COLOURS[k], label=f"{k} {n}") for k, n in KIND_NAMES.items()],
+        loc="upper right",
+        ncol=3,
+        fontsize=8,
+    )
     ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
     ax.invert_yaxis()
     ax.set_xlabel("ms")
@@ -145,8 +186,10 @@ def write_dot(plan: PipelinePlan, module: Module, path: str) -> None:
             continue
         colour = STAGE_COLOURS[int(str(info["stage"])) % len(STAGE_COLOURS)]
         shape = ROLE_SHAPES.get(str(info["role"]), "box")
-        lines.append(f'  "{name}" [fillcolor="{colour}", shape={shape}, '
-                     f'tooltip="{info["opcode"]} stage {info["stage"]}"];')  # fmt: skip
+        lines.append(
+            f'  "{name}" [fillcolor="{colour}", shape={shape}, '
+            f'tooltip="{info["opcode"]} stage {info["stage"]}"];'
+        )
     for inst in module.entry.instructions:
         for op in dict.fromkeys(inst.operands):
             if op.name in kept and inst.name in kept:

@@ -63,8 +63,13 @@ Examples:
     type=click.IntRange(min=1),
     help="Try every 1-D and 2-D mesh of this many devices; keep the best.",
 )
-@click.option("--jobs", default=2, show_default=True, type=click.IntRange(min=1),
-              help="Worker processes for --devices.")  # fmt: skip
+@click.option(
+    "--jobs",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Worker processes for --devices.",
+)
 @opt_option(
     "Search level. O2: cones merged exactly, then one ILP over them or, for large "
     "graphs, segments between critical nodes solved by ILP and refined (seconds on 40k "
@@ -119,9 +124,24 @@ Examples:
 @json_option
 @debug_option
 @handle_errors
-def plan_command(file: str, mesh_text: str | None, devices: int | None, jobs: int, level: str, cluster: str, memory: str | None, no_memory_limit: bool,
-                 time_limit: float, pins: tuple[str, ...], pins_file: str | None, out: str | None,
-                 emit_hlo: str | None, show_all: bool, as_json: bool, debug: bool) -> None:  # fmt: skip
+def plan_command(
+    file: str,
+    mesh_text: str | None,
+    devices: int | None,
+    jobs: int,
+    level: str,
+    cluster: str,
+    memory: str | None,
+    no_memory_limit: bool,
+    time_limit: float,
+    pins: tuple[str, ...],
+    pins_file: str | None,
+    out: str | None,
+    emit_hlo: str | None,
+    show_all: bool,
+    as_json: bool,
+    debug: bool,
+) -> None:
     """Find the SPMD sharding of every instruction that minimizes the step time on a
     device mesh within the device memory (Rhino §4), and report it."""
     if (mesh_text is None) == (devices is None):
@@ -137,12 +157,19 @@ def plan_command(file: str, mesh_text: str | None, devices: int | None, jobs: in
     )
     chosen = {p.name: p for p in given}  # a --pin wins over the file's pin of the same name
     request = PlanRequest(
-        mesh, clus, level, budget, tuple((p.name, p.spec) for p in chosen.values()),
+        mesh,
+        clus,
+        level,
+        budget,
+        tuple((p.name, p.spec) for p in chosen.values()),
         SolveOptions(time_limit_s=time_limit),
-    )  # fmt: skip
+    )
     trials: tuple[MeshTrial, ...] = ()
-    with status(f"planning {file} on {mesh_text or f'{devices} devices'}", enabled=not as_json,
-                limit_s=time_limit) as update:  # fmt: skip
+    with status(
+        f"planning {file} on {mesh_text or f'{devices} devices'}",
+        enabled=not as_json,
+        limit_s=time_limit,
+    ) as update:
         module = parse_file(file)
         verify(module)
         check_pins(chosen.values(), module, mesh, file)
@@ -193,8 +220,11 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
             tried.add_column(col)
         for trial in trials:
             best = " (best)" if trial.mesh == plan.mesh else ""
-            tried.add_row("x".join(map(str, trial.mesh)), format_seconds(trial.objective_s) if trial.objective_s is not None else "-",
-                          (trial.error or "") + best)  # fmt: skip
+            tried.add_row(
+                "x".join(map(str, trial.mesh)),
+                format_seconds(trial.objective_s) if trial.objective_s is not None else "-",
+                (trial.error or "") + best,
+            )
         out.print(tried)
     mesh = "x".join(map(str, plan.mesh))
     out.print(f"[bold]{plan.module}[/] on mesh {mesh} ({plan.cluster}), level {plan.level}")
@@ -208,8 +238,11 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
     t.add_row("useful work", f"{mesh_use(plan).share:.0%} of the devices' compute")
     solver = plan.solver
     gap = "no bound" if solver.get("merge_level") == 3 else f"gap {solver['gap']:.2%}"
-    t.add_row("search", f"{plan.search_time_s:.1f} s, solver {solver['status']}, {gap}, "
-                        f"{plan.problem.get('nodes', 0)} nodes, {plan.problem.get('edges', 0)} edges")  # fmt: skip
+    t.add_row(
+        "search",
+        f"{plan.search_time_s:.1f} s, solver {solver['status']}, {gap}, "
+        f"{plan.problem.get('nodes', 0)} nodes, {plan.problem.get('edges', 0)} edges",
+    )
     if "merge_level" in solver:
         counts = solver["sizes"]
         sizes = ", ".join(
@@ -227,20 +260,27 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
     if combined and plan.combined_latency_s:
         groups = len({c.group for c in plan.collectives if c.group >= 0})
         closed = ", ".join(combined["closed"]) or "none"
-        t.add_row("  combined", f"{groups} groups of collectives XLA merges, {format_seconds(plan.combined_latency_s)} "
-                                f"of latency; {combined['plans']} plans made, not combined: {closed}")  # fmt: skip
+        t.add_row(
+            "  combined",
+            f"{groups} groups of collectives XLA merges, {format_seconds(plan.combined_latency_s)} "
+            f"of latency; {combined['plans']} plans made, not combined: {closed}",
+        )
     found = solver.get("budget_search")
     if found:
         if found.get("solves", 1) <= 1:
             text = f"did not bind (the plan without it peaks at {format_bytes(found['free_peak'])})"
         else:
-            text = (f"binds (the plan without it peaks at {format_bytes(found['free_peak'])}); "
-                    f"{int(found['solves'])} O2 solves with memory priced in"
-                    + (", none fit: the smallest layouts, improved" if found.get("fallback") else ""))  # fmt: skip
+            text = (
+                f"binds (the plan without it peaks at {format_bytes(found['free_peak'])}); "
+                f"{int(found['solves'])} O2 solves with memory priced in"
+                + (", none fit: the smallest layouts, improved" if found.get("fallback") else "")
+            )
         t.add_row("  budget", text)
     out.print(t)
-    table = Table(title="sharding (result = operands; one token per mesh axis: R replicated, S<d> split dim d)",
-                  title_justify="left")  # fmt: skip
+    table = Table(
+        title="sharding (result = operands; one token per mesh axis: R replicated, S<d> split dim d)",
+        title_justify="left",
+    )
     for col in ("instruction", "opcode", "shape", "strategy"):
         table.add_column(col)
     for inst in plan.instructions:

@@ -70,8 +70,11 @@ def job_of(
     if coordinator is None and num_processes is None and process_id is None:
         return None
     if coordinator is None or num_processes is None or process_id is None:
-        given = {"--coordinator": coordinator, "--num-processes": num_processes,
-                 "--process-id": process_id}  # fmt: skip
+        given = {
+            "--coordinator": coordinator,
+            "--num-processes": num_processes,
+            "--process-id": process_id,
+        }
         missing = [name for name, value in given.items() if value is None]
         raise ConfigError(
             f"--coordinator, --num-processes and --process-id go together; missing "
@@ -134,20 +137,46 @@ def job_of(
 )
 @click.option("--num-processes", type=int, help="Processes in the job (with --coordinator).")
 @click.option("--process-id", type=int, help="This process's index in the job, 0..num-processes-1.")
-@click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]),
-              help="Pipeline schedule of a stage plan [default: 1f1b].")  # fmt: skip
-@click.option("--microbatches", type=click.IntRange(min=1),
-              help="Micro-batches per step of a stage plan [default: the plan's].")  # fmt: skip
-@click.option("--gantt", type=click.Path(dir_okay=False, writable=True), callback=prepare_output,
-              help="Draw a stage plan's simulated and measured timelines to this .svg file.")  # fmt: skip
+@click.option(
+    "--schedule",
+    type=click.Choice(["1f1b", "gpipe"]),
+    help="Pipeline schedule of a stage plan [default: 1f1b].",
+)
+@click.option(
+    "--microbatches",
+    type=click.IntRange(min=1),
+    help="Micro-batches per step of a stage plan [default: the plan's].",
+)
+@click.option(
+    "--gantt",
+    type=click.Path(dir_okay=False, writable=True),
+    callback=prepare_output,
+    help="Draw a stage plan's simulated and measured timelines to this .svg file.",
+)
 @json_option
 @debug_option
 @handle_errors
-def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: str, cluster: str,
-                platform: str | None, devices: int | None, seed: int, verify: bool, steps: int, warmup: int,
-                coordinator: str | None, num_processes: int | None, process_id: int | None,
-                schedule: str | None, microbatches: int | None, gantt: str | None,
-                as_json: bool, debug: bool) -> None:  # fmt: skip
+def run_command(
+    file: str,
+    plan_file: str | None,
+    mesh_text: str | None,
+    level: str,
+    cluster: str,
+    platform: str | None,
+    devices: int | None,
+    seed: int,
+    verify: bool,
+    steps: int,
+    warmup: int,
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    schedule: str | None,
+    microbatches: int | None,
+    gantt: str | None,
+    as_json: bool,
+    debug: bool,
+) -> None:
     """Write the plan's shardings into the HLO, compile it with XLA's SPMD partitioner,
     run it on local devices, check it computes what the single-device program computes,
     and compare the collectives XLA inserted with the ones the plan predicted.
@@ -183,8 +212,11 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
         needed = _devices_needed(early, plan_file if staged else None, mesh_text)
         if needed > 1:
             if not as_json:
-                click.echo(f"note: no accelerator plugin for jax here: running on {needed} "
-                           f"simulated CPU devices (as --devices {needed})", err=True)  # fmt: skip
+                click.echo(
+                    f"note: no accelerator plugin for jax here: running on {needed} "
+                    f"simulated CPU devices (as --devices {needed})",
+                    err=True,
+                )
             _simulate_cpu_devices(needed, exactly=False)
             platform = "cpu"
     from rhino.hlo.parser import parse_file
@@ -192,8 +224,10 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
     from rhino.runtime.runner import RunOptions, run_plan
 
     if not staged and (schedule is not None or microbatches is not None or gantt is not None):
-        raise ConfigError("--schedule, --microbatches and --gantt apply to a stage plan (from "
-                          "`rhino pipeline --out`)")  # fmt: skip
+        raise ConfigError(
+            "--schedule, --microbatches and --gantt apply to a stage plan (from "
+            "`rhino pipeline --out`)"
+        )
     if gantt is not None and not gantt.lower().endswith(".svg"):
         raise ConfigError(f"--gantt {gantt}: expected a .svg file name")
     with status(
@@ -207,10 +241,12 @@ def run_command(file: str, plan_file: str | None, mesh_text: str | None, level: 
 
             assert plan_file is not None
             update("compiling the stage programs and running the schedule")
-            staged_options = PipelineOptions(platform, seed, verify, schedule or "1f1b",
-                                             microbatches, steps, warmup)  # fmt: skip
-            staged_report = run_stage_plan(module, plan_file, staged_options, devices,
-                                           mesh_text, cluster, level, job)  # fmt: skip
+            staged_options = PipelineOptions(
+                platform, seed, verify, schedule or "1f1b", microbatches, steps, warmup
+            )
+            staged_report = run_stage_plan(
+                module, plan_file, staged_options, devices, mesh_text, cluster, level, job
+            )
     if staged:
         show_stage_run(staged_report, as_json, gantt)
         return
@@ -303,8 +339,10 @@ def render(report) -> None:  # type: ignore[no-untyped-def]
     out = stdout
     mesh = "x".join(map(str, report.mesh))
     found = xb.versions()
-    out.print(f"mesh {mesh} on {len(report.devices)} devices ({report.devices[0]}, ...), "
-              f"jax {found['jax']}")  # fmt: skip
+    out.print(
+        f"mesh {mesh} on {len(report.devices)} devices ({report.devices[0]}, ...), "
+        f"jax {found['jax']}"
+    )
     if report.process_count > 1:
         parts = report.local_partitions
         out.print(
@@ -341,12 +379,16 @@ def render(report) -> None:  # type: ignore[no-untyped-def]
     line = f"step time: median {format_seconds(step.median_s)} (min {format_seconds(step.min_s)}, max {format_seconds(step.max_s)}, {step.steps} steps)"
     if report.single_device_step is not None:
         line += f"; single device {format_seconds(report.single_device_step.median_s)}"
-    line += (f"; the plan's estimate {format_seconds(report.predicted_step_s)} (its cluster, "
-             f"no fixed cost per kernel; XLA runs {report.kernels} kernels a step)")  # fmt: skip
+    line += (
+        f"; the plan's estimate {format_seconds(report.predicted_step_s)} (its cluster, "
+        f"no fixed cost per kernel; XLA runs {report.kernels} kernels a step)"
+    )
     out.print(line)
     m = report.memory
-    out.print(f"memory per device (XLA): total {format_bytes(m['total_bytes'])} (arguments {format_bytes(m['argument_bytes'])}, "
-              f"outputs {format_bytes(m['output_bytes'])}, temporaries {format_bytes(m['temp_bytes'])}; reported peak "
-              f"{format_bytes(m['peak_bytes'])}); plan estimate {format_bytes(m['plan_peak_bytes'])}")  # fmt: skip
+    out.print(
+        f"memory per device (XLA): total {format_bytes(m['total_bytes'])} (arguments {format_bytes(m['argument_bytes'])}, "
+        f"outputs {format_bytes(m['output_bytes'])}, temporaries {format_bytes(m['temp_bytes'])}; reported peak "
+        f"{format_bytes(m['peak_bytes'])}); plan estimate {format_bytes(m['plan_peak_bytes'])}"
+    )
     for note in report.notes:
         out.print(f"[yellow]note:[/] {note}")

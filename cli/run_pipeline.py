@@ -31,9 +31,16 @@ LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 """Coordinator hosts under which a stage plan runs as several processes."""
 
 
-def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions, devices: int | None,
-                   mesh_text: str | None, cluster: str, level: str,
-                   job: Job | None = None) -> PipelineReport:  # fmt: skip
+def run_stage_plan(
+    module: Module,
+    plan_file: str,
+    options: PipelineOptions,
+    devices: int | None,
+    mesh_text: str | None,
+    cluster: str,
+    level: str,
+    job: Job | None = None,
+) -> PipelineReport:
     """Run the stage plan in `plan_file`: stage s on device s, or, with a mesh (`--mesh`,
     else the plan's), on the s-th block of the devices of mesh axis 0, its programs sharded over the other axes
     by plans made for them (`--opt` level `level` on `cluster`). In a `job` of several
@@ -55,21 +62,26 @@ def run_stage_plan(module: Module, plan_file: str, options: PipelineOptions, dev
     need = plan.stages * per_stage
     processes = job.num_processes if job else 1
     if devices is not None and devices * processes < need:
-        raise ConfigError(f"the stage plan has {plan.stages} stages of {per_stage} device(s), "
-                          f"but --devices {devices} x {processes} process(es): need {need} "
-                          "devices")  # fmt: skip
+        raise ConfigError(
+            f"the stage plan has {plan.stages} stages of {per_stage} device(s), "
+            f"but --devices {devices} x {processes} process(es): need {need} "
+            "devices"
+        )
     if job is None:
         return run_pipeline(module, plan, options, spmd)
     host, port = job.coordinator.rsplit(":", 1)
     if host not in LOOPBACK:
-        raise ConfigError(f"--coordinator {job.coordinator}: a stage plan runs as several "
-                          "processes on one machine only for now (coordinator on 127.0.0.1 or "
-                          "localhost): arrays cross processes through transfer servers on the "
-                          "coordinator's host")  # fmt: skip
+        raise ConfigError(
+            f"--coordinator {job.coordinator}: a stage plan runs as several "
+            "processes on one machine only for now (coordinator on 127.0.0.1 or "
+            "localhost): arrays cross processes through transfer servers on the "
+            "coordinator's host"
+        )
     address = f"{host}:{int(port) + 1 + job.process_id}"
     with xb.native_stdout_to_stderr():
-        xb.init_distributed(job.coordinator, job.num_processes, job.process_id,
-                            transfer_address=address)  # fmt: skip
+        xb.init_distributed(
+            job.coordinator, job.num_processes, job.process_id, transfer_address=address
+        )
         try:
             return run_pipeline(module, plan, options, spmd)
         finally:
@@ -93,31 +105,41 @@ def render(report: PipelineReport) -> None:
     out = stdout
     per_stage = len(report.devices) // report.stages
     if report.process_count > 1:
-        out.print(f"process {report.process_index} of {report.process_count}: stages "
-                  f"{', '.join(map(str, report.local_stages))}; verification, times, order "
-                  "and bytes below are theirs")  # fmt: skip
+        out.print(
+            f"process {report.process_index} of {report.process_count}: stages "
+            f"{', '.join(map(str, report.local_stages))}; verification, times, order "
+            "and bytes below are theirs"
+        )
     where = f"{per_stage} devices a stage (SPMD in the stage), " if per_stage > 1 else ""
-    out.print(f"[bold]{report.module}[/]: {report.stages} stages x {report.microbatches} "
-              f"micro-batches, {report.schedule.upper()}, {where}on {', '.join(report.devices)}, "
-              f"jax {xb.versions()['jax']}")  # fmt: skip
+    out.print(
+        f"[bold]{report.module}[/]: {report.stages} stages x {report.microbatches} "
+        f"micro-batches, {report.schedule.upper()}, {where}on {', '.join(report.devices)}, "
+        f"jax {xb.versions()['jax']}"
+    )
     if report.verify is not None:
         mark = "[green]ok[/]" if report.verify["ok"] else "[red]FAILED[/]"
         out.print(f"verification: {mark}: {report.verify['summary']}")
         worst = max(report.verify["outputs"], key=lambda o: o["max_rel_error"], default=None)
         if worst is not None:
-            out.print(f"  largest errors: abs {worst['max_abs_error']:.3g}, rel "
-                      f"{worst['max_rel_error']:.3g} (output {worst['index']})")  # fmt: skip
+            out.print(
+                f"  largest errors: abs {worst['max_abs_error']:.3g}, rel "
+                f"{worst['max_rel_error']:.3g} (output {worst['index']})"
+            )
     out.print(_task_table(report))
     out.print(_bytes_table(report))
     same = "yes" if report.order["same"] else "[red]NO[/]"
     out.print(f"task order as planned on every stage: {same}")
     b = report.bubble
-    out.print(f"bubble: simulated {b['simulated']:.1%} (on the measured task times), measured "
-              f"{b['measured']:.1%}; (p-1)/(m+p-1) = {b['formula']:.1%}")  # fmt: skip
+    out.print(
+        f"bubble: simulated {b['simulated']:.1%} (on the measured task times), measured "
+        f"{b['measured']:.1%}; (p-1)/(m+p-1) = {b['formula']:.1%}"
+    )
     p, step = report.predicted_step_s, report.step
-    line = (f"step: measured median {format_seconds(step['median_s'])} over {int(step['steps'])} "
-            f"steps; simulated on the measured task times {format_seconds(p['simulated'])}; "
-            f"the stage plan's prediction for its cluster {format_seconds(p['plan'])}")  # fmt: skip
+    line = (
+        f"step: measured median {format_seconds(step['median_s'])} over {int(step['steps'])} "
+        f"steps; simulated on the measured task times {format_seconds(p['simulated'])}; "
+        f"the stage plan's prediction for its cluster {format_seconds(p['plan'])}"
+    )
     if report.single_device_step_s is not None:
         line += f"; single device {format_seconds(report.single_device_step_s)}"
     out.print(line)
@@ -131,31 +153,44 @@ def render(report: PipelineReport) -> None:
 
 
 def _task_table(report: PipelineReport) -> Table:
-    t = Table(title="median seconds of one task per stage (AF/AB: accumulating F's or B's "
-              "sums)", title_justify="left")  # fmt: skip
-    kinds = [k for k in ("F", "B", "AF", "AB", "U")
-             if any(k in row for row in report.task_seconds.values())]  # fmt: skip
+    t = Table(
+        title="median seconds of one task per stage (AF/AB: accumulating F's or B's sums)",
+        title_justify="left",
+    )
+    kinds = [
+        k
+        for k in ("F", "B", "AF", "AB", "U")
+        if any(k in row for row in report.task_seconds.values())
+    ]
     for col in ("stage", *kinds, "compile"):
         t.add_column(col, justify="right")
     for s, row in report.task_seconds.items():
         compile_s = sum(p["compile_s"] for p in report.programs if str(p["stage"]) == s)
-        t.add_row(s, *(format_seconds(row[k]) if k in row else "-" for k in kinds),
-                  format_seconds(compile_s))  # fmt: skip
+        t.add_row(
+            s,
+            *(format_seconds(row[k]) if k in row else "-" for k in kinds),
+            format_seconds(compile_s),
+        )
     return t
 
 
 def _bytes_table(report: PipelineReport) -> Table:
-    t = Table(title="bytes between stages per step: the stage plan's prediction, this task "
-              "graph's, and measured", title_justify="left")  # fmt: skip
+    t = Table(
+        title="bytes between stages per step: the stage plan's prediction, this task "
+        "graph's, and measured",
+        title_justify="left",
+    )
     for col in ("from->to", "predicted", "planned", "measured"):
         t.add_column(col, justify="right")
     b: dict[str, Any] = report.bytes
     pairs = sorted(set(b["predicted"]) | set(b["planned"]) | set(b["measured"]))
     for pair in pairs:
-        t.add_row(pair, *(format_bytes(b[k].get(pair, 0)) for k in ("predicted", "planned",
-                                                                    "measured")))  # fmt: skip
-    t.add_row("total", *(format_bytes(b[f"{k}_total"]) for k in ("predicted", "planned",
-                                                                 "measured")))  # fmt: skip
+        t.add_row(
+            pair, *(format_bytes(b[k].get(pair, 0)) for k in ("predicted", "planned", "measured"))
+        )
+    t.add_row(
+        "total", *(format_bytes(b[f"{k}_total"]) for k in ("predicted", "planned", "measured"))
+    )
     return t
 
 
@@ -165,10 +200,12 @@ def write_timelines(report: PipelineReport, path: str) -> None:
     span = max(report.simulated.step_s, report.measured.step_s)
     title = f"{report.module}: {report.stages} stages, {report.microbatches} micro-batches, "
     parts = [
-        gantt_svg(replace(report.simulated, step_s=span),
-                  title + f"{report.schedule}, simulated on the measured task times"),
+        gantt_svg(
+            replace(report.simulated, step_s=span),
+            title + f"{report.schedule}, simulated on the measured task times",
+        ),
         gantt_svg(replace(report.measured, step_s=span), title + f"{report.schedule}, measured"),
-    ]  # fmt: skip
+    ]
     heights = [_size(svg, "height") for svg in parts]
     width = _size(parts[0], "width")
     lower = parts[1].replace("<svg ", f'<svg y="{heights[0]}" ', 1)

@@ -28,11 +28,21 @@ to be checked and written)."""
 
 @click.command("solve", epilog=EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--time-limit", default=60.0, show_default=True, type=click.FloatRange(min=0.1),
-              help="Seconds for everything, reading the file included.")  # fmt: skip
-@click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1),
-              help="Solver threads: CP-SAT workers; with 2 or more, a large problem also gets a "
-                   "helper process (Lagrangian rounds solved by toulbar2) on a second core.")  # fmt: skip
+@click.option(
+    "--time-limit",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds for everything, reading the file included.",
+)
+@click.option(
+    "--threads",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Solver threads: CP-SAT workers; with 2 or more, a large problem also gets a "
+    "helper process (Lagrangian rounds solved by toulbar2) on a second core.",
+)
 @click.option("--seed", default=0, show_default=True, help="Random seed of the search.")
 @json_option
 @debug_option
@@ -55,10 +65,24 @@ def solve_command(
     total = time.perf_counter() - begin
     c = solved.check
     if as_json:
-        emit_json("solve", {"name": instance.name, "nodes": instance.size[0], "edges": instance.size[1],
-                            "cost": c.cost, "bound": solved.bound, "peak": c.peak, "limit": instance.limit,
-                            "feasible": c.feasible, "windows": solved.windows, "helped": solved.helped, "time_s": total,
-                            "phases_s": phases, "choice": list(solved.choice)})  # fmt: skip
+        emit_json(
+            "solve",
+            {
+                "name": instance.name,
+                "nodes": instance.size[0],
+                "edges": instance.size[1],
+                "cost": c.cost,
+                "bound": solved.bound,
+                "peak": c.peak,
+                "limit": instance.limit,
+                "feasible": c.feasible,
+                "windows": solved.windows,
+                "helped": solved.helped,
+                "time_s": total,
+                "phases_s": phases,
+                "choice": list(solved.choice),
+            },
+        )
         return
     table = Table(
         title=f"{instance.name}: {instance.size[0]} nodes, {instance.size[1]} edges",

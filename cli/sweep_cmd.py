@@ -73,12 +73,23 @@ def _default_jobs() -> int:
 
 
 @click.command("sweep", epilog=EPILOG)
-@click.argument("files", metavar="FILE...", nargs=-1, required=True,
-                type=click.Path(dir_okay=False))  # fmt: skip
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=_default_jobs, show_default="CPU cores",
-              help="Entries planned at once, each in its own worker process.")  # fmt: skip
-@click.option("--out", type=click.Path(dir_okay=False, writable=True), callback=prepare_output,
-              help="Also write the rows here: .csv or .json (by the extension).")  # fmt: skip
+@click.argument(
+    "files", metavar="FILE...", nargs=-1, required=True, type=click.Path(dir_okay=False)
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1),
+    default=_default_jobs,
+    show_default="CPU cores",
+    help="Entries planned at once, each in its own worker process.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, writable=True),
+    callback=prepare_output,
+    help="Also write the rows here: .csv or .json (by the extension).",
+)
 @json_option
 @debug_option
 @handle_errors
@@ -108,8 +119,9 @@ def sweep_command(
             if rows and not as_json:
                 render(rows)
             kept = f"; their rows are in {out}" if out and rows else ""
-            click.echo(f"interrupted: {len(rows)} of {len(entries)} entries had "
-                       f"finished{kept}", err=True)  # fmt: skip
+            click.echo(
+                f"interrupted: {len(rows)} of {len(entries)} entries had finished{kept}", err=True
+            )
             sys.exit(130)
     if out and not finished:  # each finished row wrote the file; a sweep of none writes it here
         write_rows(rows, out)
@@ -137,13 +149,21 @@ def _progress(
         def line(_i: int, row: SweepRow) -> None:
             count[0] += 1
             mark = "ok" if row.ok else "error"
-            click.echo(f"rhino: [{count[0]}/{len(entries)}, {time.perf_counter() - start:.0f} s] "
-                       f"{mark} {_entry(row)}", err=True)  # fmt: skip
+            click.echo(
+                f"rhino: [{count[0]}/{len(entries)}, {time.perf_counter() - start:.0f} s] "
+                f"{mark} {_entry(row)}",
+                err=True,
+            )
 
         yield line
         return
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-               MofNCompleteColumn(), TimeElapsedColumn())  # fmt: skip
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=stderr, transient=True) as progress:
         task = progress.add_task(f"planning {len(entries)} entries", total=len(entries))
 
@@ -177,9 +197,21 @@ def render(rows: Sequence[SweepRow]) -> None:
             status = f"ok ({r.solver_status})"
         peak = "" if r.peak_memory_bytes is None else format_bytes(r.peak_memory_bytes)
         gap = "" if r.solver_gap is None else f"{r.solver_gap:.1%}"
-        table.add_row(escape(r.model), r.mesh, r.level, escape(r.cluster), budget, status,
-                      _num(r.step_ms, ".4g"), _num(r.compute_ms, ".4g"), _num(r.comm_ms, ".4g"), peak,
-                      _num(r.search_s, ".1f"), gap, _num(r.nodes, "d"))  # fmt: skip
+        table.add_row(
+            escape(r.model),
+            r.mesh,
+            r.level,
+            escape(r.cluster),
+            budget,
+            status,
+            _num(r.step_ms, ".4g"),
+            _num(r.compute_ms, ".4g"),
+            _num(r.comm_ms, ".4g"),
+            peak,
+            _num(r.search_s, ".1f"),
+            gap,
+            _num(r.nodes, "d"),
+        )
     stdout.print(table)
     failed = [(i, r) for i, r in enumerate(rows, 1) if not r.ok]
     for i, r in failed:

@@ -113,11 +113,19 @@ FLOP_RULES = {
 # Instructions that move no data of their own (aliases, metadata, control).
 NO_TRAFFIC = frozenset(
     {
-        Opcode.PARAMETER, Opcode.CONSTANT, Opcode.GET_TUPLE_ELEMENT, Opcode.TUPLE,
-        Opcode.BITCAST, Opcode.AFTER_ALL, Opcode.ADD_DEPENDENCY, Opcode.OPTIMIZATION_BARRIER,
-        Opcode.PARTITION_ID, Opcode.REPLICA_ID, Opcode.DOMAIN,
+        Opcode.PARAMETER,
+        Opcode.CONSTANT,
+        Opcode.GET_TUPLE_ELEMENT,
+        Opcode.TUPLE,
+        Opcode.BITCAST,
+        Opcode.AFTER_ALL,
+        Opcode.ADD_DEPENDENCY,
+        Opcode.OPTIMIZATION_BARRIER,
+        Opcode.PARTITION_ID,
+        Opcode.REPLICA_ID,
+        Opcode.DOMAIN,
     }
-)  # fmt: skip
+)
 
 
 def instruction_flops(inst: Instruction) -> float:
@@ -169,8 +177,12 @@ def while_trip_count(inst: Instruction) -> TripCount:
     return TripCount(count, "pattern") if count is not None else TripCount(None, "unknown")
 
 
-_CMP = {"LT": lambda i, n, s: -(-(n - i) // s), "LE": lambda i, n, s: -(-(n + 1 - i) // s),
-        "GT": lambda i, n, s: -(-(i - n) // -s), "GE": lambda i, n, s: -(-(i - n + 1) // -s)}  # fmt: skip
+_CMP = {
+    "LT": lambda i, n, s: -(-(n - i) // s),
+    "LE": lambda i, n, s: -(-(n + 1 - i) // s),
+    "GT": lambda i, n, s: -(-(i - n) // -s),
+    "GE": lambda i, n, s: -(-(i - n + 1) // -s),
+}
 
 
 def _pattern_trip_count(inst: Instruction) -> int | None:
@@ -310,8 +322,9 @@ def _mesh_form_groups(value: Any, device_ids_text: str | None) -> list[list[int]
         ids = _device_ids(m.group(1).strip(), n)
         grouped_text = (m.group(2) or "").strip()
     if not (grouped_text.startswith("{") and grouped_text.endswith("}")):
-        raise TextError(f"expected the grouped mesh axes like {{'a'}} after mesh[...], got "
-                        f"{grouped_text!r}")  # fmt: skip
+        raise TextError(
+            f"expected the grouped mesh axes like {{'a'}} after mesh[...], got {grouped_text!r}"
+        )
     refs = _axis_refs(grouped_text[1:-1], axes)
     return _groups_on_mesh(axes, refs, ids)
 
@@ -503,8 +516,16 @@ def summarize(module: Module, *, top: int = 10) -> ModuleSummary:
             if inst.opcode is Opcode.WHILE:
                 trip = while_trip_count(inst)
                 body = next((c for c in inst.called if c.name == inst.attr("body")), None)
-                loops.append(LoopFact(inst.name, comp.name, body.name if body else "?", trip.count,
-                                      trip.source, len(body.instructions) if body else 0))  # fmt: skip
+                loops.append(
+                    LoopFact(
+                        inst.name,
+                        comp.name,
+                        body.name if body else "?",
+                        trip.count,
+                        trip.source,
+                        len(body.instructions) if body else 0,
+                    )
+                )
     return ModuleSummary(
         name=module.name,
         computations=len(module.computations),
@@ -525,7 +546,7 @@ def summarize(module: Module, *, top: int = 10) -> ModuleSummary:
                 i.shape.byte_size,
             )
             for i in tensors
-        ],  # fmt: skip
+        ],
         while_loops=loops,
         fusions=hist.get("fusion", 0),
         unknown_opcodes=sorted(

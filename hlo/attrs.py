@@ -559,8 +559,19 @@ BOOL_KEYS = (
     "is_cross_program_prefetch",
     "is_host_transfer",
 )
-ENUM_KEYS = ("direction", "type", "kind", "fft_type", "distribution", "algorithm", "api_version",
-             "padding_type", "triangular_solve_options", "mode", "rng_algorithm")  # fmt: skip
+ENUM_KEYS = (
+    "direction",
+    "type",
+    "kind",
+    "fft_type",
+    "distribution",
+    "algorithm",
+    "api_version",
+    "padding_type",
+    "triangular_solve_options",
+    "mode",
+    "rng_algorithm",
+)
 
 DECODERS: dict[str, Callable[[str], Any]] = {
     **{k: _int_list for k in INT_LIST_KEYS},

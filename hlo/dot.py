@@ -5,8 +5,14 @@ from __future__ import annotations
 from rhino.hlo.ir import Module
 from rhino.hlo.opcode import Opcode
 
-_COLORS = {Opcode.DOT: "lightcoral", Opcode.CONVOLUTION: "lightcoral", Opcode.PARAMETER: "lightblue",
-           Opcode.CONSTANT: "gray90", Opcode.WHILE: "gold", Opcode.FUSION: "khaki"}  # fmt: skip
+_COLORS = {
+    Opcode.DOT: "lightcoral",
+    Opcode.CONVOLUTION: "lightcoral",
+    Opcode.PARAMETER: "lightblue",
+    Opcode.CONSTANT: "gray90",
+    Opcode.WHILE: "gold",
+    Opcode.FUSION: "khaki",
+}
 
 
 def entry_to_dot(module: Module) -> str:

@@ -142,23 +142,61 @@ OPCODE_BY_TEXT: dict[str, Opcode] = {op.value: op for op in Opcode if op is not 
 
 UNARY_ELEMENTWISE = frozenset(
     {
-        Opcode.ABS, Opcode.CBRT, Opcode.CEIL, Opcode.CLZ, Opcode.CONVERT, Opcode.BITCAST_CONVERT,
-        Opcode.COPY, Opcode.COS, Opcode.ERF, Opcode.EXP, Opcode.EXPM1, Opcode.FLOOR, Opcode.IMAG,
-        Opcode.IS_FINITE, Opcode.LOG, Opcode.LOG1P, Opcode.LOGISTIC, Opcode.NEGATE, Opcode.NOT,
-        Opcode.POPCNT, Opcode.REAL, Opcode.REDUCE_PRECISION, Opcode.ROUND_NEAREST_AFZ,
-        Opcode.ROUND_NEAREST_EVEN, Opcode.RSQRT, Opcode.SIGN, Opcode.SIN, Opcode.SQRT,
-        Opcode.TAN, Opcode.TANH,
+        Opcode.ABS,
+        Opcode.CBRT,
+        Opcode.CEIL,
+        Opcode.CLZ,
+        Opcode.CONVERT,
+        Opcode.BITCAST_CONVERT,
+        Opcode.COPY,
+        Opcode.COS,
+        Opcode.ERF,
+        Opcode.EXP,
+        Opcode.EXPM1,
+        Opcode.FLOOR,
+        Opcode.IMAG,
+        Opcode.IS_FINITE,
+        Opcode.LOG,
+        Opcode.LOG1P,
+        Opcode.LOGISTIC,
+        Opcode.NEGATE,
+        Opcode.NOT,
+        Opcode.POPCNT,
+        Opcode.REAL,
+        Opcode.REDUCE_PRECISION,
+        Opcode.ROUND_NEAREST_AFZ,
+        Opcode.ROUND_NEAREST_EVEN,
+        Opcode.RSQRT,
+        Opcode.SIGN,
+        Opcode.SIN,
+        Opcode.SQRT,
+        Opcode.TAN,
+        Opcode.TANH,
     }
-)  # fmt: skip
+)
 
 BINARY_ELEMENTWISE = frozenset(
     {
-        Opcode.ADD, Opcode.AND, Opcode.ATAN2, Opcode.COMPARE, Opcode.COMPLEX, Opcode.DIVIDE,
-        Opcode.MAXIMUM, Opcode.MINIMUM, Opcode.MULTIPLY, Opcode.OR, Opcode.POWER,
-        Opcode.REMAINDER, Opcode.SHIFT_LEFT, Opcode.SHIFT_RIGHT_ARITHMETIC,
-        Opcode.SHIFT_RIGHT_LOGICAL, Opcode.STOCHASTIC_CONVERT, Opcode.SUBTRACT, Opcode.XOR,
+        Opcode.ADD,
+        Opcode.AND,
+        Opcode.ATAN2,
+        Opcode.COMPARE,
+        Opcode.COMPLEX,
+        Opcode.DIVIDE,
+        Opcode.MAXIMUM,
+        Opcode.MINIMUM,
+        Opcode.MULTIPLY,
+        Opcode.OR,
+        Opcode.POWER,
+        Opcode.REMAINDER,
+        Opcode.SHIFT_LEFT,
+        Opcode.SHIFT_RIGHT_ARITHMETIC,
+        Opcode.SHIFT_RIGHT_LOGICAL,
+        Opcode.STOCHASTIC_CONVERT,
+        Opcode.SUBTRACT,
+        Opcode.XOR,
     }
-)  # fmt: skip
+)
 
 TERNARY_ELEMENTWISE = frozenset({Opcode.SELECT, Opcode.CLAMP})
 
@@ -166,11 +204,18 @@ ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | TERNARY_ELEMENTWISE
 
 COLLECTIVES = frozenset(
     {
-        Opcode.ALL_GATHER, Opcode.ALL_GATHER_START, Opcode.ALL_REDUCE, Opcode.ALL_REDUCE_START,
-        Opcode.ALL_TO_ALL, Opcode.COLLECTIVE_BROADCAST, Opcode.COLLECTIVE_PERMUTE,
-        Opcode.COLLECTIVE_PERMUTE_START, Opcode.RAGGED_ALL_TO_ALL, Opcode.REDUCE_SCATTER,
+        Opcode.ALL_GATHER,
+        Opcode.ALL_GATHER_START,
+        Opcode.ALL_REDUCE,
+        Opcode.ALL_REDUCE_START,
+        Opcode.ALL_TO_ALL,
+        Opcode.COLLECTIVE_BROADCAST,
+        Opcode.COLLECTIVE_PERMUTE,
+        Opcode.COLLECTIVE_PERMUTE_START,
+        Opcode.RAGGED_ALL_TO_ALL,
+        Opcode.REDUCE_SCATTER,
     }
-)  # fmt: skip
+)
 
 # Fixed operand counts; opcodes not listed take a variable number (checked elsewhere).
 OPERAND_COUNT: dict[Opcode, int] = {

@@ -66,10 +66,15 @@ def check_coverage(plan: Plan, flat: Module) -> None:
     planned = {inst.name for inst in plan.instructions}
     unknown = sorted(planned - known)
     if unknown:
-        raise ConfigError(f"the plan names instructions {flat.name} does not have: "
-                          f"%{', %'.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}")  # fmt: skip
-    missing = [inst.name for inst in flat.entry.instructions
-               if inst.name not in planned and inst.opcode_text not in UNPLANNED]  # fmt: skip
+        raise ConfigError(
+            f"the plan names instructions {flat.name} does not have: "
+            f"%{', %'.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}"
+        )
+    missing = [
+        inst.name
+        for inst in flat.entry.instructions
+        if inst.name not in planned and inst.opcode_text not in UNPLANNED
+    ]
     if missing:
         raise ConfigError(
             f"the plan covers {len(planned)} instructions but not {len(missing)} of "

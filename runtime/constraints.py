@@ -54,22 +54,36 @@ class _Writer:
         except SpecError:
             return None
 
-    def chain(self, value: Instruction, layouts: tuple[str, ...], reader: str,
-              comp: Computation, anchor: Instruction) -> Instruction:  # fmt: skip
+    def chain(
+        self,
+        value: Instruction,
+        layouts: tuple[str, ...],
+        reader: str,
+        comp: Computation,
+        anchor: Instruction,
+    ) -> Instruction:
         """`value` through one constraint per expressible layout, inserted before `anchor`."""
         current = value
         for layout in layouts:
             sharding = self.sharding(layout, value)
             if sharding is None:
                 if not value.shape.is_tuple:
-                    self.notes.append(f"%{reader}: layout {layout} of %{value.name} cannot be written as a sharding; XLA converts it its own way")  # fmt: skip
+                    self.notes.append(
+                        f"%{reader}: layout {layout} of %{value.name} cannot be written as a sharding; XLA converts it its own way"
+                    )
                 continue
             name = self.fresh(f"{value.name}.as")
-            inst = Instruction(name, Opcode.CUSTOM_CALL, value.shape, [current], {
-                "custom_call_target": TARGET,
-                "sharding": str(sharding),
-                "metadata": f'{{op_name="{reader}"}}',
-            })  # fmt: skip
+            inst = Instruction(
+                name,
+                Opcode.CUSTOM_CALL,
+                value.shape,
+                [current],
+                {
+                    "custom_call_target": TARGET,
+                    "sharding": str(sharding),
+                    "metadata": f'{{op_name="{reader}"}}',
+                },
+            )
             comp.insert_before(anchor, inst)
             self.added += 1
             current = inst
@@ -142,7 +156,12 @@ def add_constraints(module: Module, plan: Plan) -> tuple[Module, tuple[str, ...]
     return module, tuple(writer.notes)
 
 
-def _loop(writer: _Writer, loop: Instruction, plan: Plan, paths: dict[tuple[str, str, int], tuple[str, ...]]) -> None:  # fmt: skip
+def _loop(
+    writer: _Writer,
+    loop: Instruction,
+    plan: Plan,
+    paths: dict[tuple[str, str, int], tuple[str, ...]],
+) -> None:
     """Pin the layout of every carried leaf of `loop`, inside and around it."""
     elements = loop.shape.elements
     if any(e.is_tuple for e in elements):

@@ -193,11 +193,21 @@ def parse_partitioned(text: str) -> Module:
 
 
 # opcodes that launch no kernel of their own: they name, alias or group buffers
-_NO_KERNEL = frozenset({
-    Opcode.PARAMETER, Opcode.CONSTANT, Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT,
-    Opcode.BITCAST, Opcode.AFTER_ALL, Opcode.OPTIMIZATION_BARRIER, Opcode.PARTITION_ID,
-    Opcode.REPLICA_ID, Opcode.ASYNC_UPDATE, Opcode.ASYNC_DONE,
-})  # fmt: skip
+_NO_KERNEL = frozenset(
+    {
+        Opcode.PARAMETER,
+        Opcode.CONSTANT,
+        Opcode.TUPLE,
+        Opcode.GET_TUPLE_ELEMENT,
+        Opcode.BITCAST,
+        Opcode.AFTER_ALL,
+        Opcode.OPTIMIZATION_BARRIER,
+        Opcode.PARTITION_ID,
+        Opcode.REPLICA_ID,
+        Opcode.ASYNC_UPDATE,
+        Opcode.ASYNC_DONE,
+    }
+)
 
 
 def while_runs(inst: Instruction) -> tuple[list[tuple[Computation, int]], bool]:
@@ -727,9 +737,16 @@ def compare(
         names = _combined_names(m.instruction)
         if m.axes is None or len(names) < 2:
             continue
-        group = [i for i in sorted(free_p) if predicted[i].instruction in names
-                 and set(predicted[i].axes) == set(m.axes)
-                 and (predicted[i].kind == m.kind or (predicted[i].kind == "reduce-scatter" and m.kind == "all-reduce"))]  # fmt: skip
+        group = [
+            i
+            for i in sorted(free_p)
+            if predicted[i].instruction in names
+            and set(predicted[i].axes) == set(m.axes)
+            and (
+                predicted[i].kind == m.kind
+                or (predicted[i].kind == "reduce-scatter" and m.kind == "all-reduce")
+            )
+        ]
         if not group:
             continue
         total = sum(predicted[i].total_bytes for i in group)

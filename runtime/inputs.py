@@ -137,21 +137,39 @@ def _normal(h: np.ndarray) -> np.ndarray:
 def numpy_dtype(hlo_dtype: str) -> np.dtype[Any]:
     """The numpy dtype of an HLO element type ("f32", "bf16", "s32", "pred", ...)."""
     simple = {
-        "pred": np.bool_, "s8": np.int8, "s16": np.int16, "s32": np.int32, "s64": np.int64,
-        "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
-        "f16": np.float16, "f32": np.float32, "f64": np.float64,
-        "c64": np.complex64, "c128": np.complex128,
-    }  # fmt: skip
+        "pred": np.bool_,
+        "s8": np.int8,
+        "s16": np.int16,
+        "s32": np.int32,
+        "s64": np.int64,
+        "u8": np.uint8,
+        "u16": np.uint16,
+        "u32": np.uint32,
+        "u64": np.uint64,
+        "f16": np.float16,
+        "f32": np.float32,
+        "f64": np.float64,
+        "c64": np.complex64,
+        "c128": np.complex128,
+    }
     if hlo_dtype in simple:
         return np.dtype(simple[hlo_dtype])
     import ml_dtypes
 
     exotic = {
-        "bf16": "bfloat16", "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2",
-        "f8e4m3": "float8_e4m3", "f8e3m4": "float8_e3m4", "f8e4m3fnuz": "float8_e4m3fnuz",
-        "f8e5m2fnuz": "float8_e5m2fnuz", "f8e4m3b11fnuz": "float8_e4m3b11fnuz",
-        "s4": "int4", "u4": "uint4", "s2": "int2", "u2": "uint2",
-    }  # fmt: skip
+        "bf16": "bfloat16",
+        "f8e4m3fn": "float8_e4m3fn",
+        "f8e5m2": "float8_e5m2",
+        "f8e4m3": "float8_e4m3",
+        "f8e3m4": "float8_e3m4",
+        "f8e4m3fnuz": "float8_e4m3fnuz",
+        "f8e5m2fnuz": "float8_e5m2fnuz",
+        "f8e4m3b11fnuz": "float8_e4m3b11fnuz",
+        "s4": "int4",
+        "u4": "uint4",
+        "s2": "int2",
+        "u2": "uint2",
+    }
     if hlo_dtype in exotic and hasattr(ml_dtypes, exotic[hlo_dtype]):
         return np.dtype(getattr(ml_dtypes, exotic[hlo_dtype]))
     raise ExecutionError(f"rhino cannot make inputs of element type {hlo_dtype}")
@@ -235,9 +253,14 @@ class ShardMaker:
 
     def __call__(self, where: Index) -> np.ndarray:
         return shard_input(
-            self.shape, self.dtype, self.seed, self.param, where,
-            options=self.options, nonnegative=self.nonnegative,
-        )  # fmt: skip
+            self.shape,
+            self.dtype,
+            self.seed,
+            self.param,
+            where,
+            options=self.options,
+            nonnegative=self.nonnegative,
+        )
 
     def whole(self) -> np.ndarray:
         """The global array (for the single-device reference run)."""

@@ -16,8 +16,9 @@ from rhino.hlo.shape import Shape
 from rhino.runtime.pipeline_microbatch import BatchFacts, State, cut_dims, window_dims
 
 
-def microbatch_module(module: Module, facts: BatchFacts,
-                      copies: dict[str, str] | None = None) -> Module:  # fmt: skip
+def microbatch_module(
+    module: Module, facts: BatchFacts, copies: dict[str, str] | None = None
+) -> Module:
     """`module` (flat, as analysed) with every per-example dimension cut to one
     micro-batch; constants, names and everything batch-independent unchanged.
     Post: the module verifies; its parameters are those of `module` with the data
@@ -63,9 +64,14 @@ def microbatch_module(module: Module, facts: BatchFacts,
     return Module(module.name, {}, [*others, new], list(module.sections), module.percent_names)
 
 
-def _whole_copy(inst: Instruction, facts: BatchFacts, comp: Computation,
-                mapping: dict[str, Instruction], whole_of: dict[str, Instruction],
-                root: Instruction) -> Instruction:  # fmt: skip
+def _whole_copy(
+    inst: Instruction,
+    facts: BatchFacts,
+    comp: Computation,
+    mapping: dict[str, Instruction],
+    whole_of: dict[str, Instruction],
+    root: Instruction,
+) -> Instruction:
     """`inst` computed for the whole batch, from the whole batch's inputs (`whole_of`:
     data parameter -> the parameter with its whole value), in `comp`: what depends on
     the batch is copied with its full shape, the rest is read from `mapping`. `root`,
@@ -87,8 +93,10 @@ def _whole_copy(inst: Instruction, facts: BatchFacts, comp: Computation,
 
 def _cut(shape: Shape, state: State, m: int) -> Shape:
     if isinstance(state, tuple) and shape.is_tuple:
-        return Shape("tuple", elements=tuple(
-            _cut(e, s, m) for e, s in zip(shape.elements, state, strict=True)))  # fmt: skip
+        return Shape(
+            "tuple",
+            elements=tuple(_cut(e, s, m) for e, s in zip(shape.elements, state, strict=True)),
+        )
     if not isinstance(state, int) or isinstance(state, bool):
         return shape
     dims = list(shape.dims)
@@ -97,9 +105,16 @@ def _cut(shape: Shape, state: State, m: int) -> Shape:
 
 
 def _clone(inst: Instruction, shape: Shape, ops: list[Instruction]) -> Instruction:
-    clone = Instruction(inst.name, inst.opcode, shape, ops, inst.attrs,
-                        opcode_text=inst.opcode_text, parameter_number=inst.parameter_number,
-                        literal=inst.literal)  # fmt: skip
+    clone = Instruction(
+        inst.name,
+        inst.opcode,
+        shape,
+        ops,
+        inst.attrs,
+        opcode_text=inst.opcode_text,
+        parameter_number=inst.parameter_number,
+        literal=inst.literal,
+    )
     clone.called = inst.called
     return clone
 
@@ -123,8 +138,14 @@ class _Resizer:
     """Makes the micro-batch's copies of batch-independent values (`_cut_dims`), in the
     rewritten ENTRY computation `comp`."""
 
-    def __init__(self, comp: Computation, mapping: dict[str, Instruction], facts: BatchFacts,
-                 rows: Instruction | None, copies: dict[str, str]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        comp: Computation,
+        mapping: dict[str, Instruction],
+        facts: BatchFacts,
+        rows: Instruction | None,
+        copies: dict[str, str],
+    ) -> None:
         self.comp = comp
         self.mapping = mapping
         self.facts = facts
@@ -147,8 +168,10 @@ class _Resizer:
             return self.done[key]
         cuts = [] if inst.opcode is Opcode.IOTA else cut_dims(inst, dim, self.facts.batch)
         whole = inst.name in self.facts.whole  # its operands: their whole-batch copies
-        ops = [self._operand(op, whole) if d is None else self.resized(op, d)
-               for op, d in zip(inst.operands, cuts, strict=True)]  # fmt: skip
+        ops = [
+            self._operand(op, whole) if d is None else self.resized(op, d)
+            for op, d in zip(inst.operands, cuts, strict=True)
+        ]
         dims = list(inst.shape.dims)
         dims[dim] //= m
         clone = _clone(inst, inst.shape.with_dims(tuple(dims)), ops)
@@ -185,13 +208,19 @@ class _Resizer:
         """The micro-batch's rows of `whole` (the whole batch's value), along `dim`."""
         s32 = Shape("s32", ())
         zero = self._add(Opcode.CONSTANT, s32, [], literal="0")
-        starts = [self._start(whole.shape.dims[dim]) if d == dim else zero
-                  for d in range(whole.shape.rank)]  # fmt: skip
+        starts = [
+            self._start(whole.shape.dims[dim]) if d == dim else zero
+            for d in range(whole.shape.rank)
+        ]
         dims = list(whole.shape.dims)
         dims[dim] //= self.facts.microbatches
         sizes = "{" + ",".join(map(str, dims)) + "}"
-        return self._add(Opcode.DYNAMIC_SLICE, whole.shape.with_dims(tuple(dims)), [whole, *starts],
-                         dynamic_slice_sizes=sizes)  # fmt: skip
+        return self._add(
+            Opcode.DYNAMIC_SLICE,
+            whole.shape.with_dims(tuple(dims)),
+            [whole, *starts],
+            dynamic_slice_sizes=sizes,
+        )
 
     def _start(self, whole: int) -> Instruction:
         """Where the micro-batch starts in a dimension that holds the whole batch's
@@ -203,8 +232,15 @@ class _Resizer:
         per_example = self._add(Opcode.CONSTANT, s32, [], literal=str(whole // self.facts.batch))
         return self._add(Opcode.MULTIPLY, s32, [start, per_example])
 
-    def _add(self, opcode: Opcode, shape: Shape, ops: list[Instruction], *,
-             literal: str | None = None, **attrs: str) -> Instruction:  # fmt: skip
+    def _add(
+        self,
+        opcode: Opcode,
+        shape: Shape,
+        ops: list[Instruction],
+        *,
+        literal: str | None = None,
+        **attrs: str,
+    ) -> Instruction:
         name = self.comp.unused_name(f"microbatch_{opcode.value}")
         inst = Instruction(name, opcode, shape, ops, dict(attrs), literal=literal)
         if self.anchor is not None:

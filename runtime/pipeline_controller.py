@@ -53,8 +53,12 @@ class Candidate:
     """The stage plan a pipeline or hybrid estimate is for."""
 
     def to_json(self) -> dict[str, object]:
-        return {"kind": self.kind, "mesh": list(self.mesh), "step_s": self.step_s,
-                "note": self.note}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "mesh": list(self.mesh),
+            "step_s": self.step_s,
+            "note": self.note,
+        }
 
 
 @dataclass(frozen=True)
@@ -69,12 +73,19 @@ class Comparison:
         return min(planned, key=lambda c: c.step_s or 0.0, default=None)
 
 
-def compare_layouts(module: Module, devices: int, request: PlanRequest, *,
-                    microbatches: int = 8, epsilon: float | None = None) -> Comparison:  # fmt: skip
+def compare_layouts(
+    module: Module,
+    devices: int,
+    request: PlanRequest,
+    *,
+    microbatches: int = 8,
+    epsilon: float | None = None,
+) -> Comparison:
     """Estimate every layout of `devices` devices (module docstring); `request` gives the
     cluster, level and solver options (its mesh is replaced)."""
-    out = [_spmd(module, dataclasses.replace(request, mesh=m))
-           for m in mesh_factorizations(devices)]  # fmt: skip
+    out = [
+        _spmd(module, dataclasses.replace(request, mesh=m)) for m in mesh_factorizations(devices)
+    ]
     for stages in range(2, devices + 1):
         if devices % stages == 0:
             out.append(_staged(module, stages, devices // stages, request, microbatches, epsilon))
@@ -90,8 +101,9 @@ def _spmd(module: Module, request: PlanRequest) -> Candidate:
     return Candidate("spmd", mesh, plan.objective_s, f"{request.level} plan on {_x(mesh)}")
 
 
-def _staged(module: Module, stages: int, size: int, request: PlanRequest, m: int,
-            epsilon: float | None) -> Candidate:  # fmt: skip
+def _staged(
+    module: Module, stages: int, size: int, request: PlanRequest, m: int, epsilon: float | None
+) -> Candidate:
     kind = "pipeline" if size == 1 else "hybrid"
     try:
         plan, eps = _stage_plan(module, stages, m, request, epsilon)
@@ -100,13 +112,16 @@ def _staged(module: Module, stages: int, size: int, request: PlanRequest, m: int
         step = simulate("1f1b", _stage_times(programs, times, request.cluster, size), m).step_s
     except RhinoError as exc:
         return Candidate(kind, (stages, size), None, str(exc))
-    note = (f"{stages} stages (epsilon {eps:g}), each program planned on {size} device(s), "
-            f"1F1B over {m} micro-batches simulated")  # fmt: skip
+    note = (
+        f"{stages} stages (epsilon {eps:g}), each program planned on {size} device(s), "
+        f"1F1B over {m} micro-batches simulated"
+    )
     return Candidate(kind, (stages, size), step, note, plan)
 
 
-def _stage_plan(module: Module, stages: int, m: int, request: PlanRequest,
-                epsilon: float | None) -> tuple[StagePlan, float]:  # fmt: skip
+def _stage_plan(
+    module: Module, stages: int, m: int, request: PlanRequest, epsilon: float | None
+) -> tuple[StagePlan, float]:
     """The stage plan at the tightest balance from `epsilon` up (steps of 0.1) with one
     (None: the pipeline search's own default and widening)."""
     if epsilon is None:
@@ -126,12 +141,15 @@ def _stage_plan(module: Module, stages: int, m: int, request: PlanRequest,
 
 def _program_times(programs: StagePrograms, request: PlanRequest) -> dict[tuple[int, str], float]:
     """(stage, kind) -> the predicted time of one run of that program."""
-    return {key: make_plan(parse_module(p.text, f"<stage {key[0]} {key[1]}>"), request).objective_s
-            for key, p in programs.programs.items()}  # fmt: skip
+    return {
+        key: make_plan(parse_module(p.text, f"<stage {key[0]} {key[1]}>"), request).objective_s
+        for key, p in programs.programs.items()
+    }
 
 
-def _stage_times(programs: StagePrograms, times: dict[tuple[int, str], float],
-                 cluster: Cluster, size: int) -> StageTimes:  # fmt: skip
+def _stage_times(
+    programs: StagePrograms, times: dict[tuple[int, str], float], cluster: Cluster, size: int
+) -> StageTimes:
     """The simulator's view: task times, and one micro-batch's sends between stages at the
     link between their devices (stage s on devices s*size .. (s+1)*size - 1)."""
     graph = task_graph(programs)
@@ -150,7 +168,7 @@ def _stage_times(programs: StagePrograms, times: dict[tuple[int, str], float],
         update_s=tuple(
             sum(t for (stage, kind), t in times.items() if stage == s and is_update(kind))
             for s in range(p)
-        ),  # fmt: skip
+        ),
         send_s=send_s,
         activation_bytes=tuple(float(b) for b in graph.activation_bytes),
     )

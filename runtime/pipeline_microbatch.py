@@ -132,8 +132,11 @@ class _Facts:
             _check_resizable(op, dim, self)
             self.resize[(user.name, k)] = dim
             return
-        raise _refuse(user, f"operand {k} %{op.name} is {_describe(state)} where the batch "
-                      f"is dimension {dim} of the others")  # fmt: skip
+        raise _refuse(
+            user,
+            f"operand {k} %{op.name} is {_describe(state)} where the batch "
+            f"is dimension {dim} of the others",
+        )
 
 
 def _describe(state: State) -> str:
@@ -152,8 +155,10 @@ class _Refusal(ConfigError):
     """The step cannot be cut into micro-batches at `inst`."""
 
     def __init__(self, inst: Instruction, why: str) -> None:
-        super().__init__(f"cannot cut the step into micro-batches at %{inst.name} "
-                         f"({inst.opcode_text}): {why}; run it with 1 micro-batch")  # fmt: skip
+        super().__init__(
+            f"cannot cut the step into micro-batches at %{inst.name} "
+            f"({inst.opcode_text}): {why}; run it with 1 micro-batch"
+        )
         self.inst = inst
         self.why = why
 
@@ -206,8 +211,10 @@ def batch_facts(module: Module, split: StepSplit, microbatches: int) -> BatchFac
     single input explains is the step's, and is raised."""
     groups = input_groups(split)
     if not groups:
-        raise ConfigError(f"{module.name}: no input to cut into micro-batches (every "
-                          "forward parameter is a weight the update rewrites or a scalar)")  # fmt: skip
+        raise ConfigError(
+            f"{module.name}: no input to cut into micro-batches (every "
+            "forward parameter is a weight the update rewrites or a scalar)"
+        )
     first: ConfigError | None = None
     for group in groups:
         data = list(group)
@@ -231,8 +238,9 @@ def input_groups(split: StepSplit) -> list[list[Instruction]]:
     for inst in data_parameters(split):
         if inst.shape.rank and not inst.shape.is_tuple and inst.shape.dims[0] > 0:
             groups.setdefault(inst.shape.dims[0], []).append(inst)
-    return sorted(groups.values(),
-                  key=lambda g: (-sum(p.shape.byte_size for p in g), g[0].shape.dims[0]))  # fmt: skip
+    return sorted(
+        groups.values(), key=lambda g: (-sum(p.shape.byte_size for p in g), g[0].shape.dims[0])
+    )
 
 
 def _inputs_behind(inst: Instruction, data: list[Instruction]) -> set[str]:
@@ -240,8 +248,9 @@ def _inputs_behind(inst: Instruction, data: list[Instruction]) -> set[str]:
     return (ancestors(inst) - {inst.name}) & {p.name for p in data}
 
 
-def _analyse(module: Module, split: StepSplit, microbatches: int, data: list[Instruction],
-             batch: int) -> BatchFacts:  # fmt: skip
+def _analyse(
+    module: Module, split: StepSplit, microbatches: int, data: list[Instruction], batch: int
+) -> BatchFacts:
     names = {p.name for p in data}
     heavy = _heavy_behind(split)
     whole: set[str] = set()
@@ -254,36 +263,54 @@ def _analyse(module: Module, split: StepSplit, microbatches: int, data: list[Ins
             break
         except _WholeBatch as need:
             if heavy[need.value.name]:  # a statistic of the model's outputs over the batch
-                raise _Refusal(need.inst, f"{need.why}; %{need.value.name} is computed from "
-                               "the whole batch's dots or convolutions, so no micro-batch "
-                               "can compute it alone") from None  # fmt: skip
+                raise _Refusal(
+                    need.inst,
+                    f"{need.why}; %{need.value.name} is computed from "
+                    "the whole batch's dots or convolutions, so no micro-batch "
+                    "can compute it alone",
+                ) from None
             if need.value.name in whole:
                 raise
             whole.add(need.value.name)
     for name, _ in sorted(facts.sliced, key=lambda t: split.index[t[0]]):
         if heavy[name]:
-            raise _refuse(split.order[split.index[name]], "it would be computed for the whole "
-                          "batch in every micro-batch (its dots or convolutions read the "
-                          "batch's inputs)")  # fmt: skip
+            raise _refuse(
+                split.order[split.index[name]],
+                "it would be computed for the whole "
+                "batch in every micro-batch (its dots or convolutions read the "
+                "batch's inputs)",
+            )
     if microbatches < 1 or batch % microbatches:
-        raise ConfigError(f"{microbatches} micro-batches do not divide the batch of {batch} "
-                          f"examples (dimension 0 of %{data[0].name})")  # fmt: skip
+        raise ConfigError(
+            f"{microbatches} micro-batches do not divide the batch of {batch} "
+            f"examples (dimension 0 of %{data[0].name})"
+        )
     inputs: dict[str, str | None] = {}
     if whole:
         for p in _inputs_of(whole, split, names):
             inputs[module.entry.unused_name(f"{p}.whole")] = p
     if facts.counts_rows:
         inputs[module.entry.unused_name(ROWS)] = None
-    return BatchFacts(batch, microbatches, tuple(p.name for p in data), facts.state, facts.resize,
-                      frozenset(facts.sliced), facts.counts_rows, frozenset(whole), inputs)  # fmt: skip
+    return BatchFacts(
+        batch,
+        microbatches,
+        tuple(p.name for p in data),
+        facts.state,
+        facts.resize,
+        frozenset(facts.sliced),
+        facts.counts_rows,
+        frozenset(whole),
+        inputs,
+    )
 
 
 def _inputs_of(values: set[str], split: StepSplit, data: set[str]) -> list[str]:
     """The data parameters `values` are computed from, in parameter order."""
     found: set[str] = set()
     for name in values:
-        found |= _inputs_behind(split.order[split.index[name]], [
-            split.order[split.index[p]] for p in data])  # fmt: skip
+        found |= _inputs_behind(
+            split.order[split.index[name]], [split.order[split.index[p]] for p in data]
+        )
     return sorted(found, key=lambda p: split.index[p])
 
 
@@ -298,9 +325,13 @@ def _heavy_behind(split: StepSplit) -> dict[str, bool]:
 def data_parameters(split: StepSplit) -> list[Instruction]:
     """The step's inputs: forward parameters that the update does not rewrite (the batch
     among them, and per-step inputs such as an RNG key)."""
-    return [inst for inst in split.order
-            if inst.opcode is Opcode.PARAMETER and split.role(inst.name) is Role.FORWARD
-            and inst.name not in split.weights]  # fmt: skip
+    return [
+        inst
+        for inst in split.order
+        if inst.opcode is Opcode.PARAMETER
+        and split.role(inst.name) is Role.FORWARD
+        and inst.name not in split.weights
+    ]
 
 
 def _state_of(inst: Instruction, split: StepSplit, data: set[str], facts: _Facts) -> State:
@@ -324,12 +355,15 @@ def _step(inst: Instruction, ops: list[State], role: Role) -> State:
             continue
         name = inst.operands[k].name
         if role in (Role.UPDATE, Role.OUTPUT):
-            raise _refuse(inst, f"it runs once per step but reads %{name}, which is "
-                          f"{_describe(s)}")  # fmt: skip
+            raise _refuse(inst, f"it runs once per step but reads %{name}, which is {_describe(s)}")
         total = next(op for op, t in zip(inst.operands, ops, strict=True) if t == STEP)
-        raise _WholeBatch(inst, f"it combines %{name}, {_describe(s)}, with %{total.name}, which "
-                          "needs the whole batch first (e.g. a mean over a batch-dependent "
-                          "count)", total)  # fmt: skip
+        raise _WholeBatch(
+            inst,
+            f"it combines %{name}, {_describe(s)}, with %{total.name}, which "
+            "needs the whole batch first (e.g. a mean over a batch-dependent "
+            "count)",
+            total,
+        )
     return STEP if role is not Role.OUTPUT else None
 
 
@@ -337,8 +371,7 @@ Rule: TypeAlias = Callable[[Instruction, list[State], _Facts], State]
 
 
 def _no_rule(inst: Instruction, ops: list[State], facts: _Facts) -> State:
-    raise _refuse(inst, "rhino has no micro-batch rule for this opcode with per-example "
-                  "operands")  # fmt: skip
+    raise _refuse(inst, "rhino has no micro-batch rule for this opcode with per-example operands")
 
 
 def _linear(inst: Instruction, ops: list[State]) -> State:
@@ -346,9 +379,12 @@ def _linear(inst: Instruction, ops: list[State]) -> State:
     it (the other operands batch-independent), else it must wait for the whole sum."""
     if any(isinstance(s, int) for s in ops):
         total = next(op for op, s in zip(inst.operands, ops, strict=True) if s == PARTIAL)
-        raise _WholeBatch(inst, "it combines per-example values with a sum over the whole "
-                          "batch (batch statistics): each micro-batch would see its own sum",
-                          total)  # fmt: skip
+        raise _WholeBatch(
+            inst,
+            "it combines per-example values with a sum over the whole "
+            "batch (batch statistics): each micro-batch would see its own sum",
+            total,
+        )
     partial = [k for k, s in enumerate(ops) if s == PARTIAL]
     others = [k for k in range(len(ops)) if k not in partial]
     op = inst.opcode
@@ -417,9 +453,12 @@ def _reshape(inst: Instruction, ops: list[State], facts: _Facts) -> State:
         return s
     d = _reshaped_dim(inst.operands[0].shape.dims, inst.shape.dims, s, facts.batch)
     if d is None:
-        raise _refuse(inst, f"the reshape {list(inst.operands[0].shape.dims)} -> "
-                      f"{list(inst.shape.dims)} splits the batch (dimension {s}) or moves "
-                      "it off the major position")  # fmt: skip
+        raise _refuse(
+            inst,
+            f"the reshape {list(inst.operands[0].shape.dims)} -> "
+            f"{list(inst.shape.dims)} splits the batch (dimension {s}) or moves "
+            "it off the major position",
+        )
     return d
 
 
@@ -459,8 +498,11 @@ def _reduce(inst: Instruction, ops: list[State], facts: _Facts) -> State:
 
 def _is_add(comp: Computation) -> bool:
     root = comp.root
-    return (root is not None and root.opcode is Opcode.ADD
-            and all(op.opcode is Opcode.PARAMETER for op in root.operands))  # fmt: skip
+    return (
+        root is not None
+        and root.opcode is Opcode.ADD
+        and all(op.opcode is Opcode.PARAMETER for op in root.operands)
+    )
 
 
 def _dot(inst: Instruction, ops: list[State], facts: _Facts) -> State:
@@ -479,8 +521,9 @@ def _dot(inst: Instruction, ops: list[State], facts: _Facts) -> State:
     return d
 
 
-def _dot_side(inst: Instruction, facts: _Facts, k: int, d: int,
-              dims: tuple[list[int], ...], other: State) -> State:  # fmt: skip
+def _dot_side(
+    inst: Instruction, facts: _Facts, k: int, d: int, dims: tuple[list[int], ...], other: State
+) -> State:
     """Operand k holds the batch in dimension d; `dims` are its batch and contracting
     dimensions, then the other operand's."""
     own_b, own_c, oth_b, oth_c = dims
@@ -610,8 +653,11 @@ def _slice(inst: Instruction, ops: list[State], facts: _Facts) -> State:
 
 def _concatenate(inst: Instruction, ops: list[State], facts: _Facts) -> State:
     if PARTIAL in ops:
-        return PARTIAL if all(s == PARTIAL or _is_zero(o) for s, o in zip(ops, inst.operands,
-                                                                         strict=True)) else STEP  # fmt: skip
+        return (
+            PARTIAL
+            if all(s == PARTIAL or _is_zero(o) for s, o in zip(ops, inst.operands, strict=True))
+            else STEP
+        )
     (d,) = {s for s in ops if isinstance(s, int)}
     if d == inst.attr("dimensions")[0]:
         raise _refuse(inst, "it concatenates along the batch")
@@ -766,5 +812,8 @@ def cut_dims(inst: Instruction, dim: int, batch: int) -> list[int | None]:
         }[op]()
         if whole:
             return [dim] + [None] * (len(ops) - 1) if op is Opcode.PAD else [dim] * len(ops)
-    raise _refuse(inst, f"it is batch-independent but read as if per example (dimension "
-                  f"{dim}), and rhino cannot compute it for one micro-batch")  # fmt: skip
+    raise _refuse(
+        inst,
+        f"it is batch-independent but read as if per example (dimension "
+        f"{dim}), and rhino cannot compute it for one micro-batch",
+    )

@@ -167,9 +167,15 @@ class Pipeline:
         return tuple(d for group in self.groups for d in group)
 
 
-def prepare(module: Module, plan: StagePlan, microbatches: int | None = None,
-            platform: str | None = None, *, optimize: bool = True,
-            spmd: PlanRequest | None = None) -> Pipeline:  # fmt: skip
+def prepare(
+    module: Module,
+    plan: StagePlan,
+    microbatches: int | None = None,
+    platform: str | None = None,
+    *,
+    optimize: bool = True,
+    spmd: PlanRequest | None = None,
+) -> Pipeline:
     """Cut `module` into `plan`'s programs for `microbatches` (None: the plan's) and
     compile each once on its stage's devices (`optimize`: see `xla_bridge.compile_spmd`).
 
@@ -192,8 +198,9 @@ def prepare(module: Module, plan: StagePlan, microbatches: int | None = None,
         if spmd is not None and size > 1:
             text, realized = _sharded_text(program.text, spmd)
             notes += [f"{kind}{s}: {n}" for n in realized]
-        compiled[f"{kind}{s}"] = xb.compile_spmd(text, groups[s], num_partitions=size,
-                                                 optimize=optimize)  # fmt: skip
+        compiled[f"{kind}{s}"] = xb.compile_spmd(
+            text, groups[s], num_partitions=size, optimize=optimize
+        )
         seconds[f"{kind}{s}"] = time.perf_counter() - start
     for key in programs.accumulate_text:
         s, kind = key
@@ -201,17 +208,21 @@ def prepare(module: Module, plan: StagePlan, microbatches: int | None = None,
             continue
         start = time.perf_counter()
         producer = compiled[f"{kind}{s}"]
-        layouts = [producer.outputs[programs.programs[key].outputs.index(v)].sharding
-                   for v in programs.accumulated(key)]  # fmt: skip
+        layouts = [
+            producer.outputs[programs.programs[key].outputs.index(v)].sharding
+            for v in programs.accumulated(key)
+        ]
         text = accumulate_program(programs, key, layouts if size > 1 else None)
-        compiled[f"A{kind}{s}"] = xb.compile_spmd(text, groups[s], num_partitions=size,
-                                                  optimize=optimize)  # fmt: skip
+        compiled[f"A{kind}{s}"] = xb.compile_spmd(
+            text, groups[s], num_partitions=size, optimize=optimize
+        )
         seconds[f"A{kind}{s}"] = time.perf_counter() - start
     return Pipeline(plan, programs, graph, groups, compiled, seconds, tuple(notes), local)
 
 
-def _stage_devices(stages: int, size: int,
-                   platform: str | None) -> tuple[tuple[tuple[Any, ...], ...], frozenset[int]]:  # fmt: skip
+def _stage_devices(
+    stages: int, size: int, platform: str | None
+) -> tuple[tuple[tuple[Any, ...], ...], frozenset[int]]:
     """Stage s's devices (the s-th block of `size`), and the stages of this process. In a
     job of several processes the stages span all of the job's devices, a stage within
     one process."""
@@ -222,8 +233,10 @@ def _stage_devices(stages: int, size: int,
     else:
         have = xb.device_count(platform)
         if have != need:
-            raise ExecutionError(f"{stages} stages of {size} device(s) need {need} devices, "
-                                 f"but the {process.count} processes of this job have {have}")  # fmt: skip
+            raise ExecutionError(
+                f"{stages} stages of {size} device(s) need {need} devices, "
+                f"but the {process.count} processes of this job have {have}"
+            )
         devices = xb.global_devices(platform, need)
     groups = tuple(tuple(devices[s * size : (s + 1) * size]) for s in range(stages))
     local = set()
@@ -243,8 +256,9 @@ def _sharded_text(text: str, spmd: PlanRequest) -> tuple[str, tuple[str, ...]]:
     return print_module(annotated), notes
 
 
-def run_steps(pipeline: Pipeline, name: str, inputs: Sequence[np.ndarray], *, steps: int,
-              warmup: int = 0) -> tuple[Schedule, list[StepRecord]]:  # fmt: skip
+def run_steps(
+    pipeline: Pipeline, name: str, inputs: Sequence[np.ndarray], *, steps: int, warmup: int = 0
+) -> tuple[Schedule, list[StepRecord]]:
     """Run `steps` steps (after `warmup` untimed ones) under schedule `name` on the
     step's parameters `inputs` (global arrays, in parameter order)."""
     if warmup < 0 or steps < 1:
@@ -255,8 +269,9 @@ def run_steps(pipeline: Pipeline, name: str, inputs: Sequence[np.ndarray], *, st
     return table, records[warmup:]
 
 
-def run_pipeline(module: Module, plan: StagePlan, options: PipelineOptions,
-                 spmd: PlanRequest | None = None) -> PipelineReport:  # fmt: skip
+def run_pipeline(
+    module: Module, plan: StagePlan, options: PipelineOptions, spmd: PlanRequest | None = None
+) -> PipelineReport:
     """Compile, run, verify and time `plan` (see the module docstring; `spmd`: a hybrid
     run, see `prepare`)."""
     pipeline = prepare(module, plan, options.microbatches, options.platform, spmd=spmd)
@@ -265,8 +280,9 @@ def run_pipeline(module: Module, plan: StagePlan, options: PipelineOptions,
     ).hexdigest()[:16]
     xb.check_agreement("stage programs and run options (digest)", digest)
     inputs = [maker.whole() for maker in entry_inputs(module, options.seed)]
-    table, records = run_steps(pipeline, options.schedule, inputs, steps=options.steps,
-                               warmup=options.warmup)  # fmt: skip
+    table, records = run_steps(
+        pipeline, options.schedule, inputs, steps=options.steps, warmup=options.warmup
+    )
     verify = None
     single = None
     if options.verify:
@@ -278,8 +294,11 @@ def run_pipeline(module: Module, plan: StagePlan, options: PipelineOptions,
         want = xb.execute(reference, inputs)
         got = records[-1].outputs
         terms = reduction_lengths(module)
-        checks = [compare_output(i, want[i], g, tolerance_for(want[i].dtype, reduction=terms[i]))
-                  for i, g in enumerate(got) if g is not None]  # fmt: skip
+        checks = [
+            compare_output(i, want[i], g, tolerance_for(want[i].dtype, reduction=terms[i]))
+            for i, g in enumerate(got)
+            if g is not None
+        ]
         verify = verify_doc(checks, options.seed)
         times = xb.time_execution(reference, inputs, warmup=0, steps=options.steps)
         single = statistics.median(times)
@@ -301,14 +320,17 @@ class _Mailbox:
 
     def get(self, key: tuple[str, int, int]) -> Any:
         with self._ready:
-            ok = self._ready.wait_for(lambda: key in self._items or self.failure is not None,
-                                      timeout=WAIT_S)  # fmt: skip
+            ok = self._ready.wait_for(
+                lambda: key in self._items or self.failure is not None, timeout=WAIT_S
+            )
             if self.failure is not None:
                 raise ExecutionError("another stage failed") from None
             if not ok:
                 value, k, stage = key
-                raise ExecutionError(f"stage {stage} waited {WAIT_S:.0f} s for %{value} of "
-                                     f"micro-batch {k}: the schedule is stuck")  # fmt: skip
+                raise ExecutionError(
+                    f"stage {stage} waited {WAIT_S:.0f} s for %{value} of "
+                    f"micro-batch {k}: the schedule is stuck"
+                )
             return self._items[key]
 
     def fail(self, exc: BaseException) -> None:
@@ -335,9 +357,10 @@ class _StepRunner:
         self.host_sent: dict[tuple[int, int], int] = {}
         self.targets = _targets(pipeline.programs, pipeline.compiled)
         self.remote = tuple(
-            t for t in transfer_order(pipeline.programs, pipeline.graph, table)
+            t
+            for t in transfer_order(pipeline.programs, pipeline.graph, table)
             if (t.source in self.local) != (t.target in self.local)
-        )  # fmt: skip
+        )
         self.place()
 
     def place(self) -> None:
@@ -350,8 +373,11 @@ class _StepRunner:
             value = p.values.get(name)
             if value is None:
                 continue  # read by no program
-            parts = ([(k, whole[k * b:(k + 1) * b]) for k in range(p.microbatches)]
-                     if value.per_microbatch else [(STEP, whole)])  # fmt: skip
+            parts = (
+                [(k, whole[k * b : (k + 1) * b]) for k in range(p.microbatches)]
+                if value.per_microbatch
+                else [(STEP, whole)]
+            )
             for k, data in parts:
                 for stage in sorted({s for s, _ in value.readers}):
                     if stage in self.local:
@@ -371,8 +397,10 @@ class _StepRunner:
         lock = threading.Lock()
         start = time.perf_counter()
         worker = _Stage(self, mail, log, sent, send_s, lock, start)
-        threads = [threading.Thread(target=worker.run, args=(s,), name=f"rhino-stage-{s}")
-                   for s in sorted(self.local)]  # fmt: skip
+        threads = [
+            threading.Thread(target=worker.run, args=(s,), name=f"rhino-stage-{s}")
+            for s in sorted(self.local)
+        ]
         if self.remote:
             threads.append(threading.Thread(target=worker.exchange, name="rhino-transfers"))
         for t in threads:
@@ -395,8 +423,9 @@ class _StepRunner:
         return xb.to_host(mail.get((v, STEP, -1)))
 
 
-def _targets(programs: StagePrograms,
-             compiled: dict[str, xb.Compiled]) -> dict[tuple[str, int], tuple[xb.Compiled, int]]:  # fmt: skip
+def _targets(
+    programs: StagePrograms, compiled: dict[str, xb.Compiled]
+) -> dict[tuple[str, int], tuple[xb.Compiled, int]]:
     """(value, stage) -> the first program on that stage that reads it, and which of its
     parameters the value is: a value sent to a stage arrives in that program's layout."""
     out: dict[tuple[str, int], tuple[xb.Compiled, int]] = {}
@@ -412,9 +441,16 @@ def _targets(programs: StagePrograms,
 class _Stage:
     """One stage's thread body: its tasks in schedule order."""
 
-    def __init__(self, runner: _StepRunner, mail: _Mailbox, log: list[tuple[Task, float, float]],
-                 sent: dict[tuple[int, int], int], send_s: dict[tuple[int, int], float],
-                 lock: threading.Lock, start: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        runner: _StepRunner,
+        mail: _Mailbox,
+        log: list[tuple[Task, float, float]],
+        sent: dict[tuple[int, int], int],
+        send_s: dict[tuple[int, int], float],
+        lock: threading.Lock,
+        start: float,
+    ) -> None:
         self.r = runner
         self.mail = mail
         self.log = log
@@ -533,8 +569,9 @@ class _Stage:
 def verify_doc(checks: Sequence[OutputCheck], seed: int) -> dict[str, Any]:
     """ok, a summary and per output its errors (as `rhino run` reports a plan's)."""
     bad = [c for c in checks if not c.ok]
-    summary = (f"{len(checks) - len(bad)}/{len(checks)} outputs match the single-device step "
-               f"(seed {seed})")  # fmt: skip
+    summary = (
+        f"{len(checks) - len(bad)}/{len(checks)} outputs match the single-device step (seed {seed})"
+    )
     return {
         "ok": not bad,
         "summary": "\n  ".join([summary, *(c.describe() for c in bad)]),
@@ -546,12 +583,17 @@ def verify_doc(checks: Sequence[OutputCheck], seed: int) -> dict[str, Any]:
                 "max_rel_error": c.max_rel_error,
             }
             for c in checks
-        ],  # fmt: skip
+        ],
     }
 
 
-def _report(pipeline: Pipeline, table: Schedule, records: list[StepRecord],
-            verify: dict[str, Any] | None, single: float | None) -> PipelineReport:  # fmt: skip
+def _report(
+    pipeline: Pipeline,
+    table: Schedule,
+    records: list[StepRecord],
+    verify: dict[str, Any] | None,
+    single: float | None,
+) -> PipelineReport:
     programs, graph, plan = pipeline.programs, pipeline.graph, pipeline.plan
     steps = [r.seconds for r in records]
     median = sorted(records, key=lambda r: r.seconds)[len(records) // 2]
@@ -578,14 +620,14 @@ def _report(pipeline: Pipeline, table: Schedule, records: list[StepRecord],
             _program_doc(prog, pipeline.compile_s)
             for prog in programs.programs.values()
             if prog.stage in pipeline.local
-        ],  # fmt: skip
+        ],
         verify=verify,
         step={
             "median_s": statistics.median(steps),
             "min_s": min(steps),
             "max_s": max(steps),
             "steps": len(steps),
-        },  # fmt: skip
+        },
         single_device_step_s=single,
         task_seconds=_task_seconds(per_task, p),
         bytes=_bytes_doc(plan, graph, median, pipeline.local),
@@ -594,12 +636,12 @@ def _report(pipeline: Pipeline, table: Schedule, records: list[StepRecord],
             "simulated": 1 - simulated.busy_fraction,
             "measured": 1 - measured.busy_fraction,
             "formula": (p - 1) / (m + p - 1),
-        },  # fmt: skip
+        },
         predicted_step_s={
             "plan": float(plan.schedules.get(table.name, {}).get("step_s", 0.0)),
             "simulated": simulated.step_s,
             "measured": median.seconds,
-        },  # fmt: skip
+        },
         peak_activation_bytes=list(simulated.peak_activation_bytes),
         measured=measured,
         simulated=simulated,
@@ -630,8 +672,9 @@ def _task_seconds(per_task: dict[Task, float], stages: int) -> dict[str, dict[st
     for kind in ("F", "B", "AF", "AB", "U"):
         for s in range(stages):
             if kind == "U":  # every update level, once per step: their sum
-                updates = [t for task, t in per_task.items()
-                           if task.stage == s and is_update(task.kind)]  # fmt: skip
+                updates = [
+                    t for task, t in per_task.items() if task.stage == s and is_update(task.kind)
+                ]
                 times = [sum(updates)] if updates else []
             else:
                 times = [t for task, t in per_task.items() if task.stage == s and task.kind == kind]
@@ -644,8 +687,9 @@ def _pairs(sent: dict[tuple[int, int], int]) -> dict[str, int]:
     return {f"{a}->{b}": n for (a, b), n in sorted(sent.items())}
 
 
-def _bytes_doc(plan: StagePlan, graph: TaskGraph, record: StepRecord,
-               local: frozenset[int]) -> dict[str, Any]:  # fmt: skip
+def _bytes_doc(
+    plan: StagePlan, graph: TaskGraph, record: StepRecord, local: frozenset[int]
+) -> dict[str, Any]:
     """Bytes per (from, to) pair; in a job of several processes, those this process
     sends (from its stages)."""
     predicted = {k: v for k, v in plan.sent_bytes.items() if k[0] in local}
@@ -663,8 +707,9 @@ def _bytes_doc(plan: StagePlan, graph: TaskGraph, record: StepRecord,
 
 def _order_doc(table: Schedule, record: StepRecord, local: frozenset[int]) -> dict[str, Any]:
     """Per stage of this process, its tasks in the planned and in the measured order."""
-    planned = {str(s): [str(t) for t in tasks] for s, tasks in enumerate(table.actions)
-               if s in local}  # fmt: skip
+    planned = {
+        str(s): [str(t) for t in tasks] for s, tasks in enumerate(table.actions) if s in local
+    }
     measured: dict[str, list[str]] = {str(s): [] for s in sorted(local)}
     for task, _, _ in record.events:
         measured[str(task.stage)].append(str(task))
@@ -672,12 +717,27 @@ def _order_doc(table: Schedule, record: StepRecord, local: frozenset[int]) -> di
 
 
 def _program_doc(program: Any, compile_s: dict[str, float]) -> dict[str, Any]:
-    return {"stage": program.stage, "kind": program.kind, "instructions": program.instructions,
-            "inputs": len(program.inputs), "outputs": len(program.outputs),
-            "compile_s": compile_s[f"{program.kind}{program.stage}"]}  # fmt: skip
+    return {
+        "stage": program.stage,
+        "kind": program.kind,
+        "instructions": program.instructions,
+        "inputs": len(program.inputs),
+        "outputs": len(program.outputs),
+        "compile_s": compile_s[f"{program.kind}{program.stage}"],
+    }
 
 
 def _timeline_doc(t: Timeline) -> dict[str, Any]:
-    return {"step_s": t.step_s,
-            "events": [{"stage": e.stage, "kind": e.kind, "microbatch": e.microbatch,
-                        "start_s": e.start_s, "end_s": e.end_s} for e in t.events]}  # fmt: skip
+    return {
+        "step_s": t.step_s,
+        "events": [
+            {
+                "stage": e.stage,
+                "kind": e.kind,
+                "microbatch": e.microbatch,
+                "start_s": e.start_s,
+                "end_s": e.end_s,
+            }
+            for e in t.events
+        ],
+    }

@@ -113,8 +113,7 @@ def task_graph(programs: StagePrograms) -> TaskGraph:
             if not is_update(kind) and programs.accumulated((s, kind)):
                 tasks.append(Task(s, "A" + kind, k))
     _check_update_order(programs)
-    return TaskGraph(tuple(sorted(tasks)), reads, _transfers(programs),
-                     _activations(programs))  # fmt: skip
+    return TaskGraph(tuple(sorted(tasks)), reads, _transfers(programs), _activations(programs))
 
 
 def _instance(programs: StagePrograms, value: str, reader: str, k: int) -> int:
@@ -160,8 +159,9 @@ def _transfers(programs: StagePrograms) -> tuple[Transfer, ...]:
                 instances.add(m - 1)
             for k in sorted(instances):
                 nbytes = v.nbytes
-                out.append(Transfer(v.name, k, v.stage, t, producer_task(programs, v.name, k),
-                                    nbytes))  # fmt: skip
+                out.append(
+                    Transfer(v.name, k, v.stage, t, producer_task(programs, v.name, k), nbytes)
+                )
     return tuple(out)
 
 
@@ -189,8 +189,10 @@ def _check_update_order(programs: StagePrograms) -> None:
             return
         if state.get(s) == 1:
             cycle = " -> ".join(f"{kind}{stage}" for stage, kind in [*path, s])
-            raise ConfigError(f"the update programs {cycle} read each other's results "
-                              "in a cycle; the plan cannot be run stage by stage")  # fmt: skip
+            raise ConfigError(
+                f"the update programs {cycle} read each other's results "
+                "in a cycle; the plan cannot be run stage by stage"
+            )
         state[s] = 1
         for t in sorted(needs.get(s, ())):
             visit(t, [*path, s])
@@ -214,15 +216,17 @@ def schedule(programs: StagePrograms, name: str = "1f1b") -> Schedule:
             tasks.append(Task(s, kind, k))
             if programs.accumulated((s, kind)):
                 tasks.append(Task(s, "A" + kind, k))
-        updates = sorted((kind for stage, kind in programs.programs
-                          if stage == s and is_update(kind)), key=len)  # fmt: skip
+        updates = sorted(
+            (kind for stage, kind in programs.programs if stage == s and is_update(kind)), key=len
+        )
         tasks += [Task(s, kind, STEP) for kind in updates]
         actions.append(tuple(tasks))
     return Schedule(name, tuple(actions))
 
 
-def stage_times(graph: TaskGraph, seconds: dict[Task, float],
-                send_seconds: dict[tuple[int, int], float]) -> StageTimes:  # fmt: skip
+def stage_times(
+    graph: TaskGraph, seconds: dict[Task, float], send_seconds: dict[tuple[int, int], float]
+) -> StageTimes:
     """The simulator's view of a step from the time of every task (an accumulation counts
     with the task whose sums it adds) and the time to send one micro-batch's values from
     stage to stage."""
@@ -234,8 +238,11 @@ def stage_times(graph: TaskGraph, seconds: dict[Task, float],
 
     def mean(s: int, kind: str) -> float:
         times = per.get((s, kind), [])
-        count = len({task.microbatch for task in seconds if task.stage == s
-                     and task.kind[-1] == kind}) if kind != "U" else 1  # fmt: skip
+        count = (
+            len({task.microbatch for task in seconds if task.stage == s and task.kind[-1] == kind})
+            if kind != "U"
+            else 1
+        )
         return sum(times) / count if times and count else 0.0
 
     return StageTimes(
@@ -270,8 +277,9 @@ def run_order(programs: StagePrograms, graph: TaskGraph, table: Schedule) -> tup
                 progressed = True
     stuck = [tasks[p] for p, tasks in zip(position, table.actions, strict=True) if p < len(tasks)]
     if stuck:
-        raise ConfigError(f"schedule {table.name} cannot finish: stage(s) wait at "
-                          f"{', '.join(map(str, stuck))}")  # fmt: skip
+        raise ConfigError(
+            f"schedule {table.name} cannot finish: stage(s) wait at {', '.join(map(str, stuck))}"
+        )
     return tuple(order)
 
 
@@ -281,8 +289,9 @@ def _needs(programs: StagePrograms, graph: TaskGraph, task: Task) -> list[Task |
     return [producer_task(programs, v, k) for v, k in graph.reads.get(task, ())]
 
 
-def transfer_order(programs: StagePrograms, graph: TaskGraph,
-                   table: Schedule) -> tuple[Transfer, ...]:  # fmt: skip
+def transfer_order(
+    programs: StagePrograms, graph: TaskGraph, table: Schedule
+) -> tuple[Transfer, ...]:
     """The transfers between stages, each after the task that makes it in `run_order`:
     an order two processes can both follow for the sends between them without either
     waiting on the other forever."""

@@ -126,8 +126,9 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
         reference = xb.compile_spmd(
             original, xb.local_devices(options.platform, 1), num_partitions=1
         )
-        verify_report = verify_shards(reference, sharded, inputs, options.seed,
-                                      lengths=reduction_lengths(module))  # fmt: skip
+        verify_report = verify_shards(
+            reference, sharded, inputs, options.seed, lengths=reduction_lengths(module)
+        )
     root = annotated_module.entry.root
     partitioned = parse_partitioned(sharded.partitioned_hlo())
     measured = measure_collectives(partitioned, mesh, root=root.name if root else None)

@@ -95,15 +95,21 @@ class StagePlan:
     @staticmethod
     def from_json(doc: Any, where: str = "the stage plan") -> StagePlan:
         if not is_stage_plan_doc(doc):
-            raise ConfigError(f"{where} is not a stage plan (schema {PLAN_FORMAT}/..., from "
-                              "`rhino pipeline --out`)")  # fmt: skip
+            raise ConfigError(
+                f"{where} is not a stage plan (schema {PLAN_FORMAT}/..., from "
+                "`rhino pipeline --out`)"
+            )
         version = _stage_plan_version(doc)
         if version != PLAN_VERSION:
-            raise ConfigError(f"{where} has version {version!r}; this rhino reads "
-                              f"version {PLAN_VERSION}")  # fmt: skip
+            raise ConfigError(
+                f"{where} has version {version!r}; this rhino reads version {PLAN_VERSION}"
+            )
         try:
-            sent = {(int(r["stage"]), int(t)): int(b)
-                    for r in doc["stage_reports"] for t, b in r["sent_bytes"].items()}  # fmt: skip
+            sent = {
+                (int(r["stage"]), int(t)): int(b)
+                for r in doc["stage_reports"]
+                for t, b in r["sent_bytes"].items()
+            }
             return StagePlan(
                 module=str(doc["module"]),
                 stages=int(doc["stages"]),
@@ -239,8 +245,10 @@ def stage_programs(module: Module, plan: StagePlan, microbatches: int) -> StageP
     `microbatches` micro-batches (see the module docstring). Raises ConfigError when the
     plan is for another module, or the step cannot be cut into that many micro-batches."""
     if plan.module != module.name:
-        raise ConfigError(f"the stage plan was made for module {plan.module}, not {module.name}: "
-                          "a stage plan for another module")  # fmt: skip
+        raise ConfigError(
+            f"the stage plan was made for module {plan.module}, not {module.name}: "
+            "a stage plan for another module"
+        )
     flat, origin = flat_step(module)
     named = plan.loss if plan.loss and flat.entry.get(plan.loss) is not None else None
     split = split_step(flat, named)
@@ -271,27 +279,37 @@ def _stages(flat: Module, origin: dict[str, str], plan: StagePlan) -> dict[str, 
         else:
             missing.append(name)
     if missing:
-        raise ConfigError(f"the stage plan has no stage for {len(missing)} instruction(s) of "
-                          f"{flat.name} (%{missing[0]}, ...): a stage plan for another module")  # fmt: skip
+        raise ConfigError(
+            f"the stage plan has no stage for {len(missing)} instruction(s) of "
+            f"{flat.name} (%{missing[0]}, ...): a stage plan for another module"
+        )
     bad = sorted({s for s in stage.values() if not 0 <= s < plan.stages})
     if bad:
-        raise ConfigError(f"the stage plan places instructions on stage(s) {bad}, outside "
-                          f"0..{plan.stages - 1}")  # fmt: skip
+        raise ConfigError(
+            f"the stage plan places instructions on stage(s) {bad}, outside 0..{plan.stages - 1}"
+        )
     return stage
 
 
 def _whole_batch(split: StepSplit) -> BatchFacts:
     """One micro-batch: nothing to cut; the update (and what it alone reads) once per step."""
-    state = {inst.name: STEP if split.roles[k] is Role.UPDATE else None
-             for k, inst in enumerate(split.order)}  # fmt: skip
+    state = {
+        inst.name: STEP if split.roles[k] is Role.UPDATE else None
+        for k, inst in enumerate(split.order)
+    }
     groups = input_groups(split)
     data = groups[0] if groups else []
     batch = data[0].shape.dims[0] if data else 1
     return BatchFacts(batch, 1, tuple(p.name for p in data), dict(state))
 
 
-def _homes(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str, int],
-           copies: dict[str, str]) -> dict[str, ProgramKey]:  # fmt: skip
+def _homes(
+    cut: Module,
+    split: StepSplit,
+    facts: BatchFacts,
+    stage_of: dict[str, int],
+    copies: dict[str, str],
+) -> dict[str, ProgramKey]:
     """The program of every instruction that has one (not parameters, the ROOT tuple and
     free instructions: those are recomputed). A micro-batch copy of a batch-independent
     value is made where the value is (and sent for each micro-batch, as the value's rows
@@ -318,8 +336,13 @@ def _homes(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str,
     return home
 
 
-def _slice_where_whole(cut: Module, facts: BatchFacts, copies: dict[str, str],
-                       home: dict[str, ProgramKey], stage_of: dict[str, int]) -> None:  # fmt: skip
+def _slice_where_whole(
+    cut: Module,
+    facts: BatchFacts,
+    copies: dict[str, str],
+    home: dict[str, ProgramKey],
+    stage_of: dict[str, int],
+) -> None:
     """A stage that reads a batch-independent value whole makes its micro-batch copy
     itself, sliced from the value (the copy loses its home), rather than receive the
     value twice. Copies are visited readers first: where a copy is made is where its
@@ -366,8 +389,9 @@ def _update_levels(cut: Module, home: dict[str, ProgramKey], shared: frozenset[s
         home[inst.name] = (key[0], "U" * (n + 1))
 
 
-def _late_sums(cut: Module, split: StepSplit, facts: BatchFacts,
-               stage_of: dict[str, int]) -> set[str]:  # fmt: skip
+def _late_sums(
+    cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str, int]
+) -> set[str]:
     """Sums over the batch computed from sums alone (batch-independent values aside) and
     read only once per step, on their own stage: computed once, in the update program,
     from the micro-batches' accumulated sums (they are linear in them), not once per
@@ -384,15 +408,26 @@ def _late_sums(cut: Module, split: StepSplit, facts: BatchFacts,
             continue
         if any(facts.state.get(op.name) not in (PARTIAL, None) for op in inst.operands):
             continue
-        if all(u is root or (u.name in late or facts.state.get(u.name) == STEP)
-               and stage_of[u.name] == stage_of[name] for u in inst.users):  # fmt: skip
+        if all(
+            u is root
+            or (u.name in late or facts.state.get(u.name) == STEP)
+            and stage_of[u.name] == stage_of[name]
+            for u in inst.users
+        ):
             late.add(name)
     return late
 
 
-def _assemble(name: str, cut: Module, split: StepSplit, facts: BatchFacts,
-              stage_of: dict[str, int], home: dict[str, ProgramKey], shared: frozenset[str],
-              stages: int) -> StagePrograms:  # fmt: skip
+def _assemble(
+    name: str,
+    cut: Module,
+    split: StepSplit,
+    facts: BatchFacts,
+    stage_of: dict[str, int],
+    home: dict[str, ProgramKey],
+    shared: frozenset[str],
+    stages: int,
+) -> StagePrograms:
     entry = cut.entry
     root = entry.root
     assert root is not None
@@ -415,9 +450,21 @@ def _assemble(name: str, cut: Module, split: StepSplit, facts: BatchFacts,
         if summed:
             accumulate[key] = _accumulate_text(name, key, [values[v] for v in summed])
     params = tuple(p.name for p in entry.parameters)
-    step_outputs = tuple(op.name for op in root.operands) if root.opcode is Opcode.TUPLE else (root.name,)  # fmt: skip
-    return StagePrograms(name, stages, facts.microbatches, facts.batch, programs, values,
-                         params, frozenset(facts.data), step_outputs, accumulate)  # fmt: skip
+    step_outputs = (
+        tuple(op.name for op in root.operands) if root.opcode is Opcode.TUPLE else (root.name,)
+    )
+    return StagePrograms(
+        name,
+        stages,
+        facts.microbatches,
+        facts.batch,
+        programs,
+        values,
+        params,
+        frozenset(facts.data),
+        step_outputs,
+        accumulate,
+    )
 
 
 def _inputs(insts: list[Instruction], home: dict[str, ProgramKey]) -> tuple[str, ...]:
@@ -440,23 +487,34 @@ def _inputs(insts: list[Instruction], home: dict[str, ProgramKey]) -> tuple[str,
     return tuple(found)
 
 
-def _outputs(members: dict[ProgramKey, list[Instruction]],
-             inputs: dict[ProgramKey, tuple[str, ...]], home: dict[str, ProgramKey],
-             root: Instruction) -> dict[ProgramKey, tuple[str, ...]]:  # fmt: skip
+def _outputs(
+    members: dict[ProgramKey, list[Instruction]],
+    inputs: dict[ProgramKey, tuple[str, ...]],
+    home: dict[str, ProgramKey],
+    root: Instruction,
+) -> dict[ProgramKey, tuple[str, ...]]:
     read = {v for key, names in inputs.items() for v in names}
     results = root.operands if root.opcode is Opcode.TUPLE else [root]
     for op in results:
         if op.name not in home and op.opcode is not Opcode.PARAMETER:
-            raise ConfigError(f"the step's output %{op.name} is computed from constants alone; "
-                              "rhino pipelines only steps whose outputs are computed values or "
-                              "parameters")  # fmt: skip
+            raise ConfigError(
+                f"the step's output %{op.name} is computed from constants alone; "
+                "rhino pipelines only steps whose outputs are computed values or "
+                "parameters"
+            )
         read.add(op.name)
     return {key: tuple(i.name for i in insts if i.name in read) for key, insts in members.items()}
 
 
-def _values(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str, int],
-            home: dict[str, ProgramKey], inputs: dict[ProgramKey, tuple[str, ...]],
-            root: Instruction) -> dict[str, Value]:  # fmt: skip
+def _values(
+    cut: Module,
+    split: StepSplit,
+    facts: BatchFacts,
+    stage_of: dict[str, int],
+    home: dict[str, ProgramKey],
+    inputs: dict[ProgramKey, tuple[str, ...]],
+    root: Instruction,
+) -> dict[str, Value]:
     readers: dict[str, list[ProgramKey]] = {}
     for key in sorted(inputs):
         for v in inputs[key]:
@@ -466,8 +524,10 @@ def _values(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str
     for name in sorted(set(readers) | results, key=lambda n: (split.index.get(n, -1), n)):
         inst = cut.entry[name]
         if inst.shape.is_tuple:
-            raise ConfigError(f"%{name} crosses from one stage program to another but is a "
-                              "tuple; rhino sends only arrays between programs")  # fmt: skip
+            raise ConfigError(
+                f"%{name} crosses from one stage program to another but is a "
+                "tuple; rhino sends only arrays between programs"
+            )
         producer = home.get(name)
         per_step = producer is not None and is_update(producer[1])
         once = any(is_update(k[1]) for k in readers.get(name, ())) or name in results
@@ -488,8 +548,14 @@ def _values(cut: Module, split: StepSplit, facts: BatchFacts, stage_of: dict[str
     return values
 
 
-def _program(module: str, cut: Module, key: ProgramKey, insts: list[Instruction],
-             inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Program:  # fmt: skip
+def _program(
+    module: str,
+    cut: Module,
+    key: ProgramKey,
+    insts: list[Instruction],
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...],
+) -> Program:
     """The HLO text of one program: its inputs as parameters, what it computes (and
     recomputes), and the tuple of its outputs."""
     entry = cut.entry
@@ -536,17 +602,20 @@ def _called(module: Module, body: list[Instruction]) -> list[Computation]:
     return [c for c in module.computations if c.name in reached]
 
 
-def accumulate_program(programs: StagePrograms, key: ProgramKey,
-                       layouts: list[str] | None = None) -> str:  # fmt: skip
+def accumulate_program(
+    programs: StagePrograms, key: ProgramKey, layouts: list[str] | None = None
+) -> str:
     """The accumulation of program `key`'s sums; with `layouts` (an HloSharding text per
     sum, e.g. the layouts the program's results came out in), sums and micro-batch
     values are added in those layouts."""
-    return _accumulate_text(programs.module, key,
-                            [programs.values[v] for v in programs.accumulated(key)], layouts)  # fmt: skip
+    return _accumulate_text(
+        programs.module, key, [programs.values[v] for v in programs.accumulated(key)], layouts
+    )
 
 
-def _accumulate_text(module: str, key: ProgramKey, values: list[Value],
-                     layouts: list[str] | None = None) -> str:  # fmt: skip
+def _accumulate_text(
+    module: str, key: ProgramKey, values: list[Value], layouts: list[str] | None = None
+) -> str:
     """An HLO module whose parameters are the running sums then one micro-batch's
     values, and whose result is their element-wise sums, in `values` order."""
     n = len(values)
@@ -558,5 +627,8 @@ def _accumulate_text(module: str, key: ProgramKey, values: list[Value],
     root = f", sharding={{{', '.join(layouts)}}}" if layouts else ""
     lines.append(f"  ROOT sums = ({shapes}) tuple({', '.join(f'add{k}' for k in range(n))}){root}")
     stage, kind = key
-    return (f"HloModule {module}_stage{stage}_{kind}_accumulate\n\nENTRY main {{\n"
-            + "\n".join(lines) + "\n}\n")  # fmt: skip
+    return (
+        f"HloModule {module}_stage{stage}_{kind}_accumulate\n\nENTRY main {{\n"
+        + "\n".join(lines)
+        + "\n}\n"
+    )

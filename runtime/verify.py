@@ -80,8 +80,9 @@ MAX_DERIVED_RTOL = 1e-2
 shard at the wrong offset) moves outputs by tens of percent."""
 
 
-def tolerance_for(dtype: Any, table: Mapping[str, Tolerance] = DEFAULT_TOLERANCES,
-                  reduction: int = 1) -> Tolerance:  # fmt: skip
+def tolerance_for(
+    dtype: Any, table: Mapping[str, Tolerance] = DEFAULT_TOLERANCES, reduction: int = 1
+) -> Tolerance:
     """The tolerance of an output of numpy dtype `dtype` that depends on sums of up to
     `reduction` terms (module docstring)."""
     name = np.dtype(dtype).name
@@ -298,8 +299,9 @@ def run_and_compare(
     sharded = xb.compile_spmd(annotated_text, devs, num_partitions=len(devs))
     original = parse_module(original_text, "<original>")
     makers = entry_inputs(original, seed, options=options)
-    return verify_shards(reference, sharded, makers, seed, tolerances=tolerances,
-                         lengths=reduction_lengths(original))  # fmt: skip
+    return verify_shards(
+        reference, sharded, makers, seed, tolerances=tolerances, lengths=reduction_lengths(original)
+    )
 
 
 def _is_inexact(dtype: np.dtype[Any]) -> bool:

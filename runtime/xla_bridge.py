@@ -545,8 +545,9 @@ def compile_spmd(
             f"XLA failed to compile {module.name} for {num_partitions} partition(s): "
             f"{_strip_status(str(exc))}"
         ) from None
-    return _describe(module.name, devices, executable, program,
-                     donates=bool(_ALIASING.search(hlo_text)))  # fmt: skip
+    return _describe(
+        module.name, devices, executable, program, donates=bool(_ALIASING.search(hlo_text))
+    )
 
 
 _ALIASING = re.compile(r"^HloModule [^\n]*\binput_output_alias=\{", re.MULTILINE)
@@ -558,8 +559,9 @@ def _backend_of(devices: tuple[Any, ...]) -> Any:
     return jax.extend.backend.get_backend(devices[0].platform)
 
 
-def _describe(name: str, devices: tuple[Any, ...], executable: Any, program: Any, *,
-              donates: bool) -> Compiled:  # fmt: skip
+def _describe(
+    name: str, devices: tuple[Any, ...], executable: Any, program: Any, *, donates: bool
+) -> Compiled:
     """Read back what XLA decided: per-parameter/output sharding, shapes, layouts."""
     from jax._src.lib import xla_client
 

@@ -50,12 +50,17 @@ def commands(hlo: Path, work: Path) -> list[tuple[str, list[str]]]:
     for d in (2, 4):
         stages = str(work / f"stages{d}.json")
         out.append((f"pipeline{d}", ["pipeline", f, "--stages", str(d), "--out", stages]))
-        out.append((f"run{d}", ["run", f, "--plan", stages, "--devices", str(d),
-                                "--microbatches", m]))  # fmt: skip
+        out.append(
+            (f"run{d}", ["run", f, "--plan", stages, "--devices", str(d), "--microbatches", m])
+        )
     hybrid = str(work / "hybrid.json")
     out.append(("hybrid", ["pipeline", f, "--mesh", "2x4", "--out", hybrid]))
-    out.append(("run_hybrid", ["run", f, "--plan", hybrid, "--mesh", "2x4", "--devices", "8",
-                               "--microbatches", m]))  # fmt: skip
+    out.append(
+        (
+            "run_hybrid",
+            ["run", f, "--plan", hybrid, "--mesh", "2x4", "--devices", "8", "--microbatches", m],
+        )
+    )
     out.append(("compare", ["pipeline", f, "--compare", "8"]))
     return out
 
@@ -68,8 +73,13 @@ def run_rhino(args: list[str]) -> tuple[int, dict[str, Any] | None, str, float]:
         env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "rhino.cli.main", *args, "--json"], env=env,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "rhino.cli.main", *args, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     seconds = time.perf_counter() - start
     try:
         doc = json.loads(done.stdout) if done.stdout.strip() else None
@@ -94,8 +104,13 @@ def bench_file(hlo: Path, say: Any) -> dict[str, Any]:
                 say(f"{name}: {command} with 1 micro-batch")
                 code, doc, error, more = run_rhino([*args[:-1], "1"])
                 seconds += more
-            row["commands"][command] = {"exit": code, "seconds": round(seconds, 2), "error": error,
-                                        "refused": refused, **_facts(command, doc)}  # fmt: skip
+            row["commands"][command] = {
+                "exit": code,
+                "seconds": round(seconds, 2),
+                "error": error,
+                "refused": refused,
+                **_facts(command, doc),
+            }
     return row
 
 
@@ -105,16 +120,24 @@ def _facts(command: str, doc: dict[str, Any] | None) -> dict[str, Any]:
         return {}
     if command.startswith(("pipeline", "hybrid")):
         balanced = [b for b in doc["baselines"] if b["within_balance"]]
-        return {"loss": doc["loss"], "forward_share": doc["forward_share"],
-                "cut_bytes": doc["cut_bytes"], "epsilon": doc["epsilon"],
-                "best_baseline_bytes": min((b["cut_bytes"] for b in balanced), default=None)}  # fmt: skip
+        return {
+            "loss": doc["loss"],
+            "forward_share": doc["forward_share"],
+            "cut_bytes": doc["cut_bytes"],
+            "epsilon": doc["epsilon"],
+            "best_baseline_bytes": min((b["cut_bytes"] for b in balanced), default=None),
+        }
     if command == "run":
         return {"verified": doc["verify"]["ok"] if doc.get("verify") else None}
     if command.startswith("run"):
         sent = doc["bytes"]
-        return {"verified": doc["verify"]["ok"] if doc.get("verify") else None,
-                "predicted_bytes": sent["predicted_total"], "measured_bytes": sent["measured_total"],
-                "order_as_planned": doc["order"]["same"], "microbatches": doc["microbatches"]}  # fmt: skip
+        return {
+            "verified": doc["verify"]["ok"] if doc.get("verify") else None,
+            "predicted_bytes": sent["predicted_total"],
+            "measured_bytes": sent["measured_total"],
+            "order_as_planned": doc["order"]["same"],
+            "microbatches": doc["microbatches"],
+        }
     if command == "compare":
         best = doc.get("best") or {}
         return {"best": f"{best.get('kind')} {best.get('mesh')}"}
@@ -127,9 +150,18 @@ def _mib(n: int | None) -> str:
 
 def render(rows: list[dict[str, Any]], console: Console) -> None:
     t = Table(title="every command on every corpus file (4 micro-batches, 8 CPU devices)")
-    for col in ("file", "loss (fwd share)", "cut MiB d=2 / best baseline",
-                "cut MiB d=4 / best baseline", "runs verified", "micro-batches",
-                "bytes pred / meas MiB", "order", "failed", "seconds"):  # fmt: skip
+    for col in (
+        "file",
+        "loss (fwd share)",
+        "cut MiB d=2 / best baseline",
+        "cut MiB d=4 / best baseline",
+        "runs verified",
+        "micro-batches",
+        "bytes pred / meas MiB",
+        "order",
+        "failed",
+        "seconds",
+    ):
         t.add_column(col, overflow="fold")
     for row in rows:
         c = row["commands"]
@@ -146,7 +178,7 @@ def render(rows: list[dict[str, Any]], console: Console) -> None:
             "1 (refused 4)" if any(r.get("refused") for r in staged) else MICROBATCHES,
             "; ".join(
                 f"{_mib(r.get('predicted_bytes'))}/{_mib(r.get('measured_bytes'))}" for r in staged
-            ),  # fmt: skip
+            ),
             f"{sum(1 for r in staged if r.get('order_as_planned'))}/{len(staged)}",
             ", ".join(failed) or "-",
             f"{sum(v['seconds'] for v in c.values()):.0f}",
@@ -155,11 +187,18 @@ def render(rows: list[dict[str, Any]], console: Console) -> None:
 
 
 @click.command()
-@click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path), default=CORPUS,
-              show_default=True, help="Folder of NAME.hlo.gz training steps.")  # fmt: skip
+@click.option(
+    "--dir",
+    "folder",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=CORPUS,
+    show_default=True,
+    help="Folder of NAME.hlo.gz training steps.",
+)
 @click.option("--only", multiple=True, help="Only these files (name without .hlo.gz).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the rows as JSON here.")  # fmt: skip
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the rows as JSON here."
+)
 def main(folder: Path, only: tuple[str, ...], out: Path | None) -> None:
     """Every rhino command on every real training step of a corpus folder."""
     files = sorted(folder.glob("*.hlo.gz"))

@@ -86,9 +86,13 @@ CASES: dict[str, tuple[str, str, dict[str, int]]] = {
 }
 FIDELITY = 0.05
 """XLA's bytes may differ from the plan's prediction by this share."""
-WIRE = {"all-reduce": 2 * (DEVICES - 1) / DEVICES, "all-gather": (DEVICES - 1) / DEVICES,
-        "reduce-scatter": (DEVICES - 1) / DEVICES, "all-to-all": (DEVICES - 1) / DEVICES,
-        "collective-permute": 1.0}  # fmt: skip
+WIRE = {
+    "all-reduce": 2 * (DEVICES - 1) / DEVICES,
+    "all-gather": (DEVICES - 1) / DEVICES,
+    "reduce-scatter": (DEVICES - 1) / DEVICES,
+    "all-to-all": (DEVICES - 1) / DEVICES,
+    "collective-permute": 1.0,
+}
 """Bytes each device sends per byte of a collective's buffer (ring algorithms): a
 collective's buffer size alone does not compare across kinds (an all-reduce is a
 reduce-scatter then an all-gather of the same buffer, and sends twice what each does)."""
@@ -100,8 +104,12 @@ def measured(partitioned: str, mesh: DeviceMesh) -> dict[str, Any]:
     by_kind: dict[str, float] = {}
     for c in found:
         by_kind[c.row_kind] = by_kind.get(c.row_kind, 0.0) + c.total_bytes
-    return {"collectives": len(found), "bytes": sum(by_kind.values()), "by_kind": by_kind,
-            "wire_bytes": sum(b * WIRE[kind] for kind, b in by_kind.items())}  # fmt: skip
+    return {
+        "collectives": len(found),
+        "bytes": sum(by_kind.values()),
+        "by_kind": by_kind,
+        "wire_bytes": sum(b * WIRE[kind] for kind, b in by_kind.items()),
+    }
 
 
 def hand_plan(spec: Any, module: Module, name: str, layout: hand_plans.Layout) -> dict[str, Any]:
@@ -139,8 +147,12 @@ def rhino_plan(module: Module) -> dict[str, Any]:
         predicted_collectives(plan),
         measure_collectives(partitioned, mesh, root=root.name if root else None),
     )
-    return {**measured(partitioned, mesh), "estimated_s": plan.objective_s,
-            "predicted_bytes": report.predicted_bytes, "fidelity_bytes": report.measured_bytes}  # fmt: skip
+    return {
+        **measured(partitioned, mesh),
+        "estimated_s": plan.objective_s,
+        "predicted_bytes": report.predicted_bytes,
+        "fidelity_bytes": report.measured_bytes,
+    }
 
 
 def run_case(name: str) -> dict[str, Any]:
@@ -171,11 +183,16 @@ def checks(row: dict[str, Any]) -> dict[str, Any]:
     faster = rhino["estimated_s"] < hand[best]["estimated_s"] * (1 - 1e-9)
     return {
         "best_hand": best,
-        "at_or_below_every_hand_estimate": rhino["estimated_s"] <= hand[best]["estimated_s"] * (1 + 1e-9),
+        "at_or_below_every_hand_estimate": rhino["estimated_s"]
+        <= hand[best]["estimated_s"] * (1 + 1e-9),
         "measured_over_predicted": fidelity,
         "fidelity_ok": abs(fidelity - 1.0) <= FIDELITY,
-        "bytes": "fewer or equal" if fewer_bytes else "more, estimated faster" if faster else "more",
-    }  # fmt: skip
+        "bytes": "fewer or equal"
+        if fewer_bytes
+        else "more, estimated faster"
+        if faster
+        else "more",
+    }
 
 
 @click.command()
@@ -209,14 +226,29 @@ def main(cases: tuple[str, ...], out: str) -> None:
                     and c["fidelity_ok"]
                     and c["bytes"] != "more"
                 )
-                check = (f"{'ok' if ok else 'FAIL'}: best hand {c['best_hand']}, XLA/predicted "
-                         f"{c['measured_over_predicted']:.3f}, bytes {c['bytes']}")  # fmt: skip
-            table.add_row(row["case"], plan_name, str(r["collectives"]), f"{r['bytes']:,.0f}", f"{r['wire_bytes']:,.0f}", kinds,
-                          f"{r['estimated_s'] * 1e6:,.2f} us", check)  # fmt: skip
+                check = (
+                    f"{'ok' if ok else 'FAIL'}: best hand {c['best_hand']}, XLA/predicted "
+                    f"{c['measured_over_predicted']:.3f}, bytes {c['bytes']}"
+                )
+            table.add_row(
+                row["case"],
+                plan_name,
+                str(r["collectives"]),
+                f"{r['bytes']:,.0f}",
+                f"{r['wire_bytes']:,.0f}",
+                kinds,
+                f"{r['estimated_s'] * 1e6:,.2f} us",
+                check,
+            )
     Console(width=200).print(table)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps({"revision": revision("search", "runtime", "scripts"), "rows": rows},
-                                    indent=1, default=json_default))  # fmt: skip
+    Path(out).write_text(
+        json.dumps(
+            {"revision": revision("search", "runtime", "scripts"), "rows": rows},
+            indent=1,
+            default=json_default,
+        )
+    )
     print(f"JSON: {out}")
 
 

@@ -54,9 +54,22 @@ def best_costs(data: Path) -> dict[str, int]:
 
 def run_one(path: Path, limit: float, threads: int) -> tuple[dict, float]:  # type: ignore[type-arg]
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "rhino.cli", "solve", str(path), "--json",
-                           "--time-limit", f"{limit:.2f}", "--threads", str(threads)],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rhino.cli",
+            "solve",
+            str(path),
+            "--json",
+            "--time-limit",
+            f"{limit:.2f}",
+            "--threads",
+            str(threads),
+        ],
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         return {"error": done.stderr.strip()[-500:]}, wall
@@ -84,38 +97,73 @@ def main(data: str, only: tuple[str, ...], threads: int, out: str) -> None:
             continue
         half = contest_limit(letter) / 2
         doc, wall = run_one(path, half - STARTUP_S, threads)
-        row = {"instance": letter, "limit_s": half, "wall_s": wall, "best": best[letter],
-               "published_bound": bounds.get(letter, {}).get("ti2_lower_bound")}  # fmt: skip
+        row = {
+            "instance": letter,
+            "limit_s": half,
+            "wall_s": wall,
+            "best": best[letter],
+            "published_bound": bounds.get(letter, {}).get("ti2_lower_bound"),
+        }
         if "error" in doc:
             row |= {"feasible": False, "points": 0.0, "error": doc["error"]}
         else:
             judged = check(load(path), doc["choice"])  # judged again, here
-            row |= {"cost": judged.cost, "feasible": judged.feasible, "bound": doc["bound"],
-                    "points": best[letter] / judged.cost if judged.feasible else 0.0,
-                    "phases_s": doc["phases_s"], "windows": doc["windows"],
-                    "helped": doc["helped"]}  # fmt: skip
+            row |= {
+                "cost": judged.cost,
+                "feasible": judged.feasible,
+                "bound": doc["bound"],
+                "points": best[letter] / judged.cost if judged.feasible else 0.0,
+                "phases_s": doc["phases_s"],
+                "windows": doc["windows"],
+                "helped": doc["helped"],
+            }
         results.append(row)
-        console.print(f"{letter}: {row.get('cost', '-')} points {row['points']:.3f} wall {wall:.1f} s"
-                      + (" (toulbar2 helper's plan)" if row.get("helped") else ""),
-                      row.get("error", ""))  # fmt: skip
+        console.print(
+            f"{letter}: {row.get('cost', '-')} points {row['points']:.3f} wall {wall:.1f} s"
+            + (" (toulbar2 helper's plan)" if row.get("helped") else ""),
+            row.get("error", ""),
+        )
     table = Table(
         title=f"rhino solve on IOPDDL, contest limits halved ({revision('search', 'cli')})"
     )
-    for column in ("inst", "limit s", "wall s", "cost", "best (contest)", "points", "bound",
-                   "published bound", "feasible"):  # fmt: skip
+    for column in (
+        "inst",
+        "limit s",
+        "wall s",
+        "cost",
+        "best (contest)",
+        "points",
+        "bound",
+        "published bound",
+        "feasible",
+    ):
         table.add_column(column, justify="right")
     for r in results:
-        table.add_row(r["instance"], f"{r['limit_s']:.0f}", f"{r['wall_s']:.1f}", str(r.get("cost", "-")),
-                      str(r["best"]), f"{r['points']:.3f}", f"{r.get('bound', 0):.4g}",
-                      f"{r['published_bound'] or 0:.4g}", "yes" if r["feasible"] else "NO")  # fmt: skip
+        table.add_row(
+            r["instance"],
+            f"{r['limit_s']:.0f}",
+            f"{r['wall_s']:.1f}",
+            str(r.get("cost", "-")),
+            str(r["best"]),
+            f"{r['points']:.3f}",
+            f"{r.get('bound', 0):.4g}",
+            f"{r['published_bound'] or 0:.4g}",
+            "yes" if r["feasible"] else "NO",
+        )
     mean = sum(r["points"] for r in results) / max(len(results), 1)
     console.print(table)
-    console.print(f"mean points {mean:.3f} over {len(results)} instances; "
-                  f"feasible {sum(r['feasible'] for r in results)}/{len(results)}; "
-                  f"within the halved limit {sum(r['wall_s'] <= r['limit_s'] for r in results)}/{len(results)}")  # fmt: skip
+    console.print(
+        f"mean points {mean:.3f} over {len(results)} instances; "
+        f"feasible {sum(r['feasible'] for r in results)}/{len(results)}; "
+        f"within the halved limit {sum(r['wall_s'] <= r['limit_s'] for r in results)}/{len(results)}"
+    )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps({"revision": revision("search", "cli"), "mean_points": mean,
-                                     "results": results}, indent=2))  # fmt: skip
+    Path(out).write_text(
+        json.dumps(
+            {"revision": revision("search", "cli"), "mean_points": mean, "results": results},
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,13 @@ from rich.table import Table
 
 GPT_LAYERS = (12, 24, 36, 48, 72)
 MOE_CONFIGS = ("8e-380m", "8e-760m", "16e-1.3b", "16e-2.4b", "32e-10b")
-OTHERS = (("gpt_scan", "hidden512"), ("wresnet", "wr-1.3b"), ("unet", "base"), ("mlp", "small"),
-          ("dnabert", "tiny"))  # fmt: skip
+OTHERS = (
+    ("gpt_scan", "hidden512"),
+    ("wresnet", "wr-1.3b"),
+    ("unet", "base"),
+    ("mlp", "small"),
+    ("dnabert", "tiny"),
+)
 MESHES = ("1x8", "2x4", "2x8")
 
 
@@ -45,8 +50,19 @@ def ensure_model(model: str, config: str, layers: int | None = None) -> Path:
     if not path.exists():
         path.parent.mkdir(exist_ok=True)
         extra = ["--layers", str(layers)] if layers else []
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "zoo.py"), model, "--config", config, *extra,
-                        "--out", str(path)], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "zoo.py"),
+                model,
+                "--config",
+                config,
+                *extra,
+                "--out",
+                str(path),
+            ],
+            check=True,
+        )
     return path
 
 
@@ -85,8 +101,14 @@ def smallest_peak(module: Any, mesh: str) -> float:
     return min_peak_memory(to_problem(graph, None))[0]
 
 
-def plan_once(path: str, mesh: str, level: str, time_limit: float, memory: str = "none",
-              free_peak: float | None = None) -> dict[str, Any]:  # fmt: skip
+def plan_once(
+    path: str,
+    mesh: str,
+    level: str,
+    time_limit: float,
+    memory: str = "none",
+    free_peak: float | None = None,
+) -> dict[str, Any]:
     """One plan, in this process: what the table needs."""
     from rhino.hlo.parser import parse_file
     from rhino.search.cluster import load_cluster
@@ -98,8 +120,13 @@ def plan_once(path: str, mesh: str, level: str, time_limit: float, memory: str =
     start = time.perf_counter()
     module = parse_file(path)
     parsed = time.perf_counter() - start
-    request = PlanRequest(parse_mesh(mesh), load_cluster("m8"), level, budget,
-                          solve=SolveOptions(time_limit_s=time_limit))  # fmt: skip
+    request = PlanRequest(
+        parse_mesh(mesh),
+        load_cluster("m8"),
+        level,
+        budget,
+        solve=SolveOptions(time_limit_s=time_limit),
+    )
     plan = make_plan(module, request)
     return {
         "budget_bytes": budget,
@@ -120,13 +147,25 @@ def plan_once(path: str, mesh: str, level: str, time_limit: float, memory: str =
     }
 
 
-def run_one(path: Path, mesh: str, level: str, time_limit: float, memory: str,
-            free_peak: float | None) -> dict[str, Any]:  # fmt: skip
+def run_one(
+    path: Path, mesh: str, level: str, time_limit: float, memory: str, free_peak: float | None
+) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, __file__, "--worker", str(path), mesh, level, str(time_limit), "--memory", memory,
-         *(["--free-peak", str(free_peak)] if free_peak is not None else [])],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            __file__,
+            "--worker",
+            str(path),
+            mesh,
+            level,
+            str(time_limit),
+            "--memory",
+            memory,
+            *(["--free-peak", str(free_peak)] if free_peak is not None else []),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -140,8 +179,23 @@ def render(rows: list[dict[str, Any]]) -> Table:
     t = Table(
         title="O2 vs O3 (m8 cluster, no memory limit; times are wall seconds on this machine)"
     )
-    for col in ("model", "mesh", "instr", "critical (of nodes)", "cones", "core", "segments", "O2 phases s",
-                "O2 s", "O3 s", "O2 step ms", "O3 step ms", "O3 status", "O2/O3", "RSS O2/O3 MiB"):  # fmt: skip
+    for col in (
+        "model",
+        "mesh",
+        "instr",
+        "critical (of nodes)",
+        "cones",
+        "core",
+        "segments",
+        "O2 phases s",
+        "O2 s",
+        "O3 s",
+        "O2 step ms",
+        "O3 step ms",
+        "O3 status",
+        "O2/O3",
+        "RSS O2/O3 MiB",
+    ):
         t.add_column(col, justify="left" if col in ("model", "mesh", "O2 phases s") else "right")
     for r in rows:
         o2, o3 = r.get("O2", {}), r.get("O3", {})
@@ -163,14 +217,22 @@ def render(rows: list[dict[str, Any]]) -> Table:
             f"{x['peak_rss_bytes'] / 2**20:.0f}" if "peak_rss_bytes" in x else "-" for x in (o2, o3)
         )
         t.add_row(
-            r["model"], r["mesh"], str(o2.get("instructions", o3.get("instructions", "-"))), share,
-            str(sizes.get("cones", "-")), str(sizes.get("core_nodes", "-")), str(sizes.get("segments", "-")),
-            phase_text or o2.get("error", "-"), f"{o2['wall_s']:.1f}" if "wall_s" in o2 else "-",
+            r["model"],
+            r["mesh"],
+            str(o2.get("instructions", o3.get("instructions", "-"))),
+            share,
+            str(sizes.get("cones", "-")),
+            str(sizes.get("core_nodes", "-")),
+            str(sizes.get("segments", "-")),
+            phase_text or o2.get("error", "-"),
+            f"{o2['wall_s']:.1f}" if "wall_s" in o2 else "-",
             f"{o3['wall_s']:.1f}" if "wall_s" in o3 else o3.get("error", "-")[:30],
-            _ms(o2.get("objective_s")), _ms(o3.get("objective_s")),
+            _ms(o2.get("objective_s")),
+            _ms(o3.get("objective_s")),
             o3.get("status", "-") + (f" {o3['gap']:.0%}" if o3.get("status") == "feasible" else ""),
-            "-" if ratio is None else f"{ratio:.4f}", rss,
-        )  # fmt: skip
+            "-" if ratio is None else f"{ratio:.4f}",
+            rss,
+        )
     return t
 
 
@@ -201,9 +263,21 @@ def render(rows: list[dict[str, Any]]) -> Table:
     type=click.Path(dir_okay=False, exists=True),
     help="Take O3's results from this earlier JSON (same model and mesh) instead of running it.",
 )
-def main(worker: tuple[str, str, str, float] | None, free_peak: float | None, memory: str, gpt_layers: tuple[int, ...], moe_configs: tuple[str, ...],
-         no_moe: bool, no_others: bool, meshes: tuple[str, ...], no_o3: bool, o2_time_limit: float,
-         o3_time_limit: float, out: str, o3_from: str | None) -> None:  # fmt: skip
+def main(
+    worker: tuple[str, str, str, float] | None,
+    free_peak: float | None,
+    memory: str,
+    gpt_layers: tuple[int, ...],
+    moe_configs: tuple[str, ...],
+    no_moe: bool,
+    no_others: bool,
+    meshes: tuple[str, ...],
+    no_o3: bool,
+    o2_time_limit: float,
+    o3_time_limit: float,
+    out: str,
+    o3_from: str | None,
+) -> None:
     if worker:
         print(json.dumps(plan_once(*worker, memory, free_peak), default=json_default))
         return
@@ -240,10 +314,20 @@ def main(worker: tuple[str, str, str, float] | None, free_peak: float | None, me
                 row[level] = run_one(path, mesh, level, limit, memory, peak)
             rows.append(row)
             Path(out).parent.mkdir(parents=True, exist_ok=True)
-            Path(out).write_text(json.dumps({
-                "revision": revision("search", "hlo", "scripts"), "cluster": "m8",
-                "o2_time_limit_s": o2_time_limit, "o3_time_limit_s": o3_time_limit, "memory": memory, "rows": rows,
-            }, indent=1, default=json_default))  # fmt: skip
+            Path(out).write_text(
+                json.dumps(
+                    {
+                        "revision": revision("search", "hlo", "scripts"),
+                        "cluster": "m8",
+                        "o2_time_limit_s": o2_time_limit,
+                        "o3_time_limit_s": o3_time_limit,
+                        "memory": memory,
+                        "rows": rows,
+                    },
+                    indent=1,
+                    default=json_default,
+                )
+            )
     console.print(render(rows))
     console.print(f"JSON: {out}")
 

@@ -43,10 +43,19 @@ def ensure_gpt(layers: int) -> Path:
     if not path.exists():
         path.parent.mkdir(exist_ok=True)
         subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "zoo.py"), "gpt", "--config", "hidden512",
-             "--layers", str(layers), "--out", str(path)],
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "zoo.py"),
+                "gpt",
+                "--config",
+                "hidden512",
+                "--layers",
+                str(layers),
+                "--out",
+                str(path),
+            ],
             check=True,
-        )  # fmt: skip
+        )
     return path
 
 
@@ -76,11 +85,21 @@ def main(files: tuple[str, ...], layers: int, repeat: int, out: str) -> None:
             lazy = min(lazy, best_of(lambda text=text: parse_module(text), 1))
             eager = min(eager, best_of(lambda text=text: parse_module(text, lazy=False), 1))
             xla = min(xla, best_of(lambda text=text: xla_parse_only(text), 1))
-        rows.append({"file": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
-                     "instructions": n, "bytes": len(text.encode()),
-                     "rhino_lazy_s": lazy, "rhino_eager_s": eager, "xla_s": xla,
-                     "rhino_lazy_per_s": n / lazy, "rhino_eager_per_s": n / eager, "xla_per_s": n / xla,
-                     "lazy_vs_xla": xla / lazy, "eager_vs_xla": xla / eager})  # fmt: skip
+        rows.append(
+            {
+                "file": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
+                "instructions": n,
+                "bytes": len(text.encode()),
+                "rhino_lazy_s": lazy,
+                "rhino_eager_s": eager,
+                "xla_s": xla,
+                "rhino_lazy_per_s": n / lazy,
+                "rhino_eager_per_s": n / eager,
+                "xla_per_s": n / xla,
+                "lazy_vs_xla": xla / lazy,
+                "eager_vs_xla": xla / eager,
+            }
+        )
     table = Table(title=f"parse throughput (instructions/s, best of {repeat})")
     for col in (
         "file",
@@ -93,9 +112,15 @@ def main(files: tuple[str, ...], layers: int, repeat: int, out: str) -> None:
     ):
         table.add_column(col, justify="left" if col == "file" else "right")
     for r in rows:
-        table.add_row(r["file"], f"{r['instructions']:,}", f"{r['rhino_lazy_per_s']:,.0f}",
-                      f"{r['rhino_eager_per_s']:,.0f}", f"{r['xla_per_s']:,.0f}",
-                      f"{r['lazy_vs_xla']:.2f}x", f"{r['eager_vs_xla']:.2f}x")  # fmt: skip
+        table.add_row(
+            r["file"],
+            f"{r['instructions']:,}",
+            f"{r['rhino_lazy_per_s']:,.0f}",
+            f"{r['rhino_eager_per_s']:,.0f}",
+            f"{r['xla_per_s']:,.0f}",
+            f"{r['lazy_vs_xla']:.2f}x",
+            f"{r['eager_vs_xla']:.2f}x",
+        )
     Console(width=160).print(table)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(

@@ -63,8 +63,19 @@ def model_path(name: str) -> Path:
     if not path.exists():
         path.parent.mkdir(exist_ok=True)
         extra = ["--layers", str(layers)] if layers else []
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "zoo.py"), family, "--config", config,
-                        *extra, "--out", str(path)], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "zoo.py"),
+                family,
+                "--config",
+                config,
+                *extra,
+                "--out",
+                str(path),
+            ],
+            check=True,
+        )
     return path
 
 
@@ -119,17 +130,33 @@ def run(name: str, d: int, epsilon: float, time_limit: float) -> dict[str, Any]:
     gc.unfreeze()
     base = {b["name"]: b for b in plan.baselines}
     return {
-        "model": name, "forward_instructions": len(graph.names), "stages": d, "epsilon": eps,
-        "equal_count": base["equal_count"], "best_split": base["best_split"],
+        "model": name,
+        "forward_instructions": len(graph.names),
+        "stages": d,
+        "epsilon": eps,
+        "equal_count": base["equal_count"],
+        "best_split": base["best_split"],
         "best_split_late": base["best_split_late"],
-        "rhino": {"cut_bytes": plan.cut_bytes, "imbalance": plan.imbalance, "status": plan.status,
-                  "gap": plan.gap, "method": plan.method, "wall_s": wall,
-                  "ilp_s": tight_s, "ilp_cut_bytes": tight.cut_bytes,
-                  "reduced_nodes": plan.solver["reduced_nodes"], "fixed": plan.solver["fixed"]},
-        "no_tightening": {"cut_bytes": loose.cut_bytes, "status": loose.status.value,
-                          "gap": loose.gap, "ilp_s": loose_s},
+        "rhino": {
+            "cut_bytes": plan.cut_bytes,
+            "imbalance": plan.imbalance,
+            "status": plan.status,
+            "gap": plan.gap,
+            "method": plan.method,
+            "wall_s": wall,
+            "ilp_s": tight_s,
+            "ilp_cut_bytes": tight.cut_bytes,
+            "reduced_nodes": plan.solver["reduced_nodes"],
+            "fixed": plan.solver["fixed"],
+        },
+        "no_tightening": {
+            "cut_bytes": loose.cut_bytes,
+            "status": loose.status.value,
+            "gap": loose.gap,
+            "ilp_s": loose_s,
+        },
         "step_1f1b_s": plan.schedules["1f1b"]["step_s"],
-    }  # fmt: skip
+    }
 
 
 REPEATS = 3
@@ -138,8 +165,9 @@ REPEAT_UNDER_S = 2.0
 this shared 2-core machine one run of a 0.1-0.2 s ILP varied by up to 1.5x."""
 
 
-def _timed(problem: Any, options: Any, tightening: bool, hint: tuple[int, ...] | None
-           ) -> tuple[Any, float]:  # fmt: skip
+def _timed(
+    problem: Any, options: Any, tightening: bool, hint: tuple[int, ...] | None
+) -> tuple[Any, float]:
     """`solve_stages` and its time end to end (reduction, tightening and receipts, the
     model's build, CP-SAT and the plan's evaluation): the best of `REPEATS` runs where
     one takes under `REPEAT_UNDER_S`. The plan is the first run's (every run gives it)."""
@@ -149,8 +177,9 @@ def _timed(problem: Any, options: Any, tightening: bool, hint: tuple[int, ...] |
     best = found.solve_time_s
     if best < REPEAT_UNDER_S:
         for _ in range(REPEATS - 1):
-            best = min(best, solve_stages(problem, options, tightening=tightening,
-                                          hint=hint).solve_time_s)  # fmt: skip
+            best = min(
+                best, solve_stages(problem, options, tightening=tightening, hint=hint).solve_time_s
+            )
     return found, best
 
 
@@ -165,12 +194,29 @@ def _split(b: dict[str, Any]) -> str:
 
 
 def render(rows: list[dict[str, Any]]) -> Table:
-    t = Table(title="pipeline stages: cut MiB per step (imbalance); rhino = ILP with bound "
-              "tightening; times in s", title_justify="left")  # fmt: skip
-    for col in ("model", "n", "d", "eps", "equal count", "DP, program order",
-                "DP, late order", "rhino", "rhino/best DP", "status (gap)", "wall", "nodes/fixed", "ILP", "no tightening: ILP",
-                "cut",
-                "speed-up"):  # fmt: skip
+    t = Table(
+        title="pipeline stages: cut MiB per step (imbalance); rhino = ILP with bound "
+        "tightening; times in s",
+        title_justify="left",
+    )
+    for col in (
+        "model",
+        "n",
+        "d",
+        "eps",
+        "equal count",
+        "DP, program order",
+        "DP, late order",
+        "rhino",
+        "rhino/best DP",
+        "status (gap)",
+        "wall",
+        "nodes/fixed",
+        "ILP",
+        "no tightening: ILP",
+        "cut",
+        "speed-up",
+    ):
         t.add_column(col, justify="right" if col not in ("model", "status (gap)") else "left")
     for r in rows:
         eq, dp, late = r["equal_count"], r["best_split"], r["best_split_late"]
@@ -178,29 +224,43 @@ def render(rows: list[dict[str, Any]]) -> Table:
         dps = [b["cut_bytes"] for b in (dp, late) if b["cut_bytes"] is not None]
         ratio = rh["cut_bytes"] / min(dps) if dps and min(dps) else None
         t.add_row(
-            r["model"], str(r["forward_instructions"]), str(r["stages"]), f"{r['epsilon']:g}",
-            f"{_mib(eq['cut_bytes'])} ({eq['imbalance']:.0%})", _split(dp), _split(late),
+            r["model"],
+            str(r["forward_instructions"]),
+            str(r["stages"]),
+            f"{r['epsilon']:g}",
+            f"{_mib(eq['cut_bytes'])} ({eq['imbalance']:.0%})",
+            _split(dp),
+            _split(late),
             f"{_mib(rh['cut_bytes'])} ({rh['imbalance']:.0%})",
             "-" if ratio is None else f"{ratio:.2f}",
-            f"{rh['status']} ({rh['gap']:.0%})", f"{rh['wall_s']:.1f}",
-            f"{int(rh['reduced_nodes'])}/{int(rh['fixed'])}", f"{rh['ilp_s']:.3f}",
-            f"{lo['ilp_s']:.3f} {lo['status']} ({lo['gap']:.0%})", _mib(lo["cut_bytes"]),
+            f"{rh['status']} ({rh['gap']:.0%})",
+            f"{rh['wall_s']:.1f}",
+            f"{int(rh['reduced_nodes'])}/{int(rh['fixed'])}",
+            f"{rh['ilp_s']:.3f}",
+            f"{lo['ilp_s']:.3f} {lo['status']} ({lo['gap']:.0%})",
+            _mib(lo["cut_bytes"]),
             f"{lo['ilp_s'] / max(rh['ilp_s'], 1e-3):.1f}x",
-        )  # fmt: skip
+        )
     return t
 
 
 @click.command()
-@click.option("--model", "models", multiple=True, type=click.Choice(list(MODELS)),
-              help="Models (default: all).")  # fmt: skip
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    type=click.Choice(list(MODELS)),
+    help="Models (default: all).",
+)
 @click.option("--stages", "stages", multiple=True, type=int, help="Stage counts (default 2, 4, 8).")
 @click.option("--epsilon", default=0.1, show_default=True, help="Requested balance tolerance.")
 @click.option("--time-limit", default=30.0, show_default=True, help="Per ILP, seconds.")
 @click.option(
     "--out", type=click.Path(dir_okay=False), default="bench/pipeline.json", show_default=True
 )
-def main(models: tuple[str, ...], stages: tuple[int, ...], epsilon: float, time_limit: float,
-         out: str) -> None:  # fmt: skip
+def main(
+    models: tuple[str, ...], stages: tuple[int, ...], epsilon: float, time_limit: float, out: str
+) -> None:
     console = Console(highlight=False, width=220)
     rows = []
     for name in models or tuple(MODELS):
@@ -210,14 +270,20 @@ def main(models: tuple[str, ...], stages: tuple[int, ...], epsilon: float, time_
             console.print(f"{row['rhino']['wall_s']:.1f} s")
             rows.append(row)
     console.print(render(rows))
-    for label, chosen in (("all rows", rows),
-                          ("rows where it takes >= 1 s without tightening",
-                           [r for r in rows if r["no_tightening"]["ilp_s"] >= 1.0])):  # fmt: skip
+    for label, chosen in (
+        ("all rows", rows),
+        (
+            "rows where it takes >= 1 s without tightening",
+            [r for r in rows if r["no_tightening"]["ilp_s"] >= 1.0],
+        ),
+    ):
         tight = sum(r["rhino"]["ilp_s"] for r in chosen)
         loose = sum(r["no_tightening"]["ilp_s"] for r in chosen)
         if chosen:
-            console.print(f"ILP time, {label} ({len(chosen)}): {tight:.2f} s with bound "
-                          f"tightening, {loose:.2f} s without: {loose / max(tight, 1e-9):.1f}x")  # fmt: skip
+            console.print(
+                f"ILP time, {label} ({len(chosen)}): {tight:.2f} s with bound "
+                f"tightening, {loose:.2f} s without: {loose / max(tight, 1e-9):.1f}x"
+            )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     doc = {"revision": revision("search", "hlo"), "time_limit_s": time_limit, "rows": rows}
     Path(out).write_text(json.dumps(doc, indent=1, default=json_default) + "\n")

@@ -59,8 +59,13 @@ def stage_plan(path: Path, stages: int, microbatches: int) -> tuple[StagePlan, f
     module = parse_file(path)
     epsilon = 0.1
     while True:
-        request = PipelineRequest(stages, epsilon, microbatches, load_cluster("m8"),
-                                  SolveOptions(time_limit_s=20, threads=1, work_limit=5.0))  # fmt: skip
+        request = PipelineRequest(
+            stages,
+            epsilon,
+            microbatches,
+            load_cluster("m8"),
+            SolveOptions(time_limit_s=20, threads=1, work_limit=5.0),
+        )
         try:
             return StagePlan.from_json(plan_pipeline(module, request).to_json()), epsilon
         except InfeasibleError:
@@ -95,30 +100,44 @@ def run_model(name: str, stages: int, m: int, steps: int) -> list[dict[str, Any]
         busy = sum(e - s for _, s, e in median.events)
         span = max(e for _, _, e in median.events)
         order = [[t for t, _, _ in median.events if t.stage == s] for s in range(stages)]
-        rows.append({
-            "model": name, "stages": stages, "microbatches": m, "schedule": name_s,
-            "epsilon": epsilon, "outputs": len(checks), "verify_ok": all(c.ok for c in checks),
-            "max_rel_error": max(c.max_rel_error for c in checks),
-            "bytes_predicted": sum(plan.sent_bytes.values()),
-            "bytes_planned": sum(pipeline.graph.sent_bytes().values()),
-            "bytes_measured": sum(median.sent.values()),
-            "bytes_by_pair": {f"{a}->{b}": {"predicted": plan.sent_bytes.get((a, b), 0),
-                                            "planned": pipeline.graph.sent_bytes().get((a, b), 0),
-                                            "measured": n} for (a, b), n in sorted(median.sent.items())},
-            "order_as_planned": order == [list(t) for t in table.actions],
-            "bubble_simulated": 1 - simulated.busy_fraction,
-            "bubble_measured": 1 - busy / (span * stages) if span > 0 else 0.0,
-            "bubble_formula": (stages - 1) / (m + stages - 1),
-            "step_measured_s": median.seconds, "step_simulated_s": simulated.step_s,
-            "peak_activation_bytes": list(simulated.peak_activation_bytes),
-            "compile_s": compile_s,
-        })  # fmt: skip
+        rows.append(
+            {
+                "model": name,
+                "stages": stages,
+                "microbatches": m,
+                "schedule": name_s,
+                "epsilon": epsilon,
+                "outputs": len(checks),
+                "verify_ok": all(c.ok for c in checks),
+                "max_rel_error": max(c.max_rel_error for c in checks),
+                "bytes_predicted": sum(plan.sent_bytes.values()),
+                "bytes_planned": sum(pipeline.graph.sent_bytes().values()),
+                "bytes_measured": sum(median.sent.values()),
+                "bytes_by_pair": {
+                    f"{a}->{b}": {
+                        "predicted": plan.sent_bytes.get((a, b), 0),
+                        "planned": pipeline.graph.sent_bytes().get((a, b), 0),
+                        "measured": n,
+                    }
+                    for (a, b), n in sorted(median.sent.items())
+                },
+                "order_as_planned": order == [list(t) for t in table.actions],
+                "bubble_simulated": 1 - simulated.busy_fraction,
+                "bubble_measured": 1 - busy / (span * stages) if span > 0 else 0.0,
+                "bubble_formula": (stages - 1) / (m + stages - 1),
+                "step_measured_s": median.seconds,
+                "step_simulated_s": simulated.step_s,
+                "peak_activation_bytes": list(simulated.peak_activation_bytes),
+                "compile_s": compile_s,
+            }
+        )
     return rows
 
 
 @click.command()
-@click.option("--models", default=",".join(MODELS), show_default=True,
-              help="Comma-separated examples/ names.")  # fmt: skip
+@click.option(
+    "--models", default=",".join(MODELS), show_default=True, help="Comma-separated examples/ names."
+)
 @click.option("--stages", "stage_counts", default="2,4", show_default=True)
 @click.option("--microbatches", default=8, show_default=True, type=click.IntRange(min=1))
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1))
@@ -134,25 +153,40 @@ def main(models: str, stage_counts: str, microbatches: int, steps: int, out: str
                     {"model": name, "stages": d, "error": f"{type(exc).__name__}: {exc}"}
                 )
     table = Table(title=f"pipeline runs on CPU, m = {microbatches} (bytes per step)")
-    for col in ("model", "d", "sched", "verify", "bytes pred/plan/meas", "order", "bubble sim/meas/formula",
-                "step meas/sim"):  # fmt: skip
+    for col in (
+        "model",
+        "d",
+        "sched",
+        "verify",
+        "bytes pred/plan/meas",
+        "order",
+        "bubble sim/meas/formula",
+        "step meas/sim",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
-            r["model"], str(r["stages"]), r["schedule"],
+            r["model"],
+            str(r["stages"]),
+            r["schedule"],
             f"{'ok' if r['verify_ok'] else 'FAIL'} {r['outputs']}",
             f"{r['bytes_predicted']}/{r['bytes_planned']}/{r['bytes_measured']}",
             "same" if r["order_as_planned"] else "DIFFERS",
             f"{r['bubble_simulated']:.0%}/{r['bubble_measured']:.0%}/{r['bubble_formula']:.0%}",
             f"{r['step_measured_s'] * 1e3:.0f}/{r['step_simulated_s'] * 1e3:.0f} ms",
-        )  # fmt: skip
+        )
     console = Console(width=200)
     console.print(table)
     for f in failures:
         console.print(f"[red]failed[/] {f['model']} d={f['stages']}: {f['error']}")
-    doc = {"benchmark": "pipeline_run", "revision": revision("runtime", "search", "hlo"),
-           "cpu_count": os.cpu_count(), "microbatches": microbatches, "rows": rows,
-           "failures": failures}  # fmt: skip
+    doc = {
+        "benchmark": "pipeline_run",
+        "revision": revision("runtime", "search", "hlo"),
+        "cpu_count": os.cpu_count(),
+        "microbatches": microbatches,
+        "rows": rows,
+        "failures": failures,
+    }
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

@@ -36,10 +36,26 @@ def install(rev: str, into: Path) -> Path:
     """Check `rev` out under `into` and install it there; the directory to put on
     PYTHONPATH."""
     tree, site = into / "tree", into / "site"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), rev],
-                   check=True, capture_output=True)  # fmt: skip
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(site), str(tree)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), rev],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(tree),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return site
 
 
@@ -49,8 +65,13 @@ def run_once(args: tuple[str, ...], pythonpath: str | None) -> dict[str, Any]:
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "rhino.cli", *args], env=env,
-                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "rhino.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     wall = time.perf_counter() - start
     row: dict[str, Any] = {"wall_s": wall, "exit": done.returncode}
     try:
@@ -63,8 +84,9 @@ def run_once(args: tuple[str, ...], pythonpath: str | None) -> dict[str, Any]:
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--base", required=True, help="The revision to compare with (a commit, tag, branch).")
 @click.option("--rounds", default=3, show_default=True, help="Pairs of runs.")
-@click.option("--out", default="bench/revisions.json", show_default=True,
-              type=click.Path(dir_okay=False))  # fmt: skip
+@click.option(
+    "--out", default="bench/revisions.json", show_default=True, type=click.Path(dir_okay=False)
+)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, required=True)
 def main(base: str, rounds: int, out: str, args: tuple[str, ...]) -> None:
     """Time `rhino ARGS` at BASE and at this tree, alternating."""
@@ -79,17 +101,24 @@ def main(base: str, rounds: int, out: str, args: tuple[str, ...]) -> None:
                     last = runs[name][-1]
                     print(f"{name}: {last['wall_s']:.1f} s", file=sys.stderr)
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                            str(Path(tmp) / "tree")], capture_output=True)  # fmt: skip
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(Path(tmp) / "tree")],
+                capture_output=True,
+            )
     table = Table(title=f"rhino {' '.join(args)}: wall seconds, alternating, {rounds} rounds")
     for col in ("revision", "runs (s)", "min", "median", "objective_s", "exit codes"):
         table.add_column(col, justify="left" if col in ("revision", "runs (s)") else "right")
     for name, rows in runs.items():
         walls = sorted(r["wall_s"] for r in rows)
         objectives = sorted({r.get("objective_s") for r in rows}, key=str)
-        table.add_row(name, " / ".join(f"{r['wall_s']:.1f}" for r in rows), f"{walls[0]:.1f}",
-                      f"{walls[len(walls) // 2]:.1f}", ", ".join(str(o) for o in objectives),
-                      ", ".join(str(r["exit"]) for r in rows))  # fmt: skip
+        table.add_row(
+            name,
+            " / ".join(f"{r['wall_s']:.1f}" for r in rows),
+            f"{walls[0]:.1f}",
+            f"{walls[len(walls) // 2]:.1f}",
+            ", ".join(str(o) for o in objectives),
+            ", ".join(str(r["exit"]) for r in rows),
+        )
     Console().print(table)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(

@@ -117,8 +117,10 @@ def plan_both(module: Any, case: Case, s: Settings) -> dict[str, Any]:
     solve = SolveOptions(time_limit_s=s.time_limit, threads=s.threads)
     makers: dict[str, Callable[[], Any]] = {
         "o3": lambda: make_plan(module, PlanRequest(mesh, s.cluster, "O3", s.budget, solve=solve)),
-        "dp": lambda: data_parallel_plan(module, mesh, s.cluster, budget_bytes=s.budget, solve=solve),
-    }  # fmt: skip
+        "dp": lambda: data_parallel_plan(
+            module, mesh, s.cluster, budget_bytes=s.budget, solve=solve
+        ),
+    }
     plans: dict[str, Any] = {}
     for name, make in makers.items():
         try:
@@ -142,8 +144,11 @@ def run_one(module: Any, plan: Any, s: Settings) -> dict[str, Any]:
         "warnings": list(plan.warnings),
     }
     try:
-        report = run_plan(module, plan, RunOptions(platform="cpu", seed=s.seed, verify=True,
-                                                   steps=1, warmup=0, baseline=False))  # fmt: skip
+        report = run_plan(
+            module,
+            plan,
+            RunOptions(platform="cpu", seed=s.seed, verify=True, steps=1, warmup=0, baseline=False),
+        )
     except Exception as e:  # XLA rejected it: keep the row
         doc["error"] = _error(e)
         return doc
@@ -163,8 +168,9 @@ def run_one(module: Any, plan: Any, s: Settings) -> dict[str, Any]:
     return doc
 
 
-def compile_programs(module: Any, plans: dict[str, Any], seed: int
-                     ) -> tuple[dict[str, tuple[Any, list[Any]]], dict[str, str]]:  # fmt: skip
+def compile_programs(
+    module: Any, plans: dict[str, Any], seed: int
+) -> tuple[dict[str, tuple[Any, list[Any]]], dict[str, str]]:
     """name -> (compiled program, its inputs) for "single" and each plan; name -> error
     text for those that do not compile."""
     from rhino.hlo.printer import print_module
@@ -192,7 +198,7 @@ def compile_programs(module: Any, plans: dict[str, Any], seed: int
             programs[name] = (compiled, list(entry_inputs(annotated, seed)))
         except Exception as e:
             errors[name] = _error(e)
-    return programs, errors  # fmt: skip
+    return programs, errors
 
 
 def time_side_by_side(module: Any, plans: dict[str, Any], s: Settings) -> dict[str, dict[str, Any]]:
@@ -230,7 +236,7 @@ def time_side_by_side(module: Any, plans: dict[str, Any], s: Settings) -> dict[s
             "max_s": max(ts),
             "steps": len(ts),
         }
-    return out  # fmt: skip
+    return out
 
 
 def run_case(case: Case, s: Settings) -> dict[str, Any]:
@@ -324,13 +330,43 @@ def _memory(p: dict[str, Any]) -> tuple[str, str, str, str, str]:
 
 def render(rows: list[dict[str, Any]], title: str) -> list[Table]:
     """Two tables: communication and step time; memory per device and search."""
-    time_cols = ("model", "mesh", "O3 ok", "DP ok", "O3 comm KiB pred / meas (ratio)",
-                 "DP comm KiB pred / meas (ratio)", "O3 ms", "DP ms", "1-dev ms", "O3 vs DP",
-                 "O3 vs DP pred", "O3 vs 1-dev", "DP vs 1-dev")  # fmt: skip
-    mem_cols = ("model", "mesh", "O3 total", "O3 peak", "O3 arg", "O3 temp", "O3 plan", "DP total", "DP peak",
-                "DP arg", "DP temp", "DP plan", "O3 search s", "O3 status", "DP search s", "DP status")  # fmt: skip
+    time_cols = (
+        "model",
+        "mesh",
+        "O3 ok",
+        "DP ok",
+        "O3 comm KiB pred / meas (ratio)",
+        "DP comm KiB pred / meas (ratio)",
+        "O3 ms",
+        "DP ms",
+        "1-dev ms",
+        "O3 vs DP",
+        "O3 vs DP pred",
+        "O3 vs 1-dev",
+        "DP vs 1-dev",
+    )
+    mem_cols = (
+        "model",
+        "mesh",
+        "O3 total",
+        "O3 peak",
+        "O3 arg",
+        "O3 temp",
+        "O3 plan",
+        "DP total",
+        "DP peak",
+        "DP arg",
+        "DP temp",
+        "DP plan",
+        "O3 search s",
+        "O3 status",
+        "DP search s",
+        "DP status",
+    )
     times = Table(title=f"{title}: communication per device per step, step time")
-    memory = Table(title="memory per device, MiB (XLA: arguments + outputs + temporaries, reported peak, arguments, temporaries; the plan's estimate) and search")  # fmt: skip
+    memory = Table(
+        title="memory per device, MiB (XLA: arguments + outputs + temporaries, reported peak, arguments, temporaries; the plan's estimate) and search"
+    )
     for table, cols in ((times, time_cols), (memory, mem_cols)):
         for col in cols:
             table.add_column(col, justify="left" if col in ("model", "mesh") else "right")
@@ -340,14 +376,30 @@ def render(rows: list[dict[str, Any]], title: str) -> list[Table]:
             continue
         o3, dp, sp = r["o3"], r["dp"], r["speedup"]
         times.add_row(
-            r["model"], r["mesh"], _ok(o3), _ok(dp), _comm(o3), _comm(dp), _ms(_median(r, "o3")),
-            _ms(_median(r, "dp")), _ms(_median(r, "single")), _x(sp["o3_vs_dp"]),
-            _x(sp["predicted_o3_vs_dp"]), _x(sp["o3_vs_single"]), _x(sp["dp_vs_single"]),
-        )  # fmt: skip
+            r["model"],
+            r["mesh"],
+            _ok(o3),
+            _ok(dp),
+            _comm(o3),
+            _comm(dp),
+            _ms(_median(r, "o3")),
+            _ms(_median(r, "dp")),
+            _ms(_median(r, "single")),
+            _x(sp["o3_vs_dp"]),
+            _x(sp["predicted_o3_vs_dp"]),
+            _x(sp["o3_vs_single"]),
+            _x(sp["dp_vs_single"]),
+        )
         memory.add_row(
-            r["model"], r["mesh"], *_memory(o3), *_memory(dp), _s(o3.get("search_s")),
-            str(o3.get("status", "-")), _s(dp.get("search_s")), str(dp.get("status", "-")),
-        )  # fmt: skip
+            r["model"],
+            r["mesh"],
+            *_memory(o3),
+            *_memory(dp),
+            _s(o3.get("search_s")),
+            str(o3.get("status", "-")),
+            _s(dp.get("search_s")),
+            str(dp.get("status", "-")),
+        )
     return [times, memory]
 
 
@@ -410,12 +462,22 @@ Examples:
 
 
 @click.command(epilog=EPILOG)
-@click.option("--models", "models", multiple=True,
-              help="Models (examples/<name>.hlo or a path), comma-separated or repeated; default: every example.")  # fmt: skip
-@click.option("--meshes", "meshes", multiple=True,
-              help=f"Meshes, comma-separated or repeated (default {','.join(DEFAULT_MESHES)}).")  # fmt: skip
+@click.option(
+    "--models",
+    "models",
+    multiple=True,
+    help="Models (examples/<name>.hlo or a path), comma-separated or repeated; default: every example.",
+)
+@click.option(
+    "--meshes",
+    "meshes",
+    multiple=True,
+    help=f"Meshes, comma-separated or repeated (default {','.join(DEFAULT_MESHES)}).",
+)
 @click.option("--steps", type=click.IntRange(min=1), help="Timed rounds (default 10).")
-@click.option("--warmup", type=click.IntRange(min=0), help="Untimed runs of each program first (default 2).")  # fmt: skip
+@click.option(
+    "--warmup", type=click.IntRange(min=0), help="Untimed runs of each program first (default 2)."
+)
 @click.option("--time-limit", type=float, help="Search time limit per plan, seconds (default 60).")
 @click.option("--threads", default=2, show_default=True, help="Solver workers.")
 @click.option(
@@ -424,13 +486,31 @@ Examples:
 @click.option("--memory", help="Per-device budget, e.g. 16GiB (default: the cluster's memory).")
 @click.option("--no-memory-limit", is_flag=True, help="Plan without a memory budget.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the inputs.")
-@click.option("--quick", is_flag=True,
-              help="Smoke test: mlp on 1x8, 3 rounds, 10 s search (explicit options win).")  # fmt: skip
-@click.option("--out", default="bench/run.json", show_default=True,
-              type=click.Path(dir_okay=False, path_type=Path))  # fmt: skip
-def main(models: tuple[str, ...], meshes: tuple[str, ...], steps: int | None, warmup: int | None,
-         time_limit: float | None, threads: int, cluster: str, memory: str | None,
-         no_memory_limit: bool, seed: int, quick: bool, out: Path) -> None:  # fmt: skip
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Smoke test: mlp on 1x8, 3 rounds, 10 s search (explicit options win).",
+)
+@click.option(
+    "--out",
+    default="bench/run.json",
+    show_default=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+)
+def main(
+    models: tuple[str, ...],
+    meshes: tuple[str, ...],
+    steps: int | None,
+    warmup: int | None,
+    time_limit: float | None,
+    threads: int,
+    cluster: str,
+    memory: str | None,
+    no_memory_limit: bool,
+    seed: int,
+    quick: bool,
+    out: Path,
+) -> None:
     """Plan every model on every mesh with O3 and as plain data parallelism, run both
     through XLA next to the single-device program, and report communication, step time
     and memory."""
@@ -455,8 +535,15 @@ def main(models: tuple[str, ...], meshes: tuple[str, ...], steps: int | None, wa
         if no_memory_limit
         else (parse_quantity(memory, "bytes") if memory else clus.memory_bytes)
     )
-    settings = Settings(clus, budget, defaults.time_limit if time_limit is None else time_limit, threads,
-                        steps or defaults.steps, defaults.warmup if warmup is None else warmup, seed)  # fmt: skip
+    settings = Settings(
+        clus,
+        budget,
+        defaults.time_limit if time_limit is None else time_limit,
+        threads,
+        steps or defaults.steps,
+        defaults.warmup if warmup is None else warmup,
+        seed,
+    )
     paths = model_paths(models)
     console = Console(width=200)
     rows = []
@@ -471,22 +558,37 @@ def main(models: tuple[str, ...], meshes: tuple[str, ...], steps: int | None, wa
                     row = {"model": path.stem, "file": _rel(path), "mesh": mesh, "error": _error(e)}
                 row["wall_s"] = time.perf_counter() - case_start
             rows.append(row)
-            console.print(f"{path.name} {mesh}: {row['wall_s']:.1f} s"
-                          + (f" [red]{row['error']}[/]" if "error" in row else ""))  # fmt: skip
+            console.print(
+                f"{path.name} {mesh}: {row['wall_s']:.1f} s"
+                + (f" [red]{row['error']}[/]" if "error" in row else "")
+            )
     budget_text = "none" if budget is None else f"{budget / 2**30:.1f} GiB"
-    title = (f"O3 vs data parallel vs one device ({DEVICES} simulated CPU devices; predictions "
-             f"for {clus.name}, budget {budget_text}; median of {settings.steps} interleaved rounds)")  # fmt: skip
+    title = (
+        f"O3 vs data parallel vs one device ({DEVICES} simulated CPU devices; predictions "
+        f"for {clus.name}, budget {budget_text}; median of {settings.steps} interleaved rounds)"
+    )
     for table in render(rows, title):
         console.print(table)
     failed = failures(rows)
     for line in failed:
         console.print(f"[red]failed:[/] {line}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "run", "revision": measured_at, "platform": "cpu", "devices": DEVICES,
-           "cluster": clus.name, "budget_bytes": budget, "time_limit_s": settings.time_limit,
-           "threads": threads, "steps": settings.steps, "warmup": settings.warmup, "seed": seed,
-           "wall_s": time.perf_counter() - started, "failures": failed,
-           "rows": rows}  # fmt: skip
+    doc = {
+        "benchmark": "run",
+        "revision": measured_at,
+        "platform": "cpu",
+        "devices": DEVICES,
+        "cluster": clus.name,
+        "budget_bytes": budget,
+        "time_limit_s": settings.time_limit,
+        "threads": threads,
+        "steps": settings.steps,
+        "warmup": settings.warmup,
+        "seed": seed,
+        "wall_s": time.perf_counter() - started,
+        "failures": failed,
+        "rows": rows,
+    }
     out.write_text(json.dumps(doc, indent=2, default=json_default) + "\n")
     console.print(f"wrote {_rel(out)}")
 

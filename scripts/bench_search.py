@@ -166,10 +166,19 @@ def ensure_gpt(layers: int, config: str) -> Path:
     if not path.exists():
         path.parent.mkdir(exist_ok=True)
         subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "zoo.py"), "gpt", "--config", config,
-             "--layers", str(layers), "--out", str(path)],
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "zoo.py"),
+                "gpt",
+                "--config",
+                config,
+                "--layers",
+                str(layers),
+                "--out",
+                str(path),
+            ],
             check=True,
-        )  # fmt: skip
+        )
     return path
 
 
@@ -179,8 +188,15 @@ class Case:
     mesh: str
 
 
-def run_case(case: Case, cluster: Any, budget: float | None, time_limit: float, threads: int,
-             profile_dir: Path | None, fail_fast: bool = False) -> dict[str, Any]:  # fmt: skip
+def run_case(
+    case: Case,
+    cluster: Any,
+    budget: float | None,
+    time_limit: float,
+    threads: int,
+    profile_dir: Path | None,
+    fail_fast: bool = False,
+) -> dict[str, Any]:
     """One cold `make_plan`; a row of the report (with "error" when it raised)."""
     from rhino.hlo.errors import RhinoError
     from rhino.hlo.parser import parse_file
@@ -194,9 +210,12 @@ def run_case(case: Case, cluster: Any, budget: float | None, time_limit: float, 
     module = parse_file(case.path)
     verify(module)
     request = PlanRequest(
-        parse_mesh(case.mesh), cluster, "O3", budget,
+        parse_mesh(case.mesh),
+        cluster,
+        "O3",
+        budget,
         solve=SolveOptions(time_limit_s=time_limit, threads=threads),
-    )  # fmt: skip
+    )
     row: dict[str, Any] = {
         "file": str(case.path.relative_to(ROOT) if case.path.is_relative_to(ROOT) else case.path),
         "mesh": case.mesh,
@@ -268,9 +287,28 @@ def _ms(x: float | None) -> str:
 
 
 def render(rows: list[dict[str, Any]], title: str) -> Table:
-    cols = ("file", "mesh", "instr", "nodes", "edges", "pairs", "strat s", "edges s", "build s",
-            "model s", "cp-sat s", "search s", "vars", "cons", "status", "gap", "step ms",
-            "comp ms", "comm ms", "peak MiB")  # fmt: skip
+    cols = (
+        "file",
+        "mesh",
+        "instr",
+        "nodes",
+        "edges",
+        "pairs",
+        "strat s",
+        "edges s",
+        "build s",
+        "model s",
+        "cp-sat s",
+        "search s",
+        "vars",
+        "cons",
+        "status",
+        "gap",
+        "step ms",
+        "comp ms",
+        "comm ms",
+        "peak MiB",
+    )
     table = Table(title=title)
     for col in cols:
         table.add_column(col, justify="left" if col in ("file", "mesh", "status") else "right")
@@ -280,12 +318,27 @@ def render(rows: list[dict[str, Any]], title: str) -> Table:
             table.add_row(name, r["mesh"], f"{r['instructions']:,}", f"[red]{r['error']}[/]")
             continue
         table.add_row(
-            name, r["mesh"], f"{r['instructions']:,}", f"{r['nodes']:,}", f"{r['edges']:,}",
-            f"{r['pairs']:,}", _s(r["strategies_s"]), _s(r["edges_s"]), _s(r["build_s"]),
-            _s(r["model_s"]), _s(r["cpsat_s"]), _s(r["search_s"]), f"{r['variables']:,}",
-            f"{r['constraints']:,}", r["status"], f"{r['gap']:.2%}", _ms(r["objective_s"]),
-            _ms(r["compute_s"]), _ms(r["comm_s"]), f"{r['peak_memory_bytes'] / 2**20:,.1f}",
-        )  # fmt: skip
+            name,
+            r["mesh"],
+            f"{r['instructions']:,}",
+            f"{r['nodes']:,}",
+            f"{r['edges']:,}",
+            f"{r['pairs']:,}",
+            _s(r["strategies_s"]),
+            _s(r["edges_s"]),
+            _s(r["build_s"]),
+            _s(r["model_s"]),
+            _s(r["cpsat_s"]),
+            _s(r["search_s"]),
+            f"{r['variables']:,}",
+            f"{r['constraints']:,}",
+            r["status"],
+            f"{r['gap']:.2%}",
+            _ms(r["objective_s"]),
+            _ms(r["compute_s"]),
+            _ms(r["comm_s"]),
+            f"{r['peak_memory_bytes'] / 2**20:,.1f}",
+        )
     return table
 
 
@@ -299,12 +352,26 @@ Examples:
 
 @click.command(epilog=EPILOG)
 @click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--mesh", "meshes", multiple=True, default=("1x8", "2x4"), show_default=True,
-              help="Device mesh; repeatable.")  # fmt: skip
-@click.option("--gpt-layers", type=int, multiple=True,
-              help="Also plan a generated GPT with this many layers; repeatable.")  # fmt: skip
-@click.option("--gpt-config", default="hidden512", show_default=True,
-              help="zoo.py GPT config of --gpt-layers (hidden512: D=512, S=1024, V=50304, B=8).")  # fmt: skip
+@click.option(
+    "--mesh",
+    "meshes",
+    multiple=True,
+    default=("1x8", "2x4"),
+    show_default=True,
+    help="Device mesh; repeatable.",
+)
+@click.option(
+    "--gpt-layers",
+    type=int,
+    multiple=True,
+    help="Also plan a generated GPT with this many layers; repeatable.",
+)
+@click.option(
+    "--gpt-config",
+    default="hidden512",
+    show_default=True,
+    help="zoo.py GPT config of --gpt-layers (hidden512: D=512, S=1024, V=50304, B=8).",
+)
 @click.option("--no-examples", is_flag=True, help="Skip examples/*.hlo when no FILES are given.")
 @click.option("--cluster", default="m8", show_default=True, help="Cluster name or YAML file.")
 @click.option(
@@ -313,14 +380,34 @@ Examples:
 @click.option("--no-memory-limit", is_flag=True, help="Plan without a memory budget.")
 @click.option("--time-limit", default=60.0, show_default=True, help="CP-SAT time limit, seconds.")
 @click.option("--threads", default=2, show_default=True, help="CP-SAT workers.")
-@click.option("--profile", "profile_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Write a cProfile dump per case here (<model>_<mesh>.prof).")  # fmt: skip
+@click.option(
+    "--profile",
+    "profile_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write a cProfile dump per case here (<model>_<mesh>.prof).",
+)
 @click.option("--fail-fast", is_flag=True, help="Re-raise a case's crash instead of reporting it.")
-@click.option("--out", default="bench/search.json", show_default=True,
-              type=click.Path(dir_okay=False, path_type=Path))  # fmt: skip
-def main(files: tuple[Path, ...], meshes: tuple[str, ...], gpt_layers: tuple[int, ...],
-         gpt_config: str, no_examples: bool, cluster: str, memory: str | None, no_memory_limit: bool,
-         time_limit: float, threads: int, profile_dir: Path | None, fail_fast: bool, out: Path) -> None:  # fmt: skip
+@click.option(
+    "--out",
+    default="bench/search.json",
+    show_default=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+)
+def main(
+    files: tuple[Path, ...],
+    meshes: tuple[str, ...],
+    gpt_layers: tuple[int, ...],
+    gpt_config: str,
+    no_examples: bool,
+    cluster: str,
+    memory: str | None,
+    no_memory_limit: bool,
+    time_limit: float,
+    threads: int,
+    profile_dir: Path | None,
+    fail_fast: bool,
+    out: Path,
+) -> None:
     """Plan every model on every mesh with O3 and report size and time per stage."""
     measured_at = revision("search", "hlo")  # the code this run imports, before anything changes it
     from rhino.search.cluster import load_cluster, parse_quantity
@@ -347,12 +434,24 @@ def main(files: tuple[Path, ...], meshes: tuple[str, ...], gpt_layers: tuple[int
             )
             console.print(f"{path.name} {mesh}: {done}")
     budget_text = "none" if budget is None else f"{budget / 2**30:.1f} GiB"
-    console.print(render(rows, f"O3 search ({clus.name}, budget {budget_text}, "
-                               f"time limit {time_limit:g} s, {threads} workers)"))  # fmt: skip
+    console.print(
+        render(
+            rows,
+            f"O3 search ({clus.name}, budget {budget_text}, "
+            f"time limit {time_limit:g} s, {threads} workers)",
+        )
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "search", "revision": measured_at, "solver": _solver_module(),
-           "cluster": clus.name, "budget_bytes": budget, "time_limit_s": time_limit,
-           "threads": threads, "rows": rows}  # fmt: skip
+    doc = {
+        "benchmark": "search",
+        "revision": measured_at,
+        "solver": _solver_module(),
+        "cluster": clus.name,
+        "budget_bytes": budget,
+        "time_limit_s": time_limit,
+        "threads": threads,
+        "rows": rows,
+    }
     out.write_text(json.dumps(doc, indent=2, default=json_default) + "\n")
     console.print(f"wrote {out}")
 

@@ -18,8 +18,9 @@ def revision(*paths: str) -> str:
     """HEAD's short hash, with "+dirty" when `paths` (e.g. "search", "hlo") differ from it."""
     git = ["git", "-C", str(ROOT)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run([*git, "status", "--porcelain", "--", *paths],
-                           capture_output=True, text=True)  # fmt: skip
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--", *paths], capture_output=True, text=True
+    )
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 

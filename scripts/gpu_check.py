@@ -63,20 +63,31 @@ SCHEDULE_BAND = (2 / 3, 1.5)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--platform", choices=["cpu", "gpu"],
-                        help="Run on this platform (default: jax's default backend).")  # fmt: skip
-    parser.add_argument("--examples", default=",".join(EXAMPLES),
-                        help="Comma-separated names from examples/ (default: %(default)s).")  # fmt: skip
-    parser.add_argument("--pipeline", default="gpt_tiny",
-                        help="The example run as a one-stage pipeline (default: %(default)s).")  # fmt: skip
+    parser.add_argument(
+        "--platform",
+        choices=["cpu", "gpu"],
+        help="Run on this platform (default: jax's default backend).",
+    )
+    parser.add_argument(
+        "--examples",
+        default=",".join(EXAMPLES),
+        help="Comma-separated names from examples/ (default: %(default)s).",
+    )
+    parser.add_argument(
+        "--pipeline",
+        default="gpt_tiny",
+        help="The example run as a one-stage pipeline (default: %(default)s).",
+    )
     parser.add_argument("--steps", type=int, default=10, help="Timed steps of each run.")
     parser.add_argument("--out", type=Path, help="Write the results as JSON here.")
     args = parser.parse_args()
     names = [n.strip() for n in args.examples.split(",") if n.strip()]
     missing = [n for n in [*names, args.pipeline] if not (ROOT / "examples" / f"{n}.hlo").is_file()]
     if not names or missing:
-        print(f"gpu_check: no example {', '.join(missing) or '(none named)'} in examples/",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"gpu_check: no example {', '.join(missing) or '(none named)'} in examples/",
+            file=sys.stderr,
+        )
         return 2
 
     import jax
@@ -88,16 +99,22 @@ def main() -> int:
         print(f"gpu_check: jax has no {platform} device here: {exc}", file=sys.stderr)
         return 2
     versions = _rhino_versions()
-    print(f"rhino {versions['rhino']} on jax {versions['jax']}, jaxlib {versions['jaxlib']}, "
-          f"Python {versions['python']}; {platform}: {device.device_kind}", flush=True)  # fmt: skip
+    print(
+        f"rhino {versions['rhino']} on jax {versions['jax']}, jaxlib {versions['jaxlib']}, "
+        f"Python {versions['python']}; {platform}: {device.device_kind}",
+        flush=True,
+    )
 
     work = Path(tempfile.mkdtemp(prefix="rhino-gpu-check-"))
     rates = calibrate(device)
     cluster = work / "this_device.yaml"
     cluster.write_text(cluster_yaml(rates, device.device_kind))
-    print(f"calibrated: f32 {_rate(rates['f32'], 'FLOP/s')}, bf16 {_rate(rates['bf16'], 'FLOP/s')}, "
-          f"memory {_rate(rates['memory_bandwidth'], 'B/s')}, per kernel "
-          f"{format_seconds(rates['kernel_s'])}", flush=True)  # fmt: skip
+    print(
+        f"calibrated: f32 {_rate(rates['f32'], 'FLOP/s')}, bf16 {_rate(rates['bf16'], 'FLOP/s')}, "
+        f"memory {_rate(rates['memory_bandwidth'], 'B/s')}, per kernel "
+        f"{format_seconds(rates['kernel_s'])}",
+        flush=True,
+    )
 
     rows = [check_example(n, platform, cluster, rates, args.steps, work) for n in names]
     rows.append(check_pipeline(args.pipeline, platform, cluster, args.steps, work))
@@ -105,16 +122,28 @@ def main() -> int:
     print_table(rows)
     for line in failures:
         print(f"FAILED {line}", file=sys.stderr)
-    print(f"{len(rows) - len({f.split(':')[0] for f in failures})}/{len(rows)} runs passed "
-          f"every check", flush=True)  # fmt: skip
+    print(
+        f"{len(rows) - len({f.split(':')[0] for f in failures})}/{len(rows)} runs passed "
+        f"every check",
+        flush=True,
+    )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
-            "revision": revision("hlo", "search", "runtime", "cli"), "versions": versions,
-            "platform": platform, "device": device.device_kind, "calibration": rates,
-            "bands": {"memory": MEMORY_BAND, "time": TIME_BAND, "schedule": SCHEDULE_BAND},
-            "rows": rows, "ok": not failures,
-        }, indent=2))  # fmt: skip
+        args.out.write_text(
+            json.dumps(
+                {
+                    "revision": revision("hlo", "search", "runtime", "cli"),
+                    "versions": versions,
+                    "platform": platform,
+                    "device": device.device_kind,
+                    "calibration": rates,
+                    "bands": {"memory": MEMORY_BAND, "time": TIME_BAND, "schedule": SCHEDULE_BAND},
+                    "rows": rows,
+                    "ok": not failures,
+                },
+                indent=2,
+            )
+        )
         print(f"wrote {args.out}")
     return 1 if failures else 0
 
@@ -131,8 +160,9 @@ def calibrate(device: Any) -> dict[str, float]:
     n = 8192 if gpu else 1024
     rates: dict[str, float] = {}
     for dtype in ("f32", "bf16"):
-        a = jax.device_put(jnp.ones((n, n), jnp.float32 if dtype == "f32" else jnp.bfloat16),
-                           device)  # fmt: skip
+        a = jax.device_put(
+            jnp.ones((n, n), jnp.float32 if dtype == "f32" else jnp.bfloat16), device
+        )
         rates[dtype] = 2 * n**3 / _best(jax.jit(lambda x: x @ x), a)
     x = jax.device_put(jnp.ones(((256 if gpu else 16) * 2**20,), jnp.float32), device)
     rates["memory_bandwidth"] = 2 * x.nbytes / _best(jax.jit(lambda v: v * 1.0001), x)
@@ -202,71 +232,113 @@ def cluster_yaml(rates: dict[str, float], name: str) -> str:
 # -- the checks --------------------------------------------------------------------------
 
 
-def check_example(name: str, platform: str, cluster: Path, rates: dict[str, float], steps: int,
-                  work: Path) -> dict[str, Any]:  # fmt: skip
+def check_example(
+    name: str, platform: str, cluster: Path, rates: dict[str, float], steps: int, work: Path
+) -> dict[str, Any]:
     """`rhino plan` + `rhino run` of one example on one device, and its checks."""
     hlo = ROOT / "examples" / f"{name}.hlo"
     plan = work / f"{name}.plan.json"
     row: dict[str, Any] = {"name": name, "kind": "spmd", "failures": []}
-    report = _made_and_run(row, hlo, plan, platform, steps,
-                           "plan", "--mesh", "1", "--cluster", cluster)  # fmt: skip
+    report = _made_and_run(
+        row, hlo, plan, platform, steps, "plan", "--mesh", "1", "--cluster", cluster
+    )
     if report is None:
         return row
     estimate = report["predicted_step_s"]
     predicted = estimate + report["kernels"] * rates["kernel_s"]
     measured = report["step"]["median_s"]
     memory = report["memory"]
-    row.update({
-        "verify": report["verify"]["ok"],
-        "bytes": {"predicted": report["fidelity"]["predicted_bytes"],
-                  "measured": report["fidelity"]["measured_bytes"]},
-        "memory": {"predicted": memory["plan_peak_bytes"], "measured": memory["total_bytes"]},
-        "time": {"predicted": predicted, "estimate": estimate, "kernels": report["kernels"],
-                 "measured": measured},
-    })  # fmt: skip
+    row.update(
+        {
+            "verify": report["verify"]["ok"],
+            "bytes": {
+                "predicted": report["fidelity"]["predicted_bytes"],
+                "measured": report["fidelity"]["measured_bytes"],
+            },
+            "memory": {"predicted": memory["plan_peak_bytes"], "measured": memory["total_bytes"]},
+            "time": {
+                "predicted": predicted,
+                "estimate": estimate,
+                "kernels": report["kernels"],
+                "measured": measured,
+            },
+        }
+    )
     if not report["verify"]["ok"]:
         row["failures"].append(f"verification: {report['verify']['summary']}")
     if not report["fidelity"]["ok"] or row["bytes"]["predicted"] != row["bytes"]["measured"]:
-        row["failures"].append(f"collective bytes predicted {row['bytes']['predicted']} != "
-                               f"measured {row['bytes']['measured']}")  # fmt: skip
+        row["failures"].append(
+            f"collective bytes predicted {row['bytes']['predicted']} != "
+            f"measured {row['bytes']['measured']}"
+        )
     _band(row, "memory", memory["total_bytes"], memory["plan_peak_bytes"], MEMORY_BAND, "B")
     _band(row, "time", measured, predicted, TIME_BAND, "s")
     return row
 
 
-def check_pipeline(name: str, platform: str, cluster: Path, steps: int,
-                   work: Path) -> dict[str, Any]:  # fmt: skip
+def check_pipeline(
+    name: str, platform: str, cluster: Path, steps: int, work: Path
+) -> dict[str, Any]:
     """A one-stage pipeline of one example: `rhino pipeline` + `rhino run` of its stage
     plan, and its checks."""
     hlo = ROOT / "examples" / f"{name}.hlo"
     stages = work / f"{name}.stages.json"
     row: dict[str, Any] = {"name": f"{name} (1 stage)", "kind": "pipeline", "failures": []}
-    report = _made_and_run(row, hlo, stages, platform, steps, "pipeline", "--stages", "1",
-                           "--microbatches", "2", "--cluster", cluster)  # fmt: skip
+    report = _made_and_run(
+        row,
+        hlo,
+        stages,
+        platform,
+        steps,
+        "pipeline",
+        "--stages",
+        "1",
+        "--microbatches",
+        "2",
+        "--cluster",
+        cluster,
+    )
     if report is None:
         return row
     sent = report["bytes"]
     step = report["predicted_step_s"]
-    row.update({
-        "verify": report["verify"]["ok"],
-        "bytes": {k: sent[f"{k}_total"] for k in ("predicted", "planned", "measured")},
-        "order": report["order"]["same"],
-        "time": {"predicted": step["simulated"], "estimate": step["plan"],
-                 "measured": step["measured"]},
-    })  # fmt: skip
+    row.update(
+        {
+            "verify": report["verify"]["ok"],
+            "bytes": {k: sent[f"{k}_total"] for k in ("predicted", "planned", "measured")},
+            "order": report["order"]["same"],
+            "time": {
+                "predicted": step["simulated"],
+                "estimate": step["plan"],
+                "measured": step["measured"],
+            },
+        }
+    )
     if not report["verify"]["ok"]:
         row["failures"].append(f"verification: {report['verify']['summary']}")
     if len(set(row["bytes"].values())) != 1:
         row["failures"].append(f"bytes between stages differ: {row['bytes']}")
     if not report["order"]["same"]:
         row["failures"].append("a stage ran its tasks out of the planned order")
-    _band(row, "step (simulated on the measured task times)", step["measured"],
-          step["simulated"], SCHEDULE_BAND, "s")  # fmt: skip
+    _band(
+        row,
+        "step (simulated on the measured task times)",
+        step["measured"],
+        step["simulated"],
+        SCHEDULE_BAND,
+        "s",
+    )
     return row
 
 
-def _band(row: dict[str, Any], what: str, measured: float, predicted: float,
-          band: tuple[float, float], unit: str) -> None:  # fmt: skip
+def _band(
+    row: dict[str, Any],
+    what: str,
+    measured: float,
+    predicted: float,
+    band: tuple[float, float],
+    unit: str,
+) -> None:
     ratio = measured / predicted if predicted > 0 else math.inf
     if not band[0] <= ratio <= band[1]:
         row["failures"].append(
@@ -275,8 +347,15 @@ def _band(row: dict[str, Any], what: str, measured: float, predicted: float,
         )
 
 
-def _made_and_run(row: dict[str, Any], hlo: Path, plan: Path, platform: str, steps: int,
-                  command: str, *options: object) -> dict[str, Any] | None:  # fmt: skip
+def _made_and_run(
+    row: dict[str, Any],
+    hlo: Path,
+    plan: Path,
+    platform: str,
+    steps: int,
+    command: str,
+    *options: object,
+) -> dict[str, Any] | None:
     """`rhino COMMAND HLO OPTIONS --out PLAN`, then `rhino run HLO --plan PLAN`: the run's
     report, or None (the failure recorded in the row)."""
     if _rhino(row, command, hlo, *options, "--out", plan) is None:
@@ -311,8 +390,18 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(title="predicted against measured, one device", title_justify="left")
-    for col in ("run", "verify", "bytes pred/meas", "memory pred", "memory meas", "ratio",
-                "time pred", "time meas", "ratio", "result"):  # fmt: skip
+    for col in (
+        "run",
+        "verify",
+        "bytes pred/meas",
+        "memory pred",
+        "memory meas",
+        "ratio",
+        "time pred",
+        "time meas",
+        "ratio",
+        "result",
+    ):
         table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
     for r in rows:
         mem, tim = r.get("memory"), r.get("time")

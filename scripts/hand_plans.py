@@ -118,7 +118,9 @@ def rhino_spec(spec: P, mesh_ndim: int = 2) -> ShardingSpec:
     return parse_spec("".join(tokens), mesh_ndim)
 
 
-def pins(module: Module, args: tuple[Any, ...], layout: Layout, n: int) -> tuple[tuple[str, ShardingSpec], ...]:  # fmt: skip
+def pins(
+    module: Module, args: tuple[Any, ...], layout: Layout, n: int
+) -> tuple[tuple[str, ShardingSpec], ...]:
     """The hand plan's layout of every entry parameter, as rhino pins."""
     by_number = {p.parameter_number: p.name for p in module.entry.parameters}
     found = []

@@ -71,15 +71,18 @@ def record_model(path: Path, time_limit_s: float) -> dict[str, Any]:
     for mesh in MESHES:
         key = f"plan {mesh}"
         try:
-            request = PlanRequest(parse_mesh(mesh), cluster, "O2",
-                                  solve=SolveOptions(time_limit_s=time_limit_s))  # fmt: skip
+            request = PlanRequest(
+                parse_mesh(mesh), cluster, "O2", solve=SolveOptions(time_limit_s=time_limit_s)
+            )
             plan = make_plan(module, request)
             found[key] = {
-                "objective_s": plan.objective_s, "compute_s": plan.compute_s,
-                "comm_s": plan.comm_s, "peak_memory_bytes": plan.peak_memory_bytes,
+                "objective_s": plan.objective_s,
+                "compute_s": plan.compute_s,
+                "comm_s": plan.comm_s,
+                "peak_memory_bytes": plan.peak_memory_bytes,
                 "status": plan.solver["status"],
                 "strategies": _digest([(i.name, i.strategy) for i in plan.instructions]),
-            }  # fmt: skip
+            }
         except Exception as e:  # recorded, and compared as such
             found[key] = {"error": f"{type(e).__name__}: {e}"}
     for stages in STAGES:
@@ -90,12 +93,14 @@ def record_model(path: Path, time_limit_s: float) -> dict[str, Any]:
                 PipelineRequest(stages, None, 8, cluster, SolveOptions(time_limit_s=time_limit_s)),
             )
             found[key] = {
-                "cut_bytes": staged.cut_bytes, "imbalance": staged.imbalance,
+                "cut_bytes": staged.cut_bytes,
+                "imbalance": staged.imbalance,
                 "epsilon": staged.epsilon,
                 "steps_s": {n: s["step_s"] for n, s in staged.schedules.items()},
-                "stages": _digest(sorted((str(i["name"]), int(str(i["stage"])))
-                                         for i in staged.instructions)),
-            }  # fmt: skip
+                "stages": _digest(
+                    sorted((str(i["name"]), int(str(i["stage"]))) for i in staged.instructions)
+                ),
+            }
         except Exception as e:
             found[key] = {"error": f"{type(e).__name__}: {e}"}
     return found
@@ -126,10 +131,14 @@ def main() -> int:
     rec = sub.add_parser("record", help="Plan and pipeline every model; write the record.")
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--only", help="Comma-separated model names (default: all).")
-    rec.add_argument("--time-limit", type=float, default=600.0,
-                     help="Seconds per search (default %(default)s: long enough that every "
-                     "search finishes, so that records compare; a search cut short by its limit "
-                     "depends on the machine's load).")  # fmt: skip
+    rec.add_argument(
+        "--time-limit",
+        type=float,
+        default=600.0,
+        help="Seconds per search (default %(default)s: long enough that every "
+        "search finishes, so that records compare; a search cut short by its limit "
+        "depends on the machine's load).",
+    )
     cmp = sub.add_parser("compare", help="Compare two records; exit 1 on any difference.")
     cmp.add_argument("before", type=Path)
     cmp.add_argument("after", type=Path)
@@ -146,8 +155,17 @@ def main() -> int:
         import rhino.search
 
         source = str(Path(rhino.search.__file__).resolve().parent.parent)  # the rhino recorded
-        args.out.write_text(json.dumps({"revision": revision("hlo", "search", "runtime", "cli"),
-                                        "source": source, "models": rows}, indent=1) + "\n")  # fmt: skip
+        args.out.write_text(
+            json.dumps(
+                {
+                    "revision": revision("hlo", "search", "runtime", "cli"),
+                    "source": source,
+                    "models": rows,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         print(f"wrote {args.out}: {len(rows)} models")
         return 0
     before = json.loads(args.before.read_text())

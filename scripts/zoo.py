@@ -266,8 +266,13 @@ Examples:
 )
 @click.option("--list", "list_", is_flag=True, help="List models and configs.")
 @click.option("--examples", is_flag=True, help="Regenerate the committed examples.")
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=EXAMPLES_DIR,
-              show_default=True, help="Where --examples writes.")  # fmt: skip
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=EXAMPLES_DIR,
+    show_default=True,
+    help="Where --examples writes.",
+)
 def main(
     model: str | None,
     config: str | None,

@@ -298,8 +298,12 @@ def _load_text(text: str, source: str, default_name: str) -> Cluster:
         except ConfigError as e:
             raise r.fail(axes_node, key, str(e)) from None
         if not isinstance(axes_node, yaml.SequenceNode) or len(axes_node.value) != mesh.ndim:
-            raise r.fail(axes_node, key, f"expected a list of {mesh.ndim} links (one per mesh axis), "
-                                         f"got {kind_of(axes_node)}")  # fmt: skip
+            raise r.fail(
+                axes_node,
+                key,
+                f"expected a list of {mesh.ndim} links (one per mesh axis), "
+                f"got {kind_of(axes_node)}",
+            )
         mesh_axes.append(
             (mesh.shape, tuple(r.link(a, f"{key}[{i}]", ()) for i, a in enumerate(axes_node.value)))
         )
@@ -341,6 +345,10 @@ class _ClusterReader(YamlReader):
     def link(self, node: yaml.Node, key: str, extra: tuple[str, ...]) -> Link:
         doc = self.mapping(node, key, ("bandwidth", "latency", *extra))
         return Link(
-            bandwidth=self.quantity(self.required(doc, "bandwidth", key, node), f"{key}.bandwidth", "bandwidth"),
-            latency=self.quantity(self.required(doc, "latency", key, node), f"{key}.latency", "time"),
-        )  # fmt: skip
+            bandwidth=self.quantity(
+                self.required(doc, "bandwidth", key, node), f"{key}.bandwidth", "bandwidth"
+            ),
+            latency=self.quantity(
+                self.required(doc, "latency", key, node), f"{key}.latency", "time"
+            ),
+        )

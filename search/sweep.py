@@ -198,8 +198,9 @@ class _SweepReader(YamlReader):
             raise self.fail(root, "", "no entries: give `models` and `meshes`, or `entries`")
         return Sweep(self.source, tuple(entries))
 
-    def entry(self, node: yaml.Node, key: str, defaults: dict[str, Any], time_limit: float,
-              threads: int) -> list[SweepEntry]:  # fmt: skip
+    def entry(
+        self, node: yaml.Node, key: str, defaults: dict[str, Any], time_limit: float, threads: int
+    ) -> list[SweepEntry]:
         doc = self.mapping(node, key, _ENTRY_KEYS)
         if "model" not in doc:
             raise self.fail(node, f"{key}.model", "missing")
@@ -219,8 +220,9 @@ class _SweepReader(YamlReader):
         threads = self.threads(doc.get("threads"), f"{key}.threads", threads)
         return self.expand(models, own, time_limit, threads)
 
-    def expand(self, models: list[str], d: dict[str, Any], time_limit: float,
-               threads: int) -> list[SweepEntry]:  # fmt: skip
+    def expand(
+        self, models: list[str], d: dict[str, Any], time_limit: float, threads: int
+    ) -> list[SweepEntry]:
         """The product models x meshes x levels x clusters x memory, model outermost."""
         out = []
         for model, mesh, level, cluster, (key, node) in product(
@@ -265,15 +267,21 @@ class _SweepReader(YamlReader):
         for i, item in enumerate(self.items(node, key)):
             level = self.string(item, f"{key}[{i}]")
             if level not in LEVELS:
-                raise self.fail(item, f"{key}[{i}]", f"level {level!r} is not available; choose one of {', '.join(LEVELS)}")  # fmt: skip
+                raise self.fail(
+                    item,
+                    f"{key}[{i}]",
+                    f"level {level!r} is not available; choose one of {', '.join(LEVELS)}",
+                )
             out.append(level)
         return out
 
     def clusters_of(self, node: yaml.Node | None, key: str) -> list[Cluster]:
         if node is None:
             return [self.cluster("m8", node, key)]
-        return [self.cluster(self.string(item, f"{key}[{i}]"), item, f"{key}[{i}]")
-                for i, item in enumerate(self.items(node, key))]  # fmt: skip
+        return [
+            self.cluster(self.string(item, f"{key}[{i}]"), item, f"{key}[{i}]")
+            for i, item in enumerate(self.items(node, key))
+        ]
 
     def cluster(self, text: str, node: yaml.Node | None, key: str) -> Cluster:
         looks_like_path = text.endswith((".yaml", ".yml")) or "/" in text or os.sep in text

@@ -14,11 +14,26 @@ from tests.hlo.corpus import ROOT
 def test_quick_run_reports_both_plans_and_one_device(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_run.py"), "--quick", "--models",
-         "examples/mlp.hlo", "--meshes", "1x4", "--steps", "2", "--time-limit", "3600",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=1800, cwd=ROOT,  # a guard against a hang only
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_run.py"),
+            "--quick",
+            "--models",
+            "examples/mlp.hlo",
+            "--meshes",
+            "1x4",
+            "--steps",
+            "2",
+            "--time-limit",
+            "3600",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,  # a guard against a hang only
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["benchmark"] == "run" and doc["devices"] == 8 and doc["failures"] == []

@@ -24,10 +24,25 @@ import gpu_check  # noqa: E402
 def test_check_on_cpu_passes_and_reports_predicted_against_measured(tmp_path: Path) -> None:
     out = tmp_path / "check.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--platform", "cpu",
-         "--examples", "mlp", "--pipeline", "mlp", "--steps", "3", "--out", str(out)],
-        capture_output=True, text=True, timeout=1800, cwd=ROOT,  # a guard against a hang only
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu_check.py"),
+            "--platform",
+            "cpu",
+            "--examples",
+            "mlp",
+            "--pipeline",
+            "mlp",
+            "--steps",
+            "3",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,  # a guard against a hang only
+    )
     assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
     doc = json.loads(out.read_text())
     timing = ("time: measured", "step (simulated on the measured task times)")
@@ -52,8 +67,10 @@ def report(**changes: Any) -> dict[str, Any]:
         "verify": {"ok": True, "summary": "3/3 outputs match"},
         "fidelity": {"ok": True, "predicted_bytes": 0, "measured_bytes": 0},
         "memory": {"plan_peak_bytes": 1000.0, "total_bytes": 900},
-        "predicted_step_s": 1e-3, "kernels": 100, "step": {"median_s": 2e-3},
-    }  # fmt: skip
+        "predicted_step_s": 1e-3,
+        "kernels": 100,
+        "step": {"median_s": 2e-3},
+    }
     return {**doc, **changes}
 
 
@@ -62,16 +79,18 @@ def report(**changes: Any) -> dict[str, Any]:
     [
         ({}, None),
         ({"verify": {"ok": False, "summary": "0/3 outputs match"}}, "0/3 outputs match"),
-        ({"fidelity": {"ok": True, "predicted_bytes": 0, "measured_bytes": 64}},
-         "collective bytes predicted 0 != measured 64"),
+        (
+            {"fidelity": {"ok": True, "predicted_bytes": 0, "measured_bytes": 64}},
+            "collective bytes predicted 0 != measured 64",
+        ),
         ({"memory": {"plan_peak_bytes": 1000.0, "total_bytes": 2500}}, "memory: measured"),
         ({"step": {"median_s": 0.5}}, "time: measured 500.000 ms is 250 x the predicted 2.000 ms"),
         ({"step": {"median_s": 1e-4}}, "outside [0.125, 8]"),
     ],
-)  # fmt: skip
-def test_each_check_fails_with_its_numbers(changes: dict[str, Any], failure: str | None,
-                                           monkeypatch: pytest.MonkeyPatch,
-                                           tmp_path: Path) -> None:  # fmt: skip
+)
+def test_each_check_fails_with_its_numbers(
+    changes: dict[str, Any], failure: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(gpu_check, "_rhino", lambda row, command, *args: report(**changes))
     rates = {"kernel_s": 1e-5}  # 100 kernels: the prediction is 1 ms + 1 ms
     row = gpu_check.check_example("mlp", "cpu", tmp_path / "c.yaml", rates, 3, tmp_path)
@@ -83,8 +102,9 @@ def test_each_check_fails_with_its_numbers(changes: dict[str, Any], failure: str
         assert failure in found
 
 
-def test_a_stage_plan_run_fails_on_bytes_order_and_schedule(monkeypatch: pytest.MonkeyPatch,
-                                                            tmp_path: Path) -> None:  # fmt: skip
+def test_a_stage_plan_run_fails_on_bytes_order_and_schedule(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     staged = {
         "verify": {"ok": True, "summary": "3/3 outputs match"},
         "bytes": {"predicted_total": 8, "planned_total": 8, "measured_total": 16},

@@ -152,11 +152,15 @@ def attention_shapes(d: int, heads: int, head_dim: int) -> dict[str, jax.ShapeDt
     """Shapes of an ``attention`` layer's weights."""
     k = heads * head_dim
     return {
-        "wq": f32(d, k), "bq": f32(k),
-        "wk": f32(d, k), "bk": f32(k),
-        "wv": f32(d, k), "bv": f32(k),
-        "wo": f32(k, d), "bo": f32(d),
-    }  # fmt: skip
+        "wq": f32(d, k),
+        "bq": f32(k),
+        "wk": f32(d, k),
+        "bk": f32(k),
+        "wv": f32(d, k),
+        "bv": f32(k),
+        "wo": f32(k, d),
+        "bo": f32(d),
+    }
 
 
 def mlp_block(x: jax.Array, p: Params) -> jax.Array:
@@ -188,9 +192,12 @@ def softmax_cross_entropy(
 def conv2d(x: jax.Array, w: jax.Array, stride: int = 1) -> jax.Array:
     """NHWC convolution with an HWIO kernel and SAME padding."""
     return jax.lax.conv_general_dilated(
-        x, w, window_strides=(stride, stride), padding="SAME",
+        x,
+        w,
+        window_strides=(stride, stride),
+        padding="SAME",
         dimension_numbers=("NHWC", "HWIO", "NHWC"),
-    )  # fmt: skip
+    )
 
 
 def conv_shapes(k: int, c_in: int, c_out: int) -> jax.ShapeDtypeStruct:

@@ -65,9 +65,17 @@ class MoEConfig:
 
 def _big(layers: int, hidden: int, ffn: int, heads: int, head_dim: int, experts: int) -> MoEConfig:
     return MoEConfig(
-        layers, hidden, ffn, heads, head_dim, experts,
-        vocab=32000, seq=1024, batch=8, group_size=1024,
-    )  # fmt: skip
+        layers,
+        hidden,
+        ffn,
+        heads,
+        head_dim,
+        experts,
+        vocab=32000,
+        seq=1024,
+        batch=8,
+        group_size=1024,
+    )
 
 
 CONFIGS: dict[str, MoEConfig] = {

@@ -100,9 +100,11 @@ def conv_block_shapes(c_in: int, c_out: int) -> dict[str, Any]:
     """Shapes of a ``conv_block``'s weights."""
     norm = {"scale": f32(c_out), "bias": f32(c_out)}
     return {
-        "conv1": conv_shapes(3, c_in, c_out), "gn1": dict(norm),
-        "conv2": conv_shapes(3, c_out, c_out), "gn2": dict(norm),
-    }  # fmt: skip
+        "conv1": conv_shapes(3, c_in, c_out),
+        "gn1": dict(norm),
+        "conv2": conv_shapes(3, c_out, c_out),
+        "gn2": dict(norm),
+    }
 
 
 def res_block(x: jax.Array, temb: jax.Array, p: Params, groups: int) -> jax.Array:
@@ -116,10 +118,12 @@ def res_block(x: jax.Array, temb: jax.Array, p: Params, groups: int) -> jax.Arra
 def res_block_shapes(c_in: int, c_out: int, embed: int) -> dict[str, Any]:
     """Shapes of a ``res_block``'s weights."""
     shapes = {
-        "gn1": {"scale": f32(c_in), "bias": f32(c_in)}, "conv1": conv_shapes(3, c_in, c_out),
+        "gn1": {"scale": f32(c_in), "bias": f32(c_in)},
+        "conv1": conv_shapes(3, c_in, c_out),
         "temb": dense_shapes(embed, c_out),
-        "gn2": {"scale": f32(c_out), "bias": f32(c_out)}, "conv2": conv_shapes(3, c_out, c_out),
-    }  # fmt: skip
+        "gn2": {"scale": f32(c_out), "bias": f32(c_out)},
+        "conv2": conv_shapes(3, c_out, c_out),
+    }
     if c_in != c_out:
         shapes["shortcut"] = conv_shapes(1, c_in, c_out)
     return shapes
@@ -156,12 +160,17 @@ def param_shapes(cfg: UNetConfig) -> dict[str, Any]:
     up_blocks = [block(2 * channels(cfg, i), channels(cfg, i)) for i in range(n - 1)]
     shapes = {
         "stem": conv_shapes(3, cfg.in_channels, cfg.base_channels),
-        "down": down, "downsample": pools, "upsample": ups, "up": up_blocks,
+        "down": down,
+        "downsample": pools,
+        "upsample": ups,
+        "up": up_blocks,
         "out": conv_shapes(3, cfg.base_channels, cfg.in_channels),
-    }  # fmt: skip
+    }
     if cfg.residual:
-        shapes["time"] = {"dense1": dense_shapes(cfg.base_channels, embed),
-                          "dense2": dense_shapes(embed, embed)}  # fmt: skip
+        shapes["time"] = {
+            "dense1": dense_shapes(cfg.base_channels, embed),
+            "dense2": dense_shapes(embed, embed),
+        }
     return shapes
 
 

@@ -76,10 +76,13 @@ def block_shapes(c_in: int, filters: int, width: int, project: bool) -> dict[str
     """Shapes of one bottleneck block's weights."""
     inner, out = filters * width, filters * 4
     shapes: dict[str, Any] = {
-        "conv1": conv_shapes(1, c_in, inner), "bn1": _bn_shapes(inner),
-        "conv2": conv_shapes(3, inner, inner), "bn2": _bn_shapes(inner),
-        "conv3": conv_shapes(1, inner, out), "bn3": _bn_shapes(out),
-    }  # fmt: skip
+        "conv1": conv_shapes(1, c_in, inner),
+        "bn1": _bn_shapes(inner),
+        "conv2": conv_shapes(3, inner, inner),
+        "bn2": _bn_shapes(inner),
+        "conv3": conv_shapes(1, inner, out),
+        "bn3": _bn_shapes(out),
+    }
     if project:
         shapes["proj"] = conv_shapes(1, c_in, out)
         shapes["proj_bn"] = _bn_shapes(out)

@@ -105,8 +105,10 @@ def parse(doc: Any, where: str = "<problem>") -> Instance:
         if not ok:
             raise IopddlFormatError(f"{where}: {what}")
 
-    need(isinstance(doc, dict) and isinstance(doc.get("problem"), dict),
-         'expected an object with a "problem" object')  # fmt: skip
+    need(
+        isinstance(doc, dict) and isinstance(doc.get("problem"), dict),
+        'expected an object with a "problem" object',
+    )
     p = doc["problem"]
     for key in ("nodes", "edges", "usage_limit"):
         need(key in p, f'problem has no "{key}"')
@@ -115,9 +117,11 @@ def parse(doc: Any, where: str = "<problem>") -> Instance:
     for key in ("intervals", "costs", "usages"):
         need(isinstance(nodes.get(key), list), f'nodes has no list "{key}"')
     n = len(nodes["costs"])
-    need(len(nodes["intervals"]) == n and len(nodes["usages"]) == n,
-         f"nodes: {len(nodes['intervals'])} intervals, {n} cost lists, "
-         f"{len(nodes['usages'])} usage lists (expected equal)")  # fmt: skip
+    need(
+        len(nodes["intervals"]) == n and len(nodes["usages"]) == n,
+        f"nodes: {len(nodes['intervals'])} intervals, {n} cost lists, "
+        f"{len(nodes['usages'])} usage lists (expected equal)",
+    )
     try:
         intervals = np.array(nodes["intervals"], dtype=np.int64).reshape(n, 2)
         costs = tuple(np.array(c, dtype=np.float64) for c in nodes["costs"])
@@ -132,12 +136,17 @@ def parse(doc: Any, where: str = "<problem>") -> Instance:
     backwards = np.flatnonzero(intervals[:, 0] > intervals[:, 1])
     if len(backwards):
         v = int(backwards[0])
-        need(False, f"node {v}: interval [{intervals[v, 0]}, {intervals[v, 1]}] ends before it "
-                    "starts (an interval is [start, end) with start <= end)")  # fmt: skip
+        need(
+            False,
+            f"node {v}: interval [{intervals[v, 0]}, {intervals[v, 1]}] ends before it "
+            "starts (an interval is [start, end) with start <= end)",
+        )
     for v in range(n):
         need(costs[v].ndim == 1 and len(costs[v]) > 0, f"node {v}: no strategies")
-        need(usages[v].shape == costs[v].shape,
-             f"node {v}: {len(costs[v])} costs but {usages[v].size} usages")  # fmt: skip
+        need(
+            usages[v].shape == costs[v].shape,
+            f"node {v}: {len(costs[v])} costs but {usages[v].size} usages",
+        )
     need(
         len(edge_costs) == len(pairs),
         f"edges: {len(pairs)} node pairs, {len(edge_costs)} cost lists",
@@ -145,12 +154,15 @@ def parse(doc: Any, where: str = "<problem>") -> Instance:
     need(bool(((pairs >= 0) & (pairs < n)).all()), f"edges: a node index outside 0..{n - 1}")
     for i, (u, v) in enumerate(pairs.tolist()):
         expected = len(costs[u]) * len(costs[v])
-        need(edge_costs[i].shape == (expected,),
-             f"edge {i} ({u}, {v}): {edge_costs[i].size} costs, expected {len(costs[u])} x {len(costs[v])} = {expected}")  # fmt: skip
+        need(
+            edge_costs[i].shape == (expected,),
+            f"edge {i} ({u}, {v}): {edge_costs[i].size} costs, expected {len(costs[u])} x {len(costs[v])} = {expected}",
+        )
     for array in (*costs, *edge_costs):
         need(bool((array >= 0).all()), "a negative cost")
-    return Instance(str(p.get("name", where)), intervals, _ints(costs), usages, pairs,
-                    _ints(edge_costs), limit)  # fmt: skip
+    return Instance(
+        str(p.get("name", where)), intervals, _ints(costs), usages, pairs, _ints(edge_costs), limit
+    )
 
 
 def _ints(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
@@ -169,7 +181,7 @@ def to_problem(instance: Instance) -> ShardingProblem:
             _forbid(c),
             u.astype(np.float64),
             (int(s), int(e) - 1),
-        )  # fmt: skip
+        )
         for v, (c, u, (s, e)) in enumerate(
             zip(instance.costs, instance.usages, instance.intervals.tolist(), strict=True)
         )
@@ -261,8 +273,13 @@ class Solved:
     """The plan is (or was searched from) the toulbar2 helper's (`_Helper`)."""
 
 
-def _search_groups(merged: groups.Groups, y: np.ndarray, options: SolveOptions, kind: str,
-                   lap: Callable[[str], None]) -> tuple[np.ndarray, bool, float]:  # fmt: skip
+def _search_groups(
+    merged: groups.Groups,
+    y: np.ndarray,
+    options: SolveOptions,
+    kind: str,
+    lap: Callable[[str], None],
+) -> tuple[np.ndarray, bool, float]:
     """The group search from y (GROUP_SHARE of the time left), the Lagrangian rounds
     with message passing from its plan (PASSING_SHARE; where message passing gains
     nothing, the group search goes on for that time instead: IOPDDL N, no tied nodes,
@@ -280,20 +297,23 @@ def _search_groups(merged: groups.Groups, y: np.ndarray, options: SolveOptions, 
     ):
         helper = _Helper(merged, y, options)
     try:
-        search = groups.GroupSearch(merged, y, time.perf_counter() + options.left() * GROUP_SHARE,
-                                    seed=options.seed)  # fmt: skip
+        search = groups.GroupSearch(
+            merged, y, time.perf_counter() + options.left() * GROUP_SHARE, seed=options.seed
+        )
         search.run()
         lap("groups")
         passing_deadline = time.perf_counter() + options.left() * PASSING_SHARE
-        best = lagrange.rounds(merged, search.y, passing_deadline, seed=options.seed,
-                               relax="passing")  # fmt: skip
+        best = lagrange.rounds(
+            merged, search.y, passing_deadline, seed=options.seed, relax="passing"
+        )
         y = best.y
         if best.rounds == 0:  # message passing gained nothing: its time goes to the group search
             more = groups.GroupSearch(merged, y, passing_deadline, seed=options.seed + 2)
             more.run()
             y = more.y
-        best = lagrange.rounds(merged, y, time.perf_counter() + options.left() * ROUNDS_SHARE[kind],
-                               seed=options.seed)  # fmt: skip
+        best = lagrange.rounds(
+            merged, y, time.perf_counter() + options.left() * ROUNDS_SHARE[kind], seed=options.seed
+        )
         lap("rounds")
         if kind == "small":
             return best.y, False, -math.inf
@@ -345,8 +365,9 @@ class _Helper:
         self.slot = _Slot(context, merged.size)
         self.seen = 0
         deadline = (options.deadline or time.perf_counter()) - HELPER_MARGIN_S
-        self.process = context.Process(target=_help, args=(merged, y, deadline, options.seed + 7, self.slot),
-                                       daemon=True)  # fmt: skip
+        self.process = context.Process(
+            target=_help, args=(merged, y, deadline, options.seed + 7, self.slot), daemon=True
+        )
         self.process.start()
 
     def take(self) -> float:
@@ -443,8 +464,11 @@ def solve(instance: Instance, options: SolveOptions) -> Solved:
         lap("groups")
     proven = False
     if small and options.left() > 0:
-        solved = solve_ilp(problem, dataclasses.replace(options, deadline=time.perf_counter() + options.left() * ILP_SHARE),
-                           start=tuple(int(k) for k in x))  # fmt: skip
+        solved = solve_ilp(
+            problem,
+            dataclasses.replace(options, deadline=time.perf_counter() + options.left() * ILP_SHARE),
+            start=tuple(int(k) for k in x),
+        )
         bound = max(bound, solved.bound)
         if solved.objective < local.true_cost(g, x):
             x = np.array(solved.choice, dtype=np.int64)

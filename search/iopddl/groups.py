@@ -181,9 +181,12 @@ def merge(g: Graph) -> Groups:
                     queue.append(w)
         members.append(np.array(found, dtype=np.int64))
     alone = np.array([len(found) == 1 for found in members])  # the usual group: maps[v] is 0..k-1
-    cost = [g.cost[int(found[0])].copy() if alone[a] else
-            np.sum([g.cost[v][maps[v]] for v in found.tolist()], axis=0)
-            for a, found in enumerate(members)]  # fmt: skip
+    cost = [
+        g.cost[int(found[0])].copy()
+        if alone[a]
+        else np.sum([g.cost[v][maps[v]] for v in found.tolist()], axis=0)
+        for a, found in enumerate(members)
+    ]
     between: dict[tuple[int, int], np.ndarray] = {}
     for u, v, m in g.edges:
         a, b = int(group[u]), int(group[v])
@@ -198,8 +201,7 @@ def merge(g: Graph) -> Groups:
         adj[a].append((m, b))
         adj[b].append((np.ascontiguousarray(m.T), a))
     cuts, usage = zip(*(_segments(g, found, maps) for found in members), strict=True)
-    return Groups(g, members, maps, group, cost, list(cuts), list(usage), adj, g.limit,
-                  g.points)  # fmt: skip
+    return Groups(g, members, maps, group, cost, list(cuts), list(usage), adj, g.limit, g.points)
 
 
 def _segments(g: Graph, found: np.ndarray, maps: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -369,8 +371,13 @@ class GroupSearch:
             return int(self.rng.choice(self.movable))
         if self.picks_left <= 0:
             self.picks_left = REWEIGH_EVERY
-            dear = np.array([self.gr.cost[a][self.y[a]] + 0.5 * sum(float(m[self.y[a], self.y[b]])
-                             for m, b in self.gr.adj[a]) for a in self.movable.tolist()])  # fmt: skip
+            dear = np.array(
+                [
+                    self.gr.cost[a][self.y[a]]
+                    + 0.5 * sum(float(m[self.y[a], self.y[b]]) for m, b in self.gr.adj[a])
+                    for a in self.movable.tolist()
+                ]
+            )
             dear[~np.isfinite(dear)] = 0.0
             self.weights = (
                 dear / dear.sum() if dear.sum() > 0 else np.full(len(dear), 1 / len(dear))
@@ -436,13 +443,21 @@ class GroupSearch:
         if len(nodes) < 2:
             return False
         index = {a: i for i, (a, _) in enumerate(nodes)}
-        edges = [(index[p], i, next(m for m, b in self.gr.adj[p] if b == a))
-                 for i, (a, p) in enumerate(nodes) if i]  # fmt: skip
-        return self.joint_move([a for a, _ in nodes], edges,
-                               lambda unary: _tree_dp(nodes, index, unary, edges))  # fmt: skip
+        edges = [
+            (index[p], i, next(m for m, b in self.gr.adj[p] if b == a))
+            for i, (a, p) in enumerate(nodes)
+            if i
+        ]
+        return self.joint_move(
+            [a for a, _ in nodes], edges, lambda unary: _tree_dp(nodes, index, unary, edges)
+        )
 
-    def window_move(self, size: int = WINDOW_GROUPS, time_limit: float = WINDOW_TIME_S,
-                    pairs: int = WINDOW_PAIRS) -> bool:  # fmt: skip
+    def window_move(
+        self,
+        size: int = WINDOW_GROUPS,
+        time_limit: float = WINDOW_TIME_S,
+        pairs: int = WINDOW_PAIRS,
+    ) -> bool:
         """About `size` groups grown breadth first from a random one (of at most
         WINDOW_MAX_STRATEGIES strategies each, the window's edges at most `pairs` pairs
         of strategies) jointly at their best strategies by the exact solver
@@ -470,15 +485,21 @@ class GroupSearch:
                     queue.append(b)
                     held += more
         nodes = list(index)
-        edges = [(i, index[b], m) for i, a in enumerate(nodes) for m, b in gr.adj[a]
-                 if index.get(b, -1) > i]  # fmt: skip
+        edges = [
+            (i, index[b], m)
+            for i, a in enumerate(nodes)
+            for m, b in gr.adj[a]
+            if index.get(b, -1) > i
+        ]
 
         def exact(unary: list[np.ndarray]) -> list[int]:
             problem = ShardingProblem(
-                tuple(ProblemNode(str(a), tuple(map(str, range(len(u)))), u, np.zeros(len(u)))
-                      for a, u in zip(nodes, unary, strict=True)),
+                tuple(
+                    ProblemNode(str(a), tuple(map(str, range(len(u)))), u, np.zeros(len(u)))
+                    for a, u in zip(nodes, unary, strict=True)
+                ),
                 tuple(ProblemEdge(i, j, m) for i, j, m in edges),
-            )  # fmt: skip
+            )
             limit = max(0.05, min(time_limit, self.deadline - time.perf_counter()))
             options = SolveOptions(time_limit_s=limit, seed=self.moves)
             return list(
@@ -487,8 +508,12 @@ class GroupSearch:
 
         return self.joint_move(nodes, edges, exact)
 
-    def joint_move(self, nodes: list[int], edges: list[tuple[int, int, np.ndarray]],
-                   solve: Callable[[list[np.ndarray]], list[int]]) -> bool:  # fmt: skip
+    def joint_move(
+        self,
+        nodes: list[int],
+        edges: list[tuple[int, int, np.ndarray]],
+        solve: Callable[[list[np.ndarray]], list[int]],
+    ) -> bool:
         """`nodes` (groups; `edges` every edge among them, (i, j, C) by position) at the
         strategies `solve` picks for their costs `unary` (own cost plus the edges to
         groups outside, held), taken when the total goes down and the level stays within
@@ -517,8 +542,10 @@ class GroupSearch:
         for _ in range(PRICE_TRIES):
             if price and self.out_of_time():
                 return False
-            priced = [u + price * self._hot_usage(a, hot) if price else u
-                      for u, a in zip(unary, nodes, strict=True)]  # fmt: skip
+            priced = [
+                u + price * self._hot_usage(a, hot) if price else u
+                for u, a in zip(unary, nodes, strict=True)
+            ]
             choice = solve(priced)
             after = value(choice)
             if not after < _threshold(before):
@@ -558,8 +585,11 @@ class GroupSearch:
                 break
         gr = self.gr
         whole = sum(m.size for row in gr.adj for m, _ in row) // 2
-        if (gr.size <= WHOLE_GROUPS and whole <= WHOLE_PAIRS
-                and all(len(c) <= WINDOW_MAX_STRATEGIES for c in gr.cost)):  # fmt: skip
+        if (
+            gr.size <= WHOLE_GROUPS
+            and whole <= WHOLE_PAIRS
+            and all(len(c) <= WINDOW_MAX_STRATEGIES for c in gr.cost)
+        ):
             left = self.deadline - time.perf_counter()
             self.window_move(size=gr.size, time_limit=min(left / 2, WHOLE_TIME_S), pairs=whole)
         fruitless, enough = 0, max(MIN_KICKS, FRUITLESS_KICKS * self.gr.size)
@@ -570,8 +600,12 @@ class GroupSearch:
                 fruitless = 0 if self.kick() else fruitless + 1
 
 
-def _tree_dp(nodes: list[tuple[int, int]], index: dict[int, int], unary: list[np.ndarray],
-             edges: list[tuple[int, int, np.ndarray]]) -> list[int]:  # fmt: skip
+def _tree_dp(
+    nodes: list[tuple[int, int]],
+    index: dict[int, int],
+    unary: list[np.ndarray],
+    edges: list[tuple[int, int, np.ndarray]],
+) -> list[int]:
     """Dynamic programming over a tree (nodes parents first; edges[i - 1] = (parent's
     position, i, C[parent, i])):
         f_i[k]     = unary_i[k] + sum_{children c} min_l (C[i, c][k, l] + f_c[l])

@@ -106,8 +106,15 @@ class _Chain:
     passing: Relaxer | None
 
 
-def rounds(gr: Groups, y: np.ndarray, deadline: float, seed: int = 0, most: int | None = None,
-           relax: Relax = "search", report: Callable[[np.ndarray, float], None] | None = None) -> Best:  # fmt: skip
+def rounds(
+    gr: Groups,
+    y: np.ndarray,
+    deadline: float,
+    seed: int = 0,
+    most: int | None = None,
+    relax: Relax = "search",
+    report: Callable[[np.ndarray, float], None] | None = None,
+) -> Best:
     """Lagrangian rounds (module doc) from `y`, a plan that fits, until `deadline` (or
     `most` rounds); the cheapest plan that fits (y itself if none beats it). `relax`
     names what solves each relaxed problem (the first one too) before the group search
@@ -136,23 +143,32 @@ def rounds(gr: Groups, y: np.ndarray, deadline: float, seed: int = 0, most: int 
     price = np.where(hot, max(best.cost - first.cost, 1.0) / excess, 0.0)
     chain = _Chain(first.y, price, hot, messages)
     found = 0  # the round that last found a cheaper plan
-    while (time.perf_counter() < deadline - MIN_ROUND_S and best.rounds != most
-           and best.rounds - found < FRUITLESS_ROUNDS):  # fmt: skip
+    while (
+        time.perf_counter() < deadline - MIN_ROUND_S
+        and best.rounds != most
+        and best.rounds - found < FRUITLESS_ROUNDS
+    ):
         best.rounds += 1
         if _round(gr, chain, best, deadline, seed + best.rounds, least):
             found = best.rounds
     return best
 
 
-def _round(gr: Groups, chain: _Chain, best: Best, deadline: float, seed: int,
-           least: float = MIN_ROUND_S) -> bool:  # fmt: skip
+def _round(
+    gr: Groups, chain: _Chain, best: Best, deadline: float, seed: int, least: float = MIN_ROUND_S
+) -> bool:
     """One round of `chain` (`least` seconds at least): its priced problem searched, its
     prices moved, its plan repaired and polished; True when that gave a cheaper plan that
     fits."""
     begin, end = time.perf_counter(), _slice(deadline, least)
     priced = dataclasses.replace(gr, limit=math.inf, cost=_priced(gr, chain.price))
-    search = _relaxed(priced, chain.current, chain.passing,
-                      time.perf_counter() + (end - time.perf_counter()) * (1 - POLISH_SHARE), seed)  # fmt: skip
+    search = _relaxed(
+        priced,
+        chain.current,
+        chain.passing,
+        time.perf_counter() + (end - time.perf_counter()) * (1 - POLISH_SHARE),
+        seed,
+    )
     chain.current = search.y
     _bound(best, chain.passing, float(chain.price.sum()) * gr.limit)
     level = gr.levels(search.y)
@@ -174,8 +190,9 @@ def _round(gr: Groups, chain: _Chain, best: Best, deadline: float, seed: int,
     return _keep(best, gr, polished.y)
 
 
-def _relaxed(gr: Groups, y: np.ndarray, passing: Relaxer | None, deadline: float,
-             seed: int) -> GroupSearch:  # fmt: skip
+def _relaxed(
+    gr: Groups, y: np.ndarray, passing: Relaxer | None, deadline: float, seed: int
+) -> GroupSearch:
     """The relaxed problem `gr` (limit +inf) searched from y; with `passing`, first its
     share of the time (PASSING_SHARE for message passing, `rhino.search.iopddl.trws`, warm from
     its last round's messages; `wcsp.SHARE` for toulbar2) on it, and the group search from
@@ -230,8 +247,9 @@ def _priced(gr: Groups, price: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def repair(gr: Groups, y: np.ndarray, deadline: float,
-           anchor: np.ndarray | None = None) -> np.ndarray | None:  # fmt: skip
+def repair(
+    gr: Groups, y: np.ndarray, deadline: float, anchor: np.ndarray | None = None
+) -> np.ndarray | None:
     """y moved into the limit greedily: while some point is over, the moves that free
     bytes at the fullest point p and lift no point above the limit and p's level, the
     cheapest per byte freed (up to the excess) first, until p's excess is freed; a

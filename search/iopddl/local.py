@@ -232,10 +232,16 @@ def legal_start(g: Graph) -> np.ndarray:
             return x
     zero_one = Graph(
         [np.where(np.isfinite(c), m, np.inf) for c, m in zip(g.cost, g.usage, strict=True)],
-        g.usage, g.lo, g.hi, g.points, g.limit,
+        g.usage,
+        g.lo,
+        g.hi,
+        g.points,
+        g.limit,
         [[(np.where(np.isfinite(m), 0.0, np.inf), w) for m, w in row] for row in g.adj],
-        [(u, v, np.where(np.isfinite(m), 0.0, np.inf)) for u, v, m in g.edges], [], g.ties,
-    )  # fmt: skip
+        [(u, v, np.where(np.isfinite(m), 0.0, np.inf)) for u, v, m in g.edges],
+        [],
+        g.ties,
+    )
     s = Search(zero_one, x, deadline=math.inf)
     s.hard = False
     s.descend()

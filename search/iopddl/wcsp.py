@@ -94,8 +94,13 @@ class WcspSolution:
     the groups of one strategy); -inf when it has none."""
 
 
-def solve(gr: Groups, deadline: float, seed: int = 0, reference: float = 0.0,
-          between: list[tuple[int, int, np.ndarray]] | None = None) -> WcspSolution:  # fmt: skip
+def solve(
+    gr: Groups,
+    deadline: float,
+    seed: int = 0,
+    reference: float = 0.0,
+    between: list[tuple[int, int, np.ndarray]] | None = None,
+) -> WcspSolution:
     """toulbar2 on the group problem `gr` (usage ignored) until `deadline`: its best plan
     and its lower bound. `reference`: a plan's cost, to scale the costs by; `between`:
     `pairs(gr)`, where the caller has it."""

@@ -55,8 +55,9 @@ class LnsResult:
     history: list[tuple[float, float]]
 
 
-def grow(g: Graph, seed: int, size: int, rng: np.random.Generator,
-         ties: list[list[int]] | None = None) -> list[int]:  # fmt: skip
+def grow(
+    g: Graph, seed: int, size: int, rng: np.random.Generator, ties: list[list[int]] | None = None
+) -> list[int]:
     """About `size` nodes, breadth first from `seed` (neighbours in random order), each
     with the nodes tied to it (`tied`); a node whose ties alone pass `size` is left out."""
     seen = {seed}
@@ -96,8 +97,9 @@ def _seed(g: Graph, s: Search, rng: np.random.Generator, movable: np.ndarray) ->
     return int(rng.choice(movable))
 
 
-def mixed(g: Graph, s: Search, seed: int, size: int, rng: np.random.Generator,
-          movable: np.ndarray) -> list[int]:  # fmt: skip
+def mixed(
+    g: Graph, s: Search, seed: int, size: int, rng: np.random.Generator, movable: np.ndarray
+) -> list[int]:
     """Half the window breadth first from `seed`, half nodes live at the fullest point
     of the seed's live range (they are who can trade memory with it)."""
     nodes = [v for v in grow(g, seed, size // 2, rng) if len(g.cost[v]) > 1]
@@ -139,13 +141,27 @@ def window_problem(g: Graph, s: Search, nodes: list[int]) -> ShardingProblem:
             continue
         outside = s.level[a:b] - held[members].sum()
         p = a + int(np.argmax(outside))
-        problem_nodes.append(ProblemNode(f"outside@{p}", ("held",), np.zeros(1),
-                                         np.array([max(0.0, float(outside.max()))]), (p, p)))  # fmt: skip
+        problem_nodes.append(
+            ProblemNode(
+                f"outside@{p}",
+                ("held",),
+                np.zeros(1),
+                np.array([max(0.0, float(outside.max()))]),
+                (p, p),
+            )
+        )
     return ShardingProblem(tuple(problem_nodes), tuple(edges), g.limit)
 
 
-def lns(g: Graph, start: np.ndarray, deadline: float, seed: int = 0, threads: int = 1,
-        size: int = WINDOW_NODES, most: int | None = None) -> LnsResult:  # fmt: skip
+def lns(
+    g: Graph,
+    start: np.ndarray,
+    deadline: float,
+    seed: int = 0,
+    threads: int = 1,
+    size: int = WINDOW_NODES,
+    most: int | None = None,
+) -> LnsResult:
     """Windows until `deadline` (or `most` of them), from `start` (a plan that fits);
     the best plan."""
     begin = time.perf_counter()

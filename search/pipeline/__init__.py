@@ -158,11 +158,17 @@ def check_request(request: PipelineRequest, forward_instructions: int) -> None:
     if request.stages < 1:
         raise ConfigError(f"stages {request.stages}: need at least 1 stage", "stages")
     if request.stages > forward_instructions:
-        raise ConfigError(f"stages {request.stages}: more stages than the {forward_instructions} "
-                          "forward instructions to place", "stages")  # fmt: skip
+        raise ConfigError(
+            f"stages {request.stages}: more stages than the {forward_instructions} "
+            "forward instructions to place",
+            "stages",
+        )
     if request.epsilon is not None and not 0 <= request.epsilon <= 100:
-        raise ConfigError(f"epsilon {request.epsilon:g}: expected a tolerance between 0 and 100 "
-                          "(0.1: a stage computes at most 10% more than the average)", "epsilon")  # fmt: skip
+        raise ConfigError(
+            f"epsilon {request.epsilon:g}: expected a tolerance between 0 and 100 "
+            "(0.1: a stage computes at most 10% more than the average)",
+            "epsilon",
+        )
     if request.microbatches < 1:
         raise ConfigError(f"microbatches {request.microbatches}: need at least 1", "microbatches")
     if request.cluster is None:
@@ -174,12 +180,16 @@ def check_request(request: PipelineRequest, forward_instructions: int) -> None:
 def check_pipeline_mesh(mesh: tuple[int, ...], stages: int) -> None:
     """The pipeline is mesh axis 0: it must have one device (block) per stage."""
     if mesh[0] != stages:
-        raise ConfigError(f"mesh {'x'.join(map(str, mesh))}: the pipeline is mesh axis 0, "
-                          f"which has {mesh[0]} devices, not {stages} stages", "mesh")  # fmt: skip
+        raise ConfigError(
+            f"mesh {'x'.join(map(str, mesh))}: the pipeline is mesh axis 0, "
+            f"which has {mesh[0]} devices, not {stages} stages",
+            "mesh",
+        )
 
 
-def plan_pipeline(module: Module, request: PipelineRequest,
-                  progress: Callable[[str], None] | None = None) -> PipelinePlan:  # fmt: skip
+def plan_pipeline(
+    module: Module, request: PipelineRequest, progress: Callable[[str], None] | None = None
+) -> PipelinePlan:
     """The stage plan of `module` for `request` (see the module docstring)."""
     say = progress or (lambda _text: None)
     started = time.perf_counter()
@@ -194,8 +204,9 @@ def plan_pipeline(module: Module, request: PipelineRequest,
         else epsilons(graph.compute, request.stages)
     )
     for k, epsilon in enumerate(tries):
-        problem = StageProblem(graph.names, graph.compute, graph.bytes, graph.consumers,
-                               request.stages, epsilon)  # fmt: skip
+        problem = StageProblem(
+            graph.names, graph.compute, graph.bytes, graph.consumers, request.stages, epsilon
+        )
         try:
             found, baselines = _search(problem, request, say)
             break
@@ -206,8 +217,9 @@ def plan_pipeline(module: Module, request: PipelineRequest,
     forward_stage = dict(zip(graph.names, found.stage, strict=True))
     stage = mirror(split, forward_stage, request.stages)
     say("simulating 1F1B and GPipe")
-    return _report(module, request, split, problem, found, baselines, stage,
-                   time.perf_counter() - started)  # fmt: skip
+    return _report(
+        module, request, split, problem, found, baselines, stage, time.perf_counter() - started
+    )
 
 
 def epsilons(compute: tuple[float, ...] | list[float], stages: int) -> list[float]:
@@ -224,14 +236,16 @@ def epsilons(compute: tuple[float, ...] | list[float], stages: int) -> list[floa
     return out
 
 
-def _search(problem: StageProblem, request: PipelineRequest,
-            say: Callable[[str], None]) -> tuple[StageAssignment, list[Baseline]]:  # fmt: skip
+def _search(
+    problem: StageProblem, request: PipelineRequest, say: Callable[[str], None]
+) -> tuple[StageAssignment, list[Baseline]]:
     say("baselines: equal counts, best splits of the program order and the late order")
     baselines = all_baselines(problem)
     hint = best_balanced(baselines)
     say(f"stage ILP: {len(problem.names)} instructions, {problem.edges} edges")
-    found = solve_stages(problem, request.options, tightening=request.tightening,
-                         hint=hint.stage if hint else None)  # fmt: skip
+    found = solve_stages(
+        problem, request.options, tightening=request.tightening, hint=hint.stage if hint else None
+    )
     return found, baselines
 
 
@@ -246,9 +260,16 @@ def best_balanced(baselines: list[Baseline]) -> Baseline | None:
     return min(balanced, key=lambda b: b.evaluation.cut_bytes if b.evaluation else 0, default=None)
 
 
-def _report(module: Module, request: PipelineRequest, split: StepSplit, problem: StageProblem,
-            found: StageAssignment, baselines: list[Baseline], stage: tuple[int, ...],
-            search_s: float) -> PipelinePlan:  # fmt: skip
+def _report(
+    module: Module,
+    request: PipelineRequest,
+    split: StepSplit,
+    problem: StageProblem,
+    found: StageAssignment,
+    baselines: list[Baseline],
+    stage: tuple[int, ...],
+    search_s: float,
+) -> PipelinePlan:
     assert request.cluster is not None
     d, m = request.stages, request.microbatches
     traffic = _traffic(split, stage, d)
@@ -257,32 +278,61 @@ def _report(module: Module, request: PipelineRequest, split: StepSplit, problem:
     reports = _stage_reports(split, stage, request.cluster, traffic, times, timelines, d)
     evaluation = problem.evaluate(found.stage)
     schedules: dict[str, dict[str, object]] = {
-        name: {"step_s": t.step_s, "bubble_fraction": (d - 1) / (m + d - 1),
-               "simulated_bubble_fraction": 1.0 - t.busy_fraction,
-               "busy_fraction": t.busy_fraction, "peak_microbatches": list(t.peak_microbatches),
-               "peak_activation_bytes": list(t.peak_activation_bytes)}
+        name: {
+            "step_s": t.step_s,
+            "bubble_fraction": (d - 1) / (m + d - 1),
+            "simulated_bubble_fraction": 1.0 - t.busy_fraction,
+            "busy_fraction": t.busy_fraction,
+            "peak_microbatches": list(t.peak_microbatches),
+            "peak_activation_bytes": list(t.peak_activation_bytes),
+        }
         for name, t in timelines.items()
-    }  # fmt: skip
+    }
     return PipelinePlan(
-        format=PLAN_FORMAT, version=PLAN_VERSION, module=module.name, stages=d,
-        epsilon=problem.epsilon, microbatches=m, cluster=request.cluster.name, loss=split.loss,
+        format=PLAN_FORMAT,
+        version=PLAN_VERSION,
+        module=module.name,
+        stages=d,
+        epsilon=problem.epsilon,
+        microbatches=m,
+        cluster=request.cluster.name,
+        loss=split.loss,
         forward_share=split.forward_share,
-        cut_bytes=found.cut_bytes, bound_bytes=found.bound, gap=found.gap,
-        status=found.status.value, method=found.method, imbalance=evaluation.imbalance,
-        tightening=request.tightening, search_time_s=search_s, solver=dict(found.stats),
-        stage_reports=reports, schedules=schedules,
+        cut_bytes=found.cut_bytes,
+        bound_bytes=found.bound,
+        gap=found.gap,
+        status=found.status.value,
+        method=found.method,
+        imbalance=evaluation.imbalance,
+        tightening=request.tightening,
+        search_time_s=search_s,
+        solver=dict(found.stats),
+        stage_reports=reports,
+        schedules=schedules,
         baselines=[_baseline_doc(b) for b in baselines],
-        instructions=[{"name": inst.name, "opcode": inst.opcode_text,
-                       "role": split.roles[k].value, "stage": stage[k],
-                       "free": inst.name in split.free} for k, inst in enumerate(split.order)],
-        timelines=timelines, mesh=list(request.mesh) if request.mesh else None,
-    )  # fmt: skip
+        instructions=[
+            {
+                "name": inst.name,
+                "opcode": inst.opcode_text,
+                "role": split.roles[k].value,
+                "stage": stage[k],
+                "free": inst.name in split.free,
+            }
+            for k, inst in enumerate(split.order)
+        ],
+        timelines=timelines,
+        mesh=list(request.mesh) if request.mesh else None,
+    )
 
 
 def _baseline_doc(b: Baseline) -> dict[str, object]:
     e = b.evaluation
-    return {"name": b.name, "cut_bytes": e.cut_bytes if e else None,
-            "imbalance": e.imbalance if e else None, "within_balance": b.within}  # fmt: skip
+    return {
+        "name": b.name,
+        "cut_bytes": e.cut_bytes if e else None,
+        "imbalance": e.imbalance if e else None,
+        "within_balance": b.within,
+    }
 
 
 @dataclass
@@ -334,8 +384,9 @@ def _traffic(split: StepSplit, stage: tuple[int, ...], d: int) -> _Traffic:
     return out
 
 
-def _recomputing_stages(split: StepSplit, stage: tuple[int, ...],
-                        recomputed: frozenset[str]) -> dict[str, set[int]]:  # fmt: skip
+def _recomputing_stages(
+    split: StepSplit, stage: tuple[int, ...], recomputed: frozenset[str]
+) -> dict[str, set[int]]:
     """For each recomputed update scalar (`state_scalars`), the stages that compute it:
     those of its readers, through the recomputed scalars among them, and its own when the
     step returns it."""
@@ -362,8 +413,9 @@ def _link(cluster: Cluster, a: int, b: int) -> Link:
     return cluster.intra_node if same else cluster.inter_node
 
 
-def _role_seconds(split: StepSplit, stage: tuple[int, ...], cluster: Cluster,
-                  d: int) -> dict[Role, list[float]]:  # fmt: skip
+def _role_seconds(
+    split: StepSplit, stage: tuple[int, ...], cluster: Cluster, d: int
+) -> dict[Role, list[float]]:
     seconds = {role: [0.0] * d for role in Role}
     for k, inst in enumerate(split.order):
         leaves = inst.shape.leaves()
@@ -372,8 +424,9 @@ def _role_seconds(split: StepSplit, stage: tuple[int, ...], cluster: Cluster,
     return seconds
 
 
-def _stage_times(split: StepSplit, stage: tuple[int, ...], cluster: Cluster, traffic: _Traffic,
-                 d: int, m: int) -> StageTimes:  # fmt: skip
+def _stage_times(
+    split: StepSplit, stage: tuple[int, ...], cluster: Cluster, traffic: _Traffic, d: int, m: int
+) -> StageTimes:
     """Per micro-batch: compute is the batch's over m; tensors that do not depend on the
     batch are sent once per step, their time spread over the m micro-batches."""
     seconds = _role_seconds(split, stage, cluster, d)
@@ -390,8 +443,15 @@ def _stage_times(split: StepSplit, stage: tuple[int, ...], cluster: Cluster, tra
     )
 
 
-def _stage_reports(split: StepSplit, stage: tuple[int, ...], cluster: Cluster, traffic: _Traffic,
-                   times: StageTimes, timelines: dict[str, Timeline], d: int) -> list[StageReport]:  # fmt: skip
+def _stage_reports(
+    split: StepSplit,
+    stage: tuple[int, ...],
+    cluster: Cluster,
+    traffic: _Traffic,
+    times: StageTimes,
+    timelines: dict[str, Timeline],
+    d: int,
+) -> list[StageReport]:
     seconds = _role_seconds(split, stage, cluster, d)
     counts = [{role.value: 0 for role in Role} for _ in range(d)]
     weights, state = [0] * d, [0] * d
@@ -405,11 +465,20 @@ def _stage_reports(split: StepSplit, stage: tuple[int, ...], cluster: Cluster, t
     for s in range(d):
         sent = {str(b): size for (a, b), size in sorted(traffic.sent.items()) if a == s}
         backward = sum(size for (a, b), size in traffic.sent.items() if a == s and b < s)
-        reports.append(StageReport(
-            stage=s, forward_s=seconds[Role.FORWARD][s], backward_s=seconds[Role.BACKWARD][s],
-            update_s=seconds[Role.UPDATE][s], instructions=counts[s], parameter_bytes=weights[s],
-            optimizer_bytes=state[s], activation_bytes=times.activation_bytes[s],
-            peak_activation_bytes={n: t.peak_activation_bytes[s] for n, t in timelines.items()},
-            sent_bytes=sent, sent_forward_bytes=traffic.forward[s], sent_backward_bytes=backward,
-        ))  # fmt: skip
+        reports.append(
+            StageReport(
+                stage=s,
+                forward_s=seconds[Role.FORWARD][s],
+                backward_s=seconds[Role.BACKWARD][s],
+                update_s=seconds[Role.UPDATE][s],
+                instructions=counts[s],
+                parameter_bytes=weights[s],
+                optimizer_bytes=state[s],
+                activation_bytes=times.activation_bytes[s],
+                peak_activation_bytes={n: t.peak_activation_bytes[s] for n, t in timelines.items()},
+                sent_bytes=sent,
+                sent_forward_bytes=traffic.forward[s],
+                sent_backward_bytes=backward,
+            )
+        )
     return reports

@@ -67,11 +67,13 @@ def best_split_late(problem: StageProblem) -> Baseline:
     order = late_order(problem)
     position = {v: k for k, v in enumerate(order)}
     reordered = StageProblem(
-        tuple(problem.names[v] for v in order), tuple(problem.compute[v] for v in order),
+        tuple(problem.names[v] for v in order),
+        tuple(problem.compute[v] for v in order),
         tuple(problem.bytes[v] for v in order),
         tuple(tuple(sorted(position[j] for j in problem.consumers[v])) for v in order),
-        problem.stages, problem.epsilon,
-    )  # fmt: skip
+        problem.stages,
+        problem.epsilon,
+    )
     stage = _dp(reordered)
     if stage is None:
         return Baseline("best_split_late", None, None)

@@ -190,8 +190,10 @@ def tighten(problem: StageProblem) -> Windows:
         raise InfeasibleError(_unbalanced(problem, f"%{problem.names[i]} has no stage left"))
     fixed = np.bincount(lo_[lo_ == hi_], weights=c[lo_ == hi_], minlength=d)
     # possible[t]: the compute whose window holds t (a difference array over the windows)
-    possible = np.cumsum(np.bincount(lo_, weights=c, minlength=d + 1)
-                         - np.bincount(hi_ + 1, weights=c, minlength=d + 1))[:d]  # fmt: skip
+    possible = np.cumsum(
+        np.bincount(lo_, weights=c, minlength=d + 1)
+        - np.bincount(hi_ + 1, weights=c, minlength=d + 1)
+    )[:d]
     for t in range(d):
         if fixed[t] > cap * (1 + FEASIBILITY):
             why = f"the instructions that can only go to stage {t} are {fixed[t] / total:.1%} of the compute"
@@ -224,8 +226,9 @@ def closure_compute(preds: Sequence[Sequence[int]], order: range, c: np.ndarray)
             summed.append(v)
     total = np.zeros(n)
     if summed:
-        rows = np.frombuffer(b"".join(reach[v].to_bytes(width, "little") for v in summed),
-                             dtype=np.uint8).reshape(len(summed), width)  # fmt: skip
+        rows = np.frombuffer(
+            b"".join(reach[v].to_bytes(width, "little") for v in summed), dtype=np.uint8
+        ).reshape(len(summed), width)
         weights = np.zeros(width * 8)
         weights[:n] = c
         byte_bits = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(float)  # [byte, bit]
@@ -257,8 +260,13 @@ def _unbalanced(problem: StageProblem, why: str) -> str:
 # -- the ILP ----------------------------------------------------------------------------------
 
 
-def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
-                 tightening: bool = True, hint: tuple[int, ...] | None = None) -> StageAssignment:  # fmt: skip
+def solve_stages(
+    problem: StageProblem,
+    options: SolveOptions | None = None,
+    *,
+    tightening: bool = True,
+    hint: tuple[int, ...] | None = None,
+) -> StageAssignment:
     """The ILP of the module docstring on CP-SAT, over the problem's exact reduction
     (`reduce`). `hint` (a plan meeting the balance, e.g. the best baseline) starts
     the search, and is kept when the solver finds nothing better within the time limit.
@@ -273,15 +281,21 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
     tightened_s = time.perf_counter() - start
     first = _restricted_hint(reduction, hint)  # (plan, cut bytes) on the reduced problem
     least = sum(receipts)
-    stats = {"nodes": float(len(problem.names)), "reduced_nodes": float(len(work.names)),
-             "fixed": float(windows.fixed), "window_choices": float(windows.choices),
-             "receipt_bound": float(least), "tighten_s": tightened_s}  # fmt: skip
+    stats = {
+        "nodes": float(len(problem.names)),
+        "reduced_nodes": float(len(work.names)),
+        "fixed": float(windows.fixed),
+        "window_choices": float(windows.choices),
+        "receipt_bound": float(least),
+        "tighten_s": tightened_s,
+    }
     if first is not None and first[1] <= least:
         proven = reduction.expand(first[0])
         cut = problem.evaluate(proven).cut_bytes
         stats.update(variables=0.0, constraints=0.0, build_s=0.0, cpsat_s=0.0)
-        return StageAssignment(proven, cut, float(cut), SolveStatus.OPTIMAL, "hint",
-                         time.perf_counter() - start, stats)  # fmt: skip
+        return StageAssignment(
+            proven, cut, float(cut), SolveStatus.OPTIMAL, "hint", time.perf_counter() - start, stats
+        )
     model, y, received = _build(work, windows, receipts)
     stats["build_s"] = time.perf_counter() - start - tightened_s
     if first is not None:
@@ -293,28 +307,41 @@ def solve_stages(problem: StageProblem, options: SolveOptions | None = None, *,
     for name, value in CORE_PARAMETERS.items():
         setattr(solver.parameters, name, value)
     status = solver.solve(model)
-    stats.update(variables=float(len(model.proto.variables)),
-                 constraints=float(len(model.proto.constraints)), cpsat_s=solver.wall_time)  # fmt: skip
+    stats.update(
+        variables=float(len(model.proto.variables)),
+        constraints=float(len(model.proto.constraints)),
+        cpsat_s=solver.wall_time,
+    )
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     if status == cp_model.INFEASIBLE:
         raise InfeasibleError(_unbalanced(problem, "the solver proved that no plan meets it"))
     if not found and hint is None:
-        raise InfeasibleError(f"the stage ILP found no plan within {options.time_limit_s:g} s "
-                              f"(status {solver.status_name(status)}); raise --time-limit")  # fmt: skip
+        raise InfeasibleError(
+            f"the stage ILP found no plan within {options.time_limit_s:g} s "
+            f"(status {solver.status_name(status)}); raise --time-limit"
+        )
     bound = max(float(least), solver.best_objective_bound if found else 0.0)
     plans = [(reduction.expand(tuple(_value(solver, row) for row in y)), "ilp")] if found else []
     plans += [(hint, "hint")] if hint is not None else []
     # the ILP's plan unless the hint cuts less
-    cut, _, chosen, method = min((problem.evaluate(plan).cut_bytes, k, plan, how)
-                                 for k, (plan, how) in enumerate(plans))  # fmt: skip
+    cut, _, chosen, method = min(
+        (problem.evaluate(plan).cut_bytes, k, plan, how) for k, (plan, how) in enumerate(plans)
+    )
     optimal = status == cp_model.OPTIMAL or cut <= bound
-    return StageAssignment(chosen, cut, min(float(cut), bound),
-                     SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE, method,
-                     time.perf_counter() - start, stats)  # fmt: skip
+    return StageAssignment(
+        chosen,
+        cut,
+        min(float(cut), bound),
+        SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE,
+        method,
+        time.perf_counter() - start,
+        stats,
+    )
 
 
-def _restricted_hint(reduction: Reduction, hint: tuple[int, ...] | None
-                     ) -> tuple[tuple[int, ...], int] | None:  # fmt: skip
+def _restricted_hint(
+    reduction: Reduction, hint: tuple[int, ...] | None
+) -> tuple[tuple[int, ...], int] | None:
     """The hint on the reduced problem and its cut bytes there, when it still meets
     precedence and balance there."""
     if hint is None:
@@ -334,14 +361,17 @@ Received = list[dict[int, cp_model.IntVar | int]]
 """received[i]: s -> R[i][s] (1 where it is sure), for the stages that may receive i's result."""
 
 
-def _build(problem: StageProblem, windows: Windows, receipts: tuple[int, ...]
-           ) -> tuple[cp_model.CpModel, list[Prefix], Received]:  # fmt: skip
+def _build(
+    problem: StageProblem, windows: Windows, receipts: tuple[int, ...]
+) -> tuple[cp_model.CpModel, list[Prefix], Received]:
     model = cp_model.CpModel()
     n, d, lo, hi = len(problem.names), problem.stages, windows.lo, windows.hi
     y: list[Prefix] = []
     for i in range(n):
-        row: Prefix = [0 if t < lo[i] else 1 if t >= hi[i] else model.new_bool_var(f"y[{i}][{t}]")
-                       for t in range(d)]  # fmt: skip
+        row: Prefix = [
+            0 if t < lo[i] else 1 if t >= hi[i] else model.new_bool_var(f"y[{i}][{t}]")
+            for t in range(d)
+        ]
         for t in range(lo[i], hi[i] - 1):
             model.add(row[t] <= row[t + 1])  # (stage)
         y.append(row + [0])  # the 0 is y[i][-1] (Python's last element)
@@ -372,8 +402,9 @@ def _weighted(terms: list[tuple[cp_model.IntVar | int, int]]) -> cp_model.Linear
     return cp_model.LinearExpr.weighted_sum(variables, weights) + constant
 
 
-def _x(y: list[Prefix], nodes: list[int], weight: list[int], t: int
-       ) -> list[tuple[cp_model.IntVar | int, int]]:  # fmt: skip
+def _x(
+    y: list[Prefix], nodes: list[int], weight: list[int], t: int
+) -> list[tuple[cp_model.IntVar | int, int]]:
     """sum weight[i] [B[i] = t] over the nodes, as terms of `_weighted`; B[i] = t is
     y[i][t] - y[i][t-1]."""
     terms: list[tuple[cp_model.IntVar | int, int]] = []
@@ -383,8 +414,9 @@ def _x(y: list[Prefix], nodes: list[int], weight: list[int], t: int
     return terms
 
 
-def _received(model: cp_model.CpModel, problem: StageProblem, windows: Windows,
-              y: list[Prefix], i: int) -> dict[int, cp_model.IntVar | int]:  # fmt: skip
+def _received(
+    model: cp_model.CpModel, problem: StageProblem, windows: Windows, y: list[Prefix], i: int
+) -> dict[int, cp_model.IntVar | int]:
     """(receive) for i's result: R[i][s] by stage s."""
     lo, hi = windows.lo, windows.hi
     R: dict[int, cp_model.IntVar | int] = {}
@@ -404,8 +436,9 @@ def _received(model: cp_model.CpModel, problem: StageProblem, windows: Windows,
     return R
 
 
-def _add_balance(model: cp_model.CpModel, problem: StageProblem, windows: Windows,
-                 y: list[Prefix]) -> None:  # fmt: skip
+def _add_balance(
+    model: cp_model.CpModel, problem: StageProblem, windows: Windows, y: list[Prefix]
+) -> None:
     total = sum(problem.compute)
     if total <= 0:
         return
@@ -428,8 +461,13 @@ def _add_balance(model: cp_model.CpModel, problem: StageProblem, windows: Window
             model.add(_weighted(_x(y, free, down, t)) >= floor - fixed_down)
 
 
-def _add_hint(model: cp_model.CpModel, y: list[Prefix], received: Received,
-              problem: StageProblem, hint: tuple[int, ...]) -> None:  # fmt: skip
+def _add_hint(
+    model: cp_model.CpModel,
+    y: list[Prefix],
+    received: Received,
+    problem: StageProblem,
+    hint: tuple[int, ...],
+) -> None:
     """Every variable hinted (CP-SAT takes a complete, feasible hint as its first plan).
     Written to the proto in one piece: `add_hint` per variable took 8 us each."""
     index: list[int] = []
@@ -451,8 +489,11 @@ def _add_hint(model: cp_model.CpModel, y: list[Prefix], received: Received,
 
 def _value(solver: cp_model.CpSolver, row: Prefix) -> int:
     """B[i]: the first t with y[i][t] = 1 (y[i][d-1] is)."""
-    return next(t for t, var in enumerate(row)
-                if (var == 1 if isinstance(var, int) else solver.boolean_value(var)))  # fmt: skip
+    return next(
+        t
+        for t, var in enumerate(row)
+        if (var == 1 if isinstance(var, int) else solver.boolean_value(var))
+    )
 
 
 # -- brute force (tests) -------------------------------------------------------------------

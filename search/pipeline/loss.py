@@ -66,8 +66,12 @@ class LossChoice:
     """Every candidate scalar, the loss among them (best score first)."""
 
 
-def find_loss(order: Sequence[Instruction], flops: Sequence[float], free: frozenset[str],
-              named: str | None = None) -> LossChoice:  # fmt: skip
+def find_loss(
+    order: Sequence[Instruction],
+    flops: Sequence[float],
+    free: frozenset[str],
+    named: str | None = None,
+) -> LossChoice:
     """The loss of the computation whose instructions `order` lists (topological order;
     `flops` per instruction, callees included; `free` the instructions computed from
     constants alone). `named`: the loss given by the user, checked. See the module
@@ -118,8 +122,10 @@ def find_loss(order: Sequence[Instruction], flops: Sequence[float], free: frozen
     chosen = _first_of_chain(best, {index[leaf.name] for leaf in _leaves(root)})
     if chosen is None:
         listed = ", ".join(f"%{order[t[2]].name}" for t in best[:LISTED])
-        raise RhinoError(f"cannot tell the loss of the step: {len(best)} scalars are equally "
-                         f"likely ({listed}); name it with --loss")  # fmt: skip
+        raise RhinoError(
+            f"cannot tell the loss of the step: {len(best)} scalars are equally "
+            f"likely ({listed}); name it with --loss"
+        )
     return LossChoice(order[chosen].name, shares[chosen], names)
 
 
@@ -178,17 +184,22 @@ def _first_of_chain(best: list[tuple[int, bool, int, set[int]]], outputs: set[in
 
 def _check_share(inst: Instruction, share: float) -> None:
     if share <= 0 or share > MAX_FORWARD_SHARE:
-        raise RhinoError(f"%{inst.name} cannot be the loss: its forward holds {share:.1%} of "
-                         "the step's dot and convolution FLOPs (a training step's forward "
-                         f"holds more than 0% and at most {MAX_FORWARD_SHARE:.0%})")  # fmt: skip
+        raise RhinoError(
+            f"%{inst.name} cannot be the loss: its forward holds {share:.1%} of "
+            "the step's dot and convolution FLOPs (a training step's forward "
+            f"holds more than 0% and at most {MAX_FORWARD_SHARE:.0%})"
+        )
 
 
 def _none_found(root: Instruction, shares: dict[int, float], order: Sequence[Instruction]) -> str:
     seen = sorted(shares.items(), key=lambda t: t[1])[:LISTED]
     listed = ", ".join(f"%{order[k].name} ({s:.0%})" for k, s in seen)
-    why = (f"the floating-point scalars that depend on a dot or convolution hold these shares "
-           f"of its FLOPs: {listed}" if seen else "no floating-point scalar depends on a dot "
-           "or convolution")  # fmt: skip
+    why = (
+        f"the floating-point scalars that depend on a dot or convolution hold these shares "
+        f"of its FLOPs: {listed}"
+        if seen
+        else "no floating-point scalar depends on a dot or convolution"
+    )
     return (
         f"cannot find the loss of %{root.name}: no scalar is differentiated by the step "
         f"({why}); name it with --loss"
@@ -229,8 +240,9 @@ def _calls_heavy(comp: Computation, memo: dict[str, bool]) -> bool:
     return memo[comp.name]
 
 
-def _heavy_ancestors(order: Sequence[Instruction], index: dict[str, int],
-                     heavy: dict[int, int]) -> list[int]:  # fmt: skip
+def _heavy_ancestors(
+    order: Sequence[Instruction], index: dict[str, int], heavy: dict[int, int]
+) -> list[int]:
     """Per position, the heavy instructions among its ancestors (itself included), as a
     bit set: bit j for the heavy instruction `heavy` numbers j."""
     reached = [0] * len(order)

@@ -63,14 +63,17 @@ _SLACK = 1e-6
 """A stage may hold a little less than `floor` (the float tolerance `evaluate` allows)."""
 
 
-def least_receipts(problem: StageProblem, lo: tuple[int, ...], hi: tuple[int, ...]
-                   ) -> tuple[int, ...]:  # fmt: skip
+def least_receipts(
+    problem: StageProblem, lo: tuple[int, ...], hi: tuple[int, ...]
+) -> tuple[int, ...]:
     """least(s) of the module docstring for s = 0 .. d-1 (least(0) = 0), for windows
     [lo, hi] that hold every plan meeting (order) and (balance)."""
-    edges = np.array([(i, j) for i, cs in enumerate(problem.consumers) for j in cs],
-                     dtype=np.int64).reshape(-1, 2)  # fmt: skip
-    return (0,) + tuple(_least(problem, np.array(lo), np.array(hi), s, edges)
-                        for s in range(1, problem.stages))  # fmt: skip
+    edges = np.array(
+        [(i, j) for i, cs in enumerate(problem.consumers) for j in cs], dtype=np.int64
+    ).reshape(-1, 2)
+    return (0,) + tuple(
+        _least(problem, np.array(lo), np.array(hi), s, edges) for s in range(1, problem.stages)
+    )
 
 
 def _least(problem: StageProblem, lo: np.ndarray, hi: np.ndarray, s: int, edges: np.ndarray) -> int:
@@ -98,17 +101,22 @@ def _least(problem: StageProblem, lo: np.ndarray, hi: np.ndarray, s: int, edges:
     flow.add_arcs_with_capacity(
         np.concatenate([2 * at[nodes], 2 * at[links[:, 0]] + 1, np.full(len(sources), source)]),
         np.concatenate([2 * at[nodes] + 1, 2 * at[links[:, 1]], 2 * sources]),
-        np.concatenate([np.where(lo[nodes] >= s, unbounded, sizes),
-                        np.full(len(links) + len(sources), unbounded, dtype=np.int64)]),
-    )  # fmt: skip
+        np.concatenate(
+            [
+                np.where(lo[nodes] >= s, unbounded, sizes),
+                np.full(len(links) + len(sources), unbounded, dtype=np.int64),
+            ]
+        ),
+    )
     # the sink: fed by the instructions fixed on stage s (an empty arc when there are
     # none, so that it exists), and by one candidate at a time
     fixed = kept & (lo == s) & (hi == s)
     sink = source + 1
     flow.add_arcs_with_capacity(
-        np.concatenate([2 * at[fixed], [source]]), np.full(int(fixed.sum()) + 1, sink),
+        np.concatenate([2 * at[fixed], [source]]),
+        np.full(int(fixed.sum()) + 1, sink),
         np.concatenate([np.full(int(fixed.sum()), unbounded, dtype=np.int64), [0]]),
-    )  # fmt: skip
+    )
     if flow.solve(source, sink) != flow.OPTIMAL:
         return 0
     together = flow.optimal_flow()
@@ -150,8 +158,9 @@ def _least(problem: StageProblem, lo: np.ndarray, hi: np.ndarray, s: int, edges:
     return together if found is None else found
 
 
-def _threshold(held: float, floor: float, together: int, separated: list[tuple[int, float]]
-               ) -> int | None:  # fmt: skip
+def _threshold(
+    held: float, floor: float, together: int, separated: list[tuple[int, float]]
+) -> int | None:
     """t(s) of the module docstring when the stage holds `held` compute cut off by
     `together` (the least cut) and the flowed candidates (cut, compute); None when they
     do not make up the floor. Every candidate not flowed has a cut of at least

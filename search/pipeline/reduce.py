@@ -67,8 +67,14 @@ def reduce_stages(problem: StageProblem) -> Reduction:
     return _reduced(problem, operands, consumers, size, into, alive)
 
 
-def _fold(i: int, operands: list[set[int]], consumers: list[set[int]], size: list[int],
-          into: list[int], alive: list[bool]) -> bool:  # fmt: skip
+def _fold(
+    i: int,
+    operands: list[set[int]],
+    consumers: list[set[int]],
+    size: list[int],
+    into: list[int],
+    alive: list[bool],
+) -> bool:
     """Fold i into a neighbour if a rule allows; True when it did."""
     ops, cons = operands[i], consumers[i]
     if len(cons) == 1 and (not ops or (len(ops) == 1 and size[next(iter(ops))] <= size[i])):
@@ -93,8 +99,14 @@ def _fold(i: int, operands: list[set[int]], consumers: list[set[int]], size: lis
     return True
 
 
-def _reduced(problem: StageProblem, operands: list[set[int]], consumers: list[set[int]],
-             size: list[int], into: list[int], alive: list[bool]) -> Reduction:  # fmt: skip
+def _reduced(
+    problem: StageProblem,
+    operands: list[set[int]],
+    consumers: list[set[int]],
+    size: list[int],
+    into: list[int],
+    alive: list[bool],
+) -> Reduction:
     kept = [i for i in range(len(alive)) if alive[i]]
     position = {i: k for k, i in enumerate(kept)}
 
@@ -104,9 +116,11 @@ def _reduced(problem: StageProblem, operands: list[set[int]], consumers: list[se
         return i
 
     reduced = StageProblem(
-        tuple(problem.names[i] for i in kept), tuple(problem.compute[i] for i in kept),
+        tuple(problem.names[i] for i in kept),
+        tuple(problem.compute[i] for i in kept),
         tuple(size[i] for i in kept),
         tuple(tuple(sorted(position[j] for j in consumers[i])) for i in kept),
-        problem.stages, problem.epsilon,
-    )  # fmt: skip
+        problem.stages,
+        problem.epsilon,
+    )
     return Reduction(reduced, tuple(position[root(i)] for i in range(len(alive))), tuple(kept))

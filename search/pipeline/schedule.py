@@ -124,12 +124,18 @@ def simulate(schedule: str, times: StageTimes, microbatches: int) -> Timeline:
         events.append(Event(s, "U", -1, free[s], free[s] + times.update_s[s]))
     step = max(e.end_s for e in events)
     peaks = tuple(_peak_live(s, events) for s in range(p))
-    return Timeline(schedule, step, tuple(events), peaks,
-                    tuple(n * a for n, a in zip(peaks, times.activation_bytes, strict=True)))  # fmt: skip
+    return Timeline(
+        schedule,
+        step,
+        tuple(events),
+        peaks,
+        tuple(n * a for n, a in zip(peaks, times.activation_bytes, strict=True)),
+    )
 
 
-def _ready(s: int, kind: str, k: int, times: StageTimes,
-           done: dict[tuple[int, str, int], float]) -> float | None:  # fmt: skip
+def _ready(
+    s: int, kind: str, k: int, times: StageTimes, done: dict[tuple[int, str, int], float]
+) -> float | None:
     """When the inputs of task (s, kind, k) are there; None while some is not done."""
     ready = 0.0
     if kind == "B":

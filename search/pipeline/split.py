@@ -110,8 +110,17 @@ def split_step(module: Module, loss: str | None = None) -> StepSplit:
         p.name for p in params if p.name in forward and any(u.name in tainted for u in p.users)
     )
     data = {p.name for p in params if p.name in forward and p.name not in weights}
-    return StepSplit(order, index, loss_inst.name, tuple(roles), free, flops,
-                     frozenset(_descendants(order, data)), weights, choice.share)  # fmt: skip
+    return StepSplit(
+        order,
+        index,
+        loss_inst.name,
+        tuple(roles),
+        free,
+        flops,
+        frozenset(_descendants(order, data)),
+        weights,
+        choice.share,
+    )
 
 
 def state_scalars(split: StepSplit) -> frozenset[str]:
@@ -124,16 +133,19 @@ def state_scalars(split: StepSplit) -> frozenset[str]:
     for k, inst in enumerate(split.order):
         if split.roles[k] is not Role.UPDATE or inst.shape.is_tuple or inst.shape.rank:
             continue
-        if all(op.name in found or op.name in split.free or split.role(op.name) is Role.STATE
-               for op in inst.operands):  # fmt: skip
+        if all(
+            op.name in found or op.name in split.free or split.role(op.name) is Role.STATE
+            for op in inst.operands
+        ):
             found.add(inst.name)
     return frozenset(found)
 
 
 def _named_loss(inst: Instruction | None, name: str, entry: str) -> Instruction:
     if inst is None:
-        raise ConfigError(f"loss {name}: no instruction %{name} in the ENTRY computation {entry}",
-                          "loss")  # fmt: skip
+        raise ConfigError(
+            f"loss {name}: no instruction %{name} in the ENTRY computation {entry}", "loss"
+        )
     return inst
 
 
@@ -203,8 +215,9 @@ def forward_graph(split: StepSplit, flops_per_second: dict[str, float]) -> Forwa
         sizes.append(inst.shape.byte_size)
         users = sorted({position[u.name] for u in inst.users if u.name in position})
         consumers.append(tuple(users))
-    return ForwardGraph(tuple(split.order[k].name for k in keep), tuple(compute), tuple(sizes),
-                        tuple(consumers))  # fmt: skip
+    return ForwardGraph(
+        tuple(split.order[k].name for k in keep), tuple(compute), tuple(sizes), tuple(consumers)
+    )
 
 
 def _dtype(inst: Instruction) -> str:
@@ -240,8 +253,13 @@ def mirror(split: StepSplit, forward_stage: dict[str, int], stages: int) -> tupl
     return tuple(s if s is not None else 0 for s in stage)
 
 
-def _backward_stage(inst: Instruction, index: dict[str, int], stage: list[int | None],
-                    holds: dict[int, int], roles: tuple[Role, ...]) -> int | None:  # fmt: skip
+def _backward_stage(
+    inst: Instruction,
+    index: dict[str, int],
+    stage: list[int | None],
+    holds: dict[int, int],
+    roles: tuple[Role, ...],
+) -> int | None:
     anchor: int | None = None
     ceiling: int | None = None
     for op in inst.operands:
@@ -277,7 +295,10 @@ def _place_updates(split: StepSplit, stage: list[int | None]) -> None:
             stage[k] = min((r for r in readers if r is not None), default=None)
     for k in updates:
         if stage[k] is None:
-            placed = [(op.shape.byte_size, stage[index[op.name]]) for op in order[k].operands
-                      if stage[index[op.name]] is not None]  # fmt: skip
+            placed = [
+                (op.shape.byte_size, stage[index[op.name]])
+                for op in order[k].operands
+                if stage[index[op.name]] is not None
+            ]
             if placed:
                 stage[k] = min(placed, key=lambda t: (-t[0], t[1] or 0))[1]

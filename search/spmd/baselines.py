@@ -141,8 +141,10 @@ def data_parallel_inputs(
             if not dims:
                 notes.append(f"%{p.name}: data input {p.shape} has no batch dim: replicated")
             elif dims[0] % mesh.size:
-                notes.append(f"%{p.name}: batch dim {dims[0]} of {p.shape} does not divide "
-                             f"over {mesh.size} devices: replicated")  # fmt: skip
+                notes.append(
+                    f"%{p.name}: batch dim {dims[0]} of {p.shape} does not divide "
+                    f"over {mesh.size} devices: replicated"
+                )
             else:
                 spec = split
         pins.append((p.name, spec))
@@ -203,9 +205,12 @@ def data_parallel_choices(
     return DataParallelChoices(allowed, len(allowed), free, names, rounds)
 
 
-def _propagate(graph: ShardingGraph, split_inputs: Collection[str],
-               carry_sources: dict[int, list[int | None]], unbound: set[int],
-               ) -> tuple[dict[int, Layout], dict[int, list[int]], list[int]]:  # fmt: skip
+def _propagate(
+    graph: ShardingGraph,
+    split_inputs: Collection[str],
+    carry_sources: dict[int, list[int | None]],
+    unbound: set[int],
+) -> tuple[dict[int, Layout], dict[int, list[int]], list[int]]:
     """One pass in program order: the layout of every bound decision, the strategies it
     may take, and the decisions left free for want of a matching strategy."""
     mesh = graph.mesh
@@ -237,9 +242,11 @@ def _propagate(graph: ShardingGraph, split_inputs: Collection[str],
         matched = [
             (k, s)
             for k, s in enumerate(node.strategies)
-            if all(want.is_replicated() or j >= len(s.ins) or s.ins[j] in (None, want)
-                   for j, want in bound.items())
-        ]  # fmt: skip
+            if all(
+                want.is_replicated() or j >= len(s.ins) or s.ins[j] in (None, want)
+                for j, want in bound.items()
+            )
+        ]
         if not matched:
             unmatched.append(v)
             continue
@@ -272,11 +279,25 @@ def data_parallel_plan(
     solve = solve or SolveOptions()
     start = time.perf_counter()
     inputs = data_parallel_inputs(module, mesh, data_inputs)
-    request = PlanRequest(mesh, cluster, LEVEL, budget_bytes, pins=inputs.pins, solve=solve,
-                          max_strategies=max_strategies)  # fmt: skip
+    request = PlanRequest(
+        mesh,
+        cluster,
+        LEVEL,
+        budget_bytes,
+        pins=inputs.pins,
+        solve=solve,
+        max_strategies=max_strategies,
+    )
     say("building strategies")
-    graph = build_graph(module, mesh, cluster, pins=dict(inputs.pins),
-                        max_strategies=max_strategies, state=request.state, strides=request.strides)  # fmt: skip
+    graph = build_graph(
+        module,
+        mesh,
+        cluster,
+        pins=dict(inputs.pins),
+        max_strategies=max_strategies,
+        state=request.state,
+        strides=request.strides,
+    )
     choices = data_parallel_choices(graph, inputs.split)
     say(f"solving: {choices.free} of {len(graph.nodes)} decisions free")
 
@@ -285,13 +306,21 @@ def data_parallel_plan(
         found = solve_ilp(sub, solve)
         choice = tuple(back[v][k] for v, k in enumerate(found.choice))
         ev = problem.evaluate(choice)
-        return dataclasses.replace(found, choice=choice, objective=ev.objective,
-                                   bound=min(found.bound, ev.objective), peak_memory=ev.peak_memory)  # fmt: skip
+        return dataclasses.replace(
+            found,
+            choice=choice,
+            objective=ev.objective,
+            bound=min(found.bound, ev.objective),
+            peak_memory=ev.peak_memory,
+        )
 
     plan = plan_combined(graph, request, solve_restricted, solve.started(), say, {})
     plan = dataclasses.replace(plan, search_time_s=time.perf_counter() - start)
-    notes = [*inputs.notes, f"{choices.bound} of {len(graph.nodes)} decisions held to the batch "
-             f"split, {choices.free} left to the search"]  # fmt: skip
+    notes = [
+        *inputs.notes,
+        f"{choices.bound} of {len(graph.nodes)} decisions held to the batch "
+        f"split, {choices.free} left to the search",
+    ]
     if choices.unmatched:
         shown = ", ".join(f"%{n}" for n in choices.unmatched[:5])
         more = f" and {len(choices.unmatched) - 5} more" if len(choices.unmatched) > 5 else ""

@@ -64,8 +64,9 @@ STEP_SHARE = 0.5
 Solver = Callable[[ShardingProblem, SolveOptions, "tuple[int, ...] | None"], Solution]
 
 
-def solve_within_budget(problem: ShardingProblem, options: SolveOptions, solve: Solver,
-                        first: Solution | None = None) -> Solution:  # fmt: skip
+def solve_within_budget(
+    problem: ShardingProblem, options: SolveOptions, solve: Solver, first: Solution | None = None
+) -> Solution:
     """The cheapest plan within the problem's budget that O2 (`solve`, on problems without
     a budget, from a start) finds by the relaxation of the module doc; `first`, when
     given, is O2's plan of the problem without the budget (not solved again)."""
@@ -85,16 +86,25 @@ def solve_within_budget(problem: ShardingProblem, options: SolveOptions, solve: 
     found = search.run()
     choice = found if found is not None else smallest(problem)
     choice = improve_within(problem, choice, budget, options)
-    stats |= {"budget_solves": float(search.solves), "budget_lambda": search.fitted or 0.0,
-              "budget_fallback": float(found is None)}  # fmt: skip
+    stats |= {
+        "budget_solves": float(search.solves),
+        "budget_lambda": search.fitted or 0.0,
+        "budget_fallback": float(found is None),
+    }
     return _final(problem, choice, first, begin, stats)
 
 
 class _LagrangeSearch:
     """The search over lam (see module doc)."""
 
-    def __init__(self, problem: ShardingProblem, free: ShardingProblem, options: SolveOptions,
-                 solve: Solver, first: Solution) -> None:  # fmt: skip
+    def __init__(
+        self,
+        problem: ShardingProblem,
+        free: ShardingProblem,
+        options: SolveOptions,
+        solve: Solver,
+        first: Solution,
+    ) -> None:
         self.problem, self.free, self.options, self.solve = problem, free, options, solve
         self.budget = float(problem.budget or 0.0)
         self.marked = np.zeros(0, dtype=np.int64)
@@ -179,8 +189,13 @@ def smallest(problem: ShardingProblem) -> tuple[int, ...]:
     return tuple(out)
 
 
-def improve_within(problem: ShardingProblem, choice: tuple[int, ...], budget: float,
-                   options: SolveOptions, sweeps: int = 10) -> tuple[int, ...]:  # fmt: skip
+def improve_within(
+    problem: ShardingProblem,
+    choice: tuple[int, ...],
+    budget: float,
+    options: SolveOptions,
+    sweeps: int = 10,
+) -> tuple[int, ...]:
     """`rhino.search.spmd.solver.improve` at the true costs, never leaving the budget: each node
     in turn takes the cheapest strategy given its neighbours' that keeps every step it is
     live at within `budget` (or `sweeps` passes, or the deadline). `choice` must fit."""
@@ -195,8 +210,13 @@ def share_of(options: SolveOptions, share: float) -> SolveOptions:
     return dataclasses.replace(options, deadline=time.perf_counter() + options.left() * share)
 
 
-def _final(problem: ShardingProblem, choice: tuple[int, ...], free: Solution, begin: float,
-           stats: dict[str, float]) -> Solution:  # fmt: skip
+def _final(
+    problem: ShardingProblem,
+    choice: tuple[int, ...],
+    free: Solution,
+    begin: float,
+    stats: dict[str, float],
+) -> Solution:
     evaluation = problem.evaluate(choice)  # raises if it does not fit
     optimal = free.status is SolveStatus.OPTIMAL and choice == free.choice
     return Solution(

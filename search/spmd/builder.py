@@ -76,10 +76,12 @@ class GraphNode:
     def memory(self, k: int, mesh: DeviceMesh) -> float:
         """Bytes per device of the results under strategy k."""
         s = self.strategies[k]
-        return float(sum(
-            math.prod(spec.shard_shape(shape.dims, mesh)) * shape.element_bytes
-            for spec, shape in zip(s.outs, self.leaf_shapes, strict=False)
-        ))  # fmt: skip
+        return float(
+            sum(
+                math.prod(spec.shard_shape(shape.dims, mesh)) * shape.element_bytes
+                for spec, shape in zip(s.outs, self.leaf_shapes, strict=False)
+            )
+        )
 
 
 @dataclass
@@ -167,9 +169,20 @@ def build_graph(
 
 
 UNREAD_ATTRIBUTES = frozenset(
-    {"metadata", "to_apply", "calls", "body", "condition", "select", "scatter",
-     "branch_computations", "frontend_attributes", "sharding", "statistics"}
-)  # fmt: skip
+    {
+        "metadata",
+        "to_apply",
+        "calls",
+        "body",
+        "condition",
+        "select",
+        "scatter",
+        "branch_computations",
+        "frontend_attributes",
+        "sharding",
+        "statistics",
+    }
+)
 """Attributes no rule reads (names of called computations, provenance): instructions
 that differ only in these get the same strategies."""
 
@@ -224,8 +237,17 @@ def state_pairs(module: Module) -> list[tuple[int, int]]:
     return pairs if len(pairs) >= 1 and root is not None and root.shape.is_tuple else []
 
 
-HEAVY = frozenset({Opcode.DOT, Opcode.CONVOLUTION, Opcode.WHILE, Opcode.CALL,
-                   Opcode.CONDITIONAL, Opcode.CUSTOM_CALL, Opcode.UNKNOWN})  # fmt: skip
+HEAVY = frozenset(
+    {
+        Opcode.DOT,
+        Opcode.CONVOLUTION,
+        Opcode.WHILE,
+        Opcode.CALL,
+        Opcode.CONDITIONAL,
+        Opcode.CUSTOM_CALL,
+        Opcode.UNKNOWN,
+    }
+)
 """Opcodes whose collectives and inputs are on the step's critical path (with what may
 hide one: loops, calls, custom calls and opcodes rhino does not model)."""
 
@@ -304,16 +326,23 @@ class _Builder:
         found = self.graph.kinds[kind]
         if not found:
             pinned = self.ctx.pinned.get(inst.name)
-            raise InfeasibleError(f"%{inst.name}: pinned layout {pinned} is not one rhino can give it "
-                                  f"({inst.opcode_text} {inst.shape})")  # fmt: skip
+            raise InfeasibleError(
+                f"%{inst.name}: pinned layout {pinned} is not one rhino can give it "
+                f"({inst.opcode_text} {inst.shape})"
+            )
         if unmodelled(inst) and inst.opcode_text not in self.warned:
             self.warned.add(inst.opcode_text)
-            self.graph.warnings.append(f"opcode {inst.opcode_text} is not modelled: %{inst.name} and others like it are planned replicated")  # fmt: skip
+            self.graph.warnings.append(
+                f"opcode {inst.opcode_text} is not modelled: %{inst.name} and others like it are planned replicated"
+            )
         leaves = inst.shape.leaves()
         quiet = id(inst) in self.heavy and not any(self.heavy.get(id(u), True) for u in inst.users)
         tail = quiet and not self.heavy[id(inst)]
-        v = self.add_node(GraphNode(inst.name, inst, found, weight, tuple(leaves), quiet=quiet,
-                                    tail=tail, kind=kind))  # fmt: skip
+        v = self.add_node(
+            GraphNode(
+                inst.name, inst, found, weight, tuple(leaves), quiet=quiet, tail=tail, kind=kind
+            )
+        )
         self.leaves[id(inst)] = [(v, i) for i in range(len(leaves))]
         for j, op in enumerate(inst.operands):
             sources = self.leaves.get(id(op), [])
@@ -323,8 +352,15 @@ class _Builder:
                 self.graph.operand_sources[(v, j)] = sources[0]
             self.edge(sources[0], v, j, weight)
 
-    def edge(self, src: Source | None, v: int, slot: int, weight: float, backward: bool = False,
-             combined: bool | None = None) -> None:  # fmt: skip
+    def edge(
+        self,
+        src: Source | None,
+        v: int,
+        slot: int,
+        weight: float,
+        backward: bool = False,
+        combined: bool | None = None,
+    ) -> None:
         """Add the cost of bringing leaf `src` into the layout each strategy of v wants:
         the layout it reads operand `slot` in, or (slot -1) its own result layout.
         `combined`: XLA combines the conversion's collectives with others, so their
@@ -354,8 +390,9 @@ class _Builder:
         if backward:
             self.graph.backward.add(edge)
 
-    def _matrix(self, nu: GraphNode, leaf: int, nv: GraphNode, slot: int, combined: bool
-                ) -> tuple[np.ndarray, dict[GroupKey, np.ndarray]]:  # fmt: skip
+    def _matrix(
+        self, nu: GraphNode, leaf: int, nv: GraphNode, slot: int, combined: bool
+    ) -> tuple[np.ndarray, dict[GroupKey, np.ndarray]]:
         """Seconds to bring u's result leaf from each of u's layouts into the one each
         strategy of v wants (0 where v does not read it); `combined`: without the latency
         of the collectives XLA combines, which comes second, per group key."""
@@ -372,11 +409,14 @@ class _Builder:
         latencies: dict[GroupKey, np.ndarray] = {}
         for a, src in enumerate(sources):
             for b, dst in enumerate(targets):
-                r = reshard(shape.dims, shape.element_bytes, src, dst, self.graph.mesh,
-                            self.graph.cluster)  # fmt: skip
+                r = reshard(
+                    shape.dims, shape.element_bytes, src, dst, self.graph.mesh, self.graph.cluster
+                )
                 prices[a, b] = r.seconds
                 if combined:
-                    for group, alpha in latency_by_key(r.steps, self.graph.mesh, self.graph.cluster).items():  # fmt: skip
+                    for group, alpha in latency_by_key(
+                        r.steps, self.graph.mesh, self.graph.cluster
+                    ).items():
                         latencies.setdefault(group, np.zeros_like(prices))[a, b] = alpha
                         prices[a, b] -= alpha
         pick = np.ix_(src_of, dst_of)
@@ -412,12 +452,19 @@ class _Builder:
                 if shape.dtype not in ("token", "opaque")
                 else ()
             )
-            kind = self.kind(("carried", shape, specs), lambda specs=specs: [
-                Strategy(str(s), (s,), (), 0.0) for s in specs] or [
-                Strategy("-", (candidate_specs((), self.ctx.mesh)[0],), (), 0.0)])  # fmt: skip
+            kind = self.kind(
+                ("carried", shape, specs),
+                lambda specs=specs: (
+                    [Strategy(str(s), (s,), (), 0.0) for s in specs]
+                    or [Strategy("-", (candidate_specs((), self.ctx.mesh)[0],), (), 0.0)]
+                ),
+            )
             name = f"{inst.name}#{i}"
-            c = self.add_node(GraphNode(name, inst, self.graph.kinds[kind], weight, (shape,),
-                                        carried=True, kind=kind))  # fmt: skip
+            c = self.add_node(
+                GraphNode(
+                    name, inst, self.graph.kinds[kind], weight, (shape,), carried=True, kind=kind
+                )
+            )
             self.graph.nodes[c].last_use = self.clock
             self.edge(init[i] if i < len(init) else None, c, -1, weight)
             carried_nodes.append((c, 0))

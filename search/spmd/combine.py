@@ -76,8 +76,9 @@ def used_keys(plan: Plan) -> list[GroupKey]:
     return list(dict.fromkeys((c.kind, tuple(c.axes)) for c in plan.collectives if c.group >= 0))
 
 
-def search_groups(first: Plan, plan_with: Callable[[frozenset[GroupKey]], Plan],
-                  time_left: Callable[[], float]) -> tuple[Plan, frozenset[GroupKey], int]:  # fmt: skip
+def search_groups(
+    first: Plan, plan_with: Callable[[frozenset[GroupKey]], Plan], time_left: Callable[[], float]
+) -> tuple[Plan, frozenset[GroupKey], int]:
     """From `first` (planned with no key closed), close keys greedily (see module doc):
     `plan_with(closed)` plans with those keys' members charged their whole latency.
     Returns the cheapest plan found by `objective_s`, its closed keys, and how many
@@ -103,8 +104,11 @@ def search_groups(first: Plan, plan_with: Callable[[frozenset[GroupKey]], Plan],
     return best, closed, made
 
 
-def combine(graph: ShardingGraph, collectives: list[PlannedCollective],
-            combinable: list[tuple[int, int, int | None]]) -> tuple[list[PlannedCollective], float]:  # fmt: skip
+def combine(
+    graph: ShardingGraph,
+    collectives: list[PlannedCollective],
+    combinable: list[tuple[int, int, int | None]],
+) -> tuple[list[PlannedCollective], float]:
     """Group the `combinable` collectives (index in `collectives`, node it happens at,
     the edge's producer or None) by (kind, axes, level), the level being how many
     collectives of that kind and axes precede one on any path of the graph (so a
@@ -137,8 +141,11 @@ def combine(graph: ShardingGraph, collectives: list[PlannedCollective],
 Depth = dict[tuple[str, tuple[int, ...]], int]
 
 
-def _levels(graph: ShardingGraph, collectives: list[PlannedCollective],
-            combinable: list[tuple[int, int, int | None]]) -> dict[int, int]:  # fmt: skip
+def _levels(
+    graph: ShardingGraph,
+    collectives: list[PlannedCollective],
+    combinable: list[tuple[int, int, int | None]],
+) -> dict[int, int]:
     """Index of each combinable collective -> its level (see `combine`)."""
     at_edge: dict[tuple[int, int], list[int]] = defaultdict(list)
     at_node: dict[int, list[int]] = defaultdict(list)

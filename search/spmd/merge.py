@@ -357,8 +357,9 @@ nodes outside it), so the memo is valid across problems."""
 class _SegmentSearch:
     """Segments of the core solved in order, then refined (see module doc)."""
 
-    def __init__(self, problem: ShardingProblem, reduced: Reduced, options: SolveOptions,
-                 memo: WindowMemo) -> None:  # fmt: skip
+    def __init__(
+        self, problem: ShardingProblem, reduced: Reduced, options: SolveOptions, memo: WindowMemo
+    ) -> None:
         self.problem = problem
         self.r = reduced
         self.options = options

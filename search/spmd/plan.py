@@ -140,8 +140,10 @@ class Plan:
                 f"{source}: not a rhino plan of version {PLAN_VERSION} (schema {doc.get('schema')!r})"
             )
         if doc.get("version", PLAN_VERSION) != PLAN_VERSION:
-            raise ConfigError(f"{source}: plan version {doc.get('version')!r}; this rhino reads "
-                              f"version {PLAN_VERSION}")  # fmt: skip
+            raise ConfigError(
+                f"{source}: plan version {doc.get('version')!r}; this rhino reads "
+                f"version {PLAN_VERSION}"
+            )
         try:
             fields = {k: v for k, v in doc.items() if k != "schema"}
             fields["mesh"] = tuple(fields["mesh"])
@@ -245,11 +247,15 @@ def mesh_use_warnings(plan: Plan) -> tuple[str, ...]:
     them = "them" if len(use.idle_axes) > 1 else "it"
     if use.undividable_axes == use.idle_axes:
         sizes = sorted({plan.mesh[a] for a in use.idle_axes})
-        why = (f": no dimension of any tensor divides by {' or '.join(map(str, sizes))} "
-               "(choose mesh sizes that divide the batch or model dimensions)")  # fmt: skip
+        why = (
+            f": no dimension of any tensor divides by {' or '.join(map(str, sizes))} "
+            "(choose mesh sizes that divide the batch or model dimensions)"
+        )
     else:
-        why = (": splitting does not pay on this cluster (the communication would cost more "
-               "than the compute it saves)")  # fmt: skip
+        why = (
+            ": splitting does not pay on this cluster (the communication would cost more "
+            "than the compute it saves)"
+        )
     return (
         f"mesh {shape}: nothing is split along {named(use.idle_axes)}{why}; the devices "
         f"along {them} repeat each other's work: {use.share:.0%} of the devices' compute is "

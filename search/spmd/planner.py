@@ -93,16 +93,25 @@ def make_plan(
     phases: dict[str, float] = {}
     say("building strategies")
     clock = time.perf_counter()
-    graph = build_graph(module, request.mesh, request.cluster, pins=dict(request.pins),
-                        max_strategies=request.max_strategies, state=request.state, strides=request.strides)  # fmt: skip
+    graph = build_graph(
+        module,
+        request.mesh,
+        request.cluster,
+        pins=dict(request.pins),
+        max_strategies=request.max_strategies,
+        state=request.state,
+        strides=request.strides,
+    )
     phases["build"] = time.perf_counter() - clock
     memo: WindowMemo = {}  # O2's windows, solved once for every plan made
     plan = plan_combined(
         graph, request, lambda p: _solve(graph, p, request, options, memo), options, say, phases
     )
-    return dataclasses.replace(plan, search_time_s=time.perf_counter() - start,
-                               warnings=plan.warnings + mesh_use_warnings(plan)
-                               + limit_warnings(plan, options))  # fmt: skip
+    return dataclasses.replace(
+        plan,
+        search_time_s=time.perf_counter() - start,
+        warnings=plan.warnings + mesh_use_warnings(plan) + limit_warnings(plan, options),
+    )
 
 
 def limit_warnings(plan: Plan, options: SolveOptions) -> tuple[str, ...]:
@@ -116,8 +125,14 @@ def limit_warnings(plan: Plan, options: SolveOptions) -> tuple[str, ...]:
     )
 
 
-def plan_combined(graph: ShardingGraph, request: PlanRequest, solve: Callable[[ShardingProblem], Solution],
-                  options: SolveOptions, say: Callable[[str], None], phases: dict[str, float]) -> Plan:  # fmt: skip
+def plan_combined(
+    graph: ShardingGraph,
+    request: PlanRequest,
+    solve: Callable[[ShardingProblem], Solution],
+    options: SolveOptions,
+    say: Callable[[str], None],
+    phases: dict[str, float],
+) -> Plan:
     """The plan `solve` finds for the graph, with the search over combined collectives
     (`rhino.search.spmd.combine`). `phases` gets "solve" and "plan" (solving the first
     problem and writing its plan, with the solver's own phases "solve.<phase>" inside
@@ -129,8 +144,10 @@ def plan_combined(graph: ShardingGraph, request: PlanRequest, solve: Callable[[S
         clock = time.perf_counter()
         problem = to_problem(graph, request.budget_bytes, closed)
         keys = ", ".join(f"{k} axis {','.join(map(str, a))}" for k, a in sorted(closed))
-        say(f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges"
-            + (f", {keys} not combined" if closed else ""))  # fmt: skip
+        say(
+            f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges"
+            + (f", {keys} not combined" if closed else "")
+        )
         solution = solve(problem)
         solved = time.perf_counter()
         say("writing the plan")
@@ -143,8 +160,11 @@ def plan_combined(graph: ShardingGraph, request: PlanRequest, solve: Callable[[S
     phases.update(solve=spent[0], plan=spent[1], combine=sum(spent[2:]))
     # the first problem leaves out the latency of every combined collective: its bound
     # is below every plan's objective_s, whichever problem found the plan
-    combined = {"plans": made + 1, "closed": [f"{k} axis {','.join(map(str, a))}" for k, a in sorted(closed)],
-                "bound_s": min(float(first.solver["bound_s"]), plan.objective_s)}  # fmt: skip
+    combined = {
+        "plans": made + 1,
+        "closed": [f"{k} axis {','.join(map(str, a))}" for k, a in sorted(closed)],
+        "bound_s": min(float(first.solver["bound_s"]), plan.objective_s),
+    }
     inner = first.solver["phases_s"]
     solver = {
         **plan.solver,
@@ -155,13 +175,18 @@ def plan_combined(graph: ShardingGraph, request: PlanRequest, solve: Callable[[S
             **inner,
             "combine": phases["combine"],
             "plan": phases["plan"],
-        },  # fmt: skip
+        },
     }
     return dataclasses.replace(plan, solver=solver)
 
 
-def _solve(graph: ShardingGraph, problem: ShardingProblem, request: PlanRequest,
-           options: SolveOptions, memo: WindowMemo) -> Solution:  # fmt: skip
+def _solve(
+    graph: ShardingGraph,
+    problem: ShardingProblem,
+    request: PlanRequest,
+    options: SolveOptions,
+    memo: WindowMemo,
+) -> Solution:
     """The request's level and memory mode on `problem`."""
     merged = functools.partial(solve_merged, memo=memo)
     solve = merged if request.level == "O2" else solve_ilp
@@ -179,8 +204,19 @@ def _solve(graph: ShardingGraph, problem: ShardingProblem, request: PlanRequest,
     return solution
 
 
-REPORTED_SIZES = ("nodes", "backbone", "critical", "cones", "core_nodes", "core_edges", "memory_rows",
-                  "segments", "passes", "windows_solved", "windows_reused")  # fmt: skip
+REPORTED_SIZES = (
+    "nodes",
+    "backbone",
+    "critical",
+    "cones",
+    "core_nodes",
+    "core_edges",
+    "memory_rows",
+    "segments",
+    "passes",
+    "windows_solved",
+    "windows_reused",
+)
 
 
 def search_report(solution: Solution, phases: dict[str, float]) -> dict[str, object]:
@@ -229,8 +265,14 @@ def solve_whole(
         unbound = solve_ilp(free, share_of(options, 0.5), start=warm.choice)
         fits = unbound.peak_memory <= budget
         if fits and unbound.status is SolveStatus.OPTIMAL:
-            return dataclasses.replace(unbound, stats={**unbound.stats, "warm_start_s": warm.solve_time_s,
-                                                       "warm_start_cost": warm.objective})  # fmt: skip
+            return dataclasses.replace(
+                unbound,
+                stats={
+                    **unbound.stats,
+                    "warm_start_s": warm.solve_time_s,
+                    "warm_start_cost": warm.objective,
+                },
+            )
         fitted = solve_within_budget(
             problem, share_of(options, 0.5), functools.partial(solve_merged, memo=memo), first=warm
         )
@@ -239,10 +281,16 @@ def solve_whole(
         bound = min(max(found.bound, unbound.bound), found.objective)
         proven = found.objective - bound <= PROVEN_GAP * abs(found.objective)
         return dataclasses.replace(
-            found, bound=bound, status=SolveStatus.OPTIMAL if proven else found.status,
-            stats={**found.stats, "warm_start_s": warm.solve_time_s + fitted.solve_time_s,
-                   "warm_start_cost": start.objective, "unbudgeted_bound": unbound.bound},
-        )  # fmt: skip
+            found,
+            bound=bound,
+            status=SolveStatus.OPTIMAL if proven else found.status,
+            stats={
+                **found.stats,
+                "warm_start_s": warm.solve_time_s + fitted.solve_time_s,
+                "warm_start_cost": start.objective,
+                "unbudgeted_bound": unbound.bound,
+            },
+        )
     if warm.stats.get("level", 0.0) < 3 and warm.status is SolveStatus.OPTIMAL:
         return dataclasses.replace(warm, stats={**warm.stats, "level": 0.0})
     found = solve_ilp(free, options, start=warm.choice)
@@ -250,12 +298,18 @@ def solve_whole(
         found = solve_ilp(problem, options, start=warm.choice)
     if found.objective > warm.objective:  # the limit stopped the ILP before it caught up
         found = dataclasses.replace(warm, bound=max(warm.bound, found.bound))
-    return dataclasses.replace(found, stats={**found.stats, "warm_start_s": warm.solve_time_s,
-                                             "warm_start_cost": warm.objective})  # fmt: skip
+    return dataclasses.replace(
+        found,
+        stats={**found.stats, "warm_start_s": warm.solve_time_s, "warm_start_cost": warm.objective},
+    )
 
 
-def solve_largest_sharded(graph: ShardingGraph, problem: ShardingProblem, options: SolveOptions,
-                          solve: Callable[[ShardingProblem, SolveOptions], Solution] = solve_ilp) -> Solution:  # fmt: skip
+def solve_largest_sharded(
+    graph: ShardingGraph,
+    problem: ShardingProblem,
+    options: SolveOptions,
+    solve: Callable[[ShardingProblem, SolveOptions], Solution] = solve_ilp,
+) -> Solution:
     """Rhino §4.4: sort the parameters by size, force the k largest to be sharded (their
     replicated strategies removed), solve without a memory constraint (with `solve`),
     and keep the smallest k whose plan fits the budget (binary search; feasibility
@@ -284,8 +338,13 @@ def solve_largest_sharded(graph: ShardingGraph, problem: ShardingProblem, option
         if problem.peak_memory(choice)[0] > (problem.budget or 0.0):
             return None
         ev = problem.evaluate(choice)
-        return dataclasses.replace(found, choice=choice, objective=ev.objective, bound=min(found.bound, ev.objective),
-                                   peak_memory=ev.peak_memory)  # fmt: skip
+        return dataclasses.replace(
+            found,
+            choice=choice,
+            objective=ev.objective,
+            bound=min(found.bound, ev.objective),
+            peak_memory=ev.peak_memory,
+        )
 
     low, high = 0, len(params)
     best = attempt(high)
@@ -325,8 +384,9 @@ def restrict(
     return ShardingProblem(nodes, edges, problem.budget, problem.constant_memory), back
 
 
-def to_problem(graph: ShardingGraph, budget: float | None,
-               closed: frozenset[GroupKey] = frozenset()) -> ShardingProblem:  # fmt: skip
+def to_problem(
+    graph: ShardingGraph, budget: float | None, closed: frozenset[GroupKey] = frozenset()
+) -> ShardingProblem:
     """The graph as a `ShardingProblem`: the latency of collectives XLA combines left out,
     except for the `closed` keys' (see `rhino.search.spmd.combine`)."""
     end = max((n.last_use for n in graph.nodes), default=0) + 1
@@ -371,8 +431,9 @@ def to_problem(graph: ShardingGraph, budget: float | None,
     return problem
 
 
-def _closed_edge(graph: ShardingGraph, edge: tuple[int, int], matrix: np.ndarray,
-                 closed: frozenset[GroupKey]) -> np.ndarray:  # fmt: skip
+def _closed_edge(
+    graph: ShardingGraph, edge: tuple[int, int], matrix: np.ndarray, closed: frozenset[GroupKey]
+) -> np.ndarray:
     """The edge's cost with the latency of its `closed` keys' collectives put back."""
     for key, alpha in graph.combined.get(edge, {}).items():
         if key in closed:
@@ -380,8 +441,13 @@ def _closed_edge(graph: ShardingGraph, edge: tuple[int, int], matrix: np.ndarray
     return matrix
 
 
-def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, request: PlanRequest,
-            search_time: float) -> Plan:  # fmt: skip
+def to_plan(
+    graph: ShardingGraph,
+    problem: ShardingProblem,
+    solution: Solution,
+    request: PlanRequest,
+    search_time: float,
+) -> Plan:
     mesh = graph.mesh
     instructions = []
     collectives: list[PlannedCollective] = []
@@ -402,10 +468,19 @@ def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, 
             )
         if n.carried:
             continue
-        instructions.append(InstructionPlan(
-            n.name, n.inst.opcode_text, str(n.inst.shape), s.label, tuple(str(o) for o in s.outs),
-            tuple(None if i is None else str(i) for i in s.ins), _sharding_text(s.outs, n.leaf_shapes, mesh),
-            s.compute, n.weight))  # fmt: skip
+        instructions.append(
+            InstructionPlan(
+                n.name,
+                n.inst.opcode_text,
+                str(n.inst.shape),
+                s.label,
+                tuple(str(o) for o in s.outs),
+                tuple(None if i is None else str(i) for i in s.ins),
+                _sharding_text(s.outs, n.leaf_shapes, mesh),
+                s.compute,
+                n.weight,
+            )
+        )
     reshards: list[PlannedReshard] = []
     converted: set[tuple[int, int, tuple[str, ...], float]] = set()
     for (u, v), _ in graph.edges.items():
@@ -425,8 +500,17 @@ def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, 
             for step in r.collectives():
                 if combined and step.kind in COMBINE_THRESHOLD_BYTES:
                     combinable.append((len(collectives), v, u))
-                collectives.append(PlannedCollective(step.kind, tuple(step.axes), step.nbytes, step.seconds, nv.name,
-                                                     nv.weight, f"reshard of %{nu.name} {su.outs[leaf]} -> {dst}"))  # fmt: skip
+                collectives.append(
+                    PlannedCollective(
+                        step.kind,
+                        tuple(step.axes),
+                        step.nbytes,
+                        step.seconds,
+                        nv.name,
+                        nv.weight,
+                        f"reshard of %{nu.name} {su.outs[leaf]} -> {dst}",
+                    )
+                )
     collectives, combined_latency_s = combine(graph, collectives, combinable)
     carried = {
         n.name: str(n.strategies[k].outs[0])
@@ -459,7 +543,7 @@ def to_plan(graph: ShardingGraph, problem: ShardingProblem, solution: Solution, 
             "time_s": solution.solve_time_s,
             "variables": solution.variables,
             "constraints": solution.constraints,
-        },  # fmt: skip
+        },
         search_time_s=search_time,
         instructions=tuple(instructions),
         collectives=tuple(collectives),

@@ -44,8 +44,12 @@ Rule = Callable[[Instruction, Context], list[Strategy]]
 
 def _compute(inst: Instruction, ctx: Context, fraction: float) -> float:
     read, written = instruction_bytes(inst)
-    return roofline_time(instruction_flops(inst) * fraction, (read + written) * fraction, ctx.cluster,
-                         inst.shape.dtype if not inst.shape.is_tuple else "f32")  # fmt: skip
+    return roofline_time(
+        instruction_flops(inst) * fraction,
+        (read + written) * fraction,
+        ctx.cluster,
+        inst.shape.dtype if not inst.shape.is_tuple else "f32",
+    )
 
 
 def _label(outs: Sequence[ShardingSpec], ins: Sequence[ShardingSpec | None]) -> str:
@@ -63,9 +67,14 @@ def _operand_spec(op: Instruction, spec: ShardingSpec | None, ctx: Context) -> S
     return spec
 
 
-def _strategy(inst: Instruction, ctx: Context, outs: Sequence[ShardingSpec],
-              ins: Sequence[ShardingSpec | None], comm: Sequence[CommStep] = (),
-              work: Sequence[ShardingSpec] | None = None) -> Strategy:  # fmt: skip
+def _strategy(
+    inst: Instruction,
+    ctx: Context,
+    outs: Sequence[ShardingSpec],
+    ins: Sequence[ShardingSpec | None],
+    comm: Sequence[CommStep] = (),
+    work: Sequence[ShardingSpec] | None = None,
+) -> Strategy:
     fraction = work_fraction(list(work if work is not None else outs), ctx.mesh)
     return Strategy(
         _label(outs, ins), tuple(outs), tuple(ins), _compute(inst, ctx, fraction), tuple(comm)
@@ -94,8 +103,13 @@ def _dedupe(strategies: list[Strategy], ctx: Context) -> list[Strategy]:
     return kept
 
 
-def _reduced(spec: ShardingSpec, partial_axes: Sequence[int], out_dims: tuple[int, ...], dtype_bytes: float,
-             ctx: Context) -> list[tuple[ShardingSpec, tuple[CommStep, ...]]]:  # fmt: skip
+def _reduced(
+    spec: ShardingSpec,
+    partial_axes: Sequence[int],
+    out_dims: tuple[int, ...],
+    dtype_bytes: float,
+    ctx: Context,
+) -> list[tuple[ShardingSpec, tuple[CommStep, ...]]]:
     """A result holding partial sums over `partial_axes`, reduced by the instruction:
     all-reduced (those axes replicate), or reduce-scattered onto a dim not yet split."""
     if not partial_axes:
@@ -275,8 +289,13 @@ def dot(inst: Instruction, ctx: Context) -> list[Strategy]:
     return _role_strategies(inst, ctx, roles, lhs, rhs)
 
 
-def _role_strategies(inst: Instruction, ctx: Context, roles: list[tuple[int | None, int | None, int | None]],
-                     lhs: Shape, rhs: Shape) -> list[Strategy]:  # fmt: skip
+def _role_strategies(
+    inst: Instruction,
+    ctx: Context,
+    roles: list[tuple[int | None, int | None, int | None]],
+    lhs: Shape,
+    rhs: Shape,
+) -> list[Strategy]:
     mesh = ctx.mesh
     out_shape = inst.shape
     out = []
@@ -346,8 +365,14 @@ def convolution(inst: Instruction, ctx: Context) -> list[Strategy]:
             spec_l = replicated(ctx.mesh).with_axis(a, Split(ld))
             spec_o = replicated(ctx.mesh).with_axis(a, Split(od))
             halo_rows = max(0, w.size - w.stride)
-            row_bytes = lhs.numel // lhs.dims[ld] * lhs.element_bytes / math.prod(
-                ctx.mesh.shape[b] for b in range(ctx.mesh.ndim) if b != a) if halo_rows else 0  # fmt: skip
+            row_bytes = (
+                lhs.numel
+                // lhs.dims[ld]
+                * lhs.element_bytes
+                / math.prod(ctx.mesh.shape[b] for b in range(ctx.mesh.ndim) if b != a)
+                if halo_rows
+                else 0
+            )
             comm: tuple[CommStep, ...] = ()
             if halo_rows:
                 nbytes = row_bytes * halo_rows
@@ -427,8 +452,16 @@ def scatter(inst: Instruction, ctx: Context) -> list[Strategy]:
             for res, comm in _reduced(rep, partial, operand.dims, operand.element_bytes, ctx):
                 if any(d in operand_window for d in res.split_dims()):
                     continue  # XLA does not reduce-scatter onto a window dim (see below)
-                out.append(_strategy(inst, ctx, [res], [rep if res.is_replicated() else res, idx, spec], comm,
-                                     work=[spec]))  # fmt: skip
+                out.append(
+                    _strategy(
+                        inst,
+                        ctx,
+                        [res],
+                        [rep if res.is_replicated() else res, idx, spec],
+                        comm,
+                        work=[spec],
+                    )
+                )
         elif all(d in window for d in split):
             full = [d for d in range(operand.rank) if d not in inserted]
             to_operand = {window[i]: full[i] for i in range(min(len(window), len(full)))}
@@ -511,12 +544,25 @@ RULES: dict[Opcode, Rule] = {
 # Opcodes planned replicated on purpose (no warning): control, tokens, RNG state, etc.
 REPLICATED_BY_DESIGN = frozenset(
     {
-        Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT, Opcode.WHILE, Opcode.CALL, Opcode.CONDITIONAL,
-        Opcode.AFTER_ALL, Opcode.RNG, Opcode.RNG_BIT_GENERATOR, Opcode.RNG_GET_AND_UPDATE_STATE,
-        Opcode.PARTITION_ID, Opcode.REPLICA_ID, Opcode.OPTIMIZATION_BARRIER, Opcode.CUSTOM_CALL,
-        Opcode.FUSION, Opcode.GET_DIMENSION_SIZE, Opcode.INFEED, Opcode.OUTFEED,
+        Opcode.TUPLE,
+        Opcode.GET_TUPLE_ELEMENT,
+        Opcode.WHILE,
+        Opcode.CALL,
+        Opcode.CONDITIONAL,
+        Opcode.AFTER_ALL,
+        Opcode.RNG,
+        Opcode.RNG_BIT_GENERATOR,
+        Opcode.RNG_GET_AND_UPDATE_STATE,
+        Opcode.PARTITION_ID,
+        Opcode.REPLICA_ID,
+        Opcode.OPTIMIZATION_BARRIER,
+        Opcode.CUSTOM_CALL,
+        Opcode.FUSION,
+        Opcode.GET_DIMENSION_SIZE,
+        Opcode.INFEED,
+        Opcode.OUTFEED,
     }
-)  # fmt: skip
+)
 
 
 def strategies(inst: Instruction, ctx: Context) -> list[Strategy]:

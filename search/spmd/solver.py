@@ -110,8 +110,12 @@ LP_UNIT = 1e6
 """The LP counts microseconds: HiGHS' tolerances (~1e-7) would swallow costs in seconds."""
 
 
-def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None,
-              start: tuple[int, ...] | None = None, reduced: Reduced | None = None) -> Solution:  # fmt: skip
+def solve_ilp(
+    problem: ShardingProblem,
+    options: SolveOptions | None = None,
+    start: tuple[int, ...] | None = None,
+    reduced: Reduced | None = None,
+) -> Solution:
     """Minimize the problem's cost within its budget; the best plan found by the time
     limit when the search is not finished (status FEASIBLE). `start`, a plan of the
     problem, is where the search starts when it beats the LP's rounding: the answer is
@@ -135,9 +139,17 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None,
     if not core_ids:
         choice = reduced.expand({})
         evaluation = problem.evaluate(choice)
-        return Solution(choice, evaluation.objective, evaluation.objective, SolveStatus.OPTIMAL,
-                        time.perf_counter() - begin, evaluation.peak_memory, 0, 0,
-                        stats={"core_nodes": 0.0})  # fmt: skip
+        return Solution(
+            choice,
+            evaluation.objective,
+            evaluation.objective,
+            SolveStatus.OPTIMAL,
+            time.perf_counter() - begin,
+            evaluation.peak_memory,
+            0,
+            0,
+            stats={"core_nodes": 0.0},
+        )
     position = {v: i for i, v in enumerate(core_ids)}
     core = core_problem(problem, reduced)
     rows = None
@@ -145,9 +157,17 @@ def solve_ilp(problem: ShardingProblem, options: SolveOptions | None = None,
         found = memory_rows(reduced)
         rows = _Rows(
             {position[v]: t for v, t in found.terms.items()},
-            [(np.array(sorted(position[v] for v in [*found.always, *members.tolist()]), dtype=np.int64), rhs)
-             for members, rhs in found.rows],
-        )  # fmt: skip
+            [
+                (
+                    np.array(
+                        sorted(position[v] for v in [*found.always, *members.tolist()]),
+                        dtype=np.int64,
+                    ),
+                    rhs,
+                )
+                for members, rhs in found.rows
+            ],
+        )
     core_start = None
     if start is not None:
         on_core = core_choice(reduced, start)
@@ -188,7 +208,7 @@ def core_problem(problem: ShardingProblem, reduced: Reduced) -> ShardingProblem:
                 reduced.cost[v] - TIE_BREAK_S_PER_BYTE * problem.nodes[v].memory[reduced.keep[v]],
                 problem.nodes[v].memory[reduced.keep[v]],
                 problem.nodes[v].live,
-            )  # fmt: skip
+            )
             for v in core_ids
         ),
         tuple(ProblemEdge(position[a], position[b], m) for (a, b), m in reduced.edges.items()),
@@ -247,8 +267,12 @@ class _Rows:
         return bool(np.all(usage <= np.array([rhs for _, rhs in self.rows])))
 
 
-def _solve(problem: ShardingProblem, options: SolveOptions, memory: _Rows | None = None,
-           start_choice: tuple[int, ...] | None = None) -> Solution:  # fmt: skip
+def _solve(
+    problem: ShardingProblem,
+    options: SolveOptions,
+    memory: _Rows | None = None,
+    start_choice: tuple[int, ...] | None = None,
+) -> Solution:
     """The LP relaxation, then CP-SAT (see module doc), within `memory`'s rows, from
     `start_choice` when it beats the LP's rounding."""
     start = time.perf_counter()
@@ -397,8 +421,9 @@ def _finite_max(costs: np.ndarray) -> float:
     return float(finite.max()) if finite.size else 0.0
 
 
-def _price(model: cp_model.CpModel, objective: list, cost: float, scale: float,
-           var: cp_model.IntVar) -> None:  # fmt: skip
+def _price(
+    model: cp_model.CpModel, objective: list, cost: float, scale: float, var: cp_model.IntVar
+) -> None:
     """`cost * var` into the objective (scaled to an integer); a forbidden (+inf) cost
     is a hard constraint instead: var = 0."""
     if not np.isfinite(cost):
@@ -421,8 +446,15 @@ def cpsat_solver(options: SolveOptions, time_limit_s: float) -> cp_model.CpSolve
     return solver
 
 
-def _answer(problem: ShardingProblem, choice: tuple[int, ...], status: SolveStatus, bound: float,
-            start: float, size: tuple[int, int], flag: str) -> Solution:  # fmt: skip
+def _answer(
+    problem: ShardingProblem,
+    choice: tuple[int, ...],
+    status: SolveStatus,
+    bound: float,
+    start: float,
+    size: tuple[int, int],
+    flag: str,
+) -> Solution:
     """`choice` as the solution, before CP-SAT ran; `flag` names why (a stat set to 1)."""
     evaluation = problem.evaluate(choice)
     return Solution(
@@ -438,8 +470,13 @@ def _answer(problem: ShardingProblem, choice: tuple[int, ...], status: SolveStat
     )
 
 
-def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges: list,
-              options: SolveOptions, memory: _Rows | None = None) -> tuple[tuple[int, ...] | None, float, list[int] | None, tuple[int, int]]:  # fmt: skip
+def _solve_lp(
+    problem: ShardingProblem,
+    node_cost: list[np.ndarray],
+    pair_edges: list,
+    options: SolveOptions,
+    memory: _Rows | None = None,
+) -> tuple[tuple[int, ...] | None, float, list[int] | None, tuple[int, int]]:
     """The LP relaxation of the model (same variables in [0, 1]) on HiGHS (the
     constraint matrix built as sparse arrays).
 
@@ -497,9 +534,15 @@ def _solve_lp(problem: ShardingProblem, node_cost: list[np.ndarray], pair_edges:
     size = (n_vars, n_rows)
     first_order = n_vars >= LP_FIRST_ORDER_VARIABLES
     run = _run_highs(
-        cost, matrix, lower, upper, col_upper, time_limit=max(MIN_CPSAT_S, options.left() * LP_SHARE),
-        presolve=n_vars >= LP_PRESOLVE_VARIABLES, first_order=first_order,
-    )  # fmt: skip
+        cost,
+        matrix,
+        lower,
+        upper,
+        col_upper,
+        time_limit=max(MIN_CPSAT_S, options.left() * LP_SHARE),
+        presolve=n_vars >= LP_PRESOLVE_VARIABLES,
+        first_order=first_order,
+    )
     if run is None:
         return None, 0.0, None, size
     x, prices, optimum = run
@@ -528,8 +571,9 @@ def _memory_unit(memory: _Rows) -> float:
     return 2.0 ** math.ceil(math.log2(max(largest, 1)))
 
 
-def _running_usage(memory: _Rows, first: np.ndarray, row0: int, col0: int
-                   ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], np.ndarray]:  # fmt: skip
+def _running_usage(
+    memory: _Rows, first: np.ndarray, row0: int, col0: int
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], np.ndarray]:
     """The memory rows as a running sum: a column L_r per row r, in [0, rhs_r] (in
     `_memory_unit`s), and the equality rows
         L_r - L_{r-1} - sum_{v entering at r} sum_k m_v[k] s_v[k]
@@ -566,8 +610,14 @@ def _running_usage(memory: _Rows, first: np.ndarray, row0: int, col0: int
     return rows, cols, vals, np.array([rhs / unit for _, rhs in memory.rows])
 
 
-def _lagrangian_bound(cost: np.ndarray, matrix: Any, lower: np.ndarray, upper: np.ndarray,
-                      col_upper: np.ndarray, prices: np.ndarray) -> float:  # fmt: skip
+def _lagrangian_bound(
+    cost: np.ndarray,
+    matrix: Any,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    col_upper: np.ndarray,
+    prices: np.ndarray,
+) -> float:
     """A lower bound on min cost.x (lower <= matrix.x <= upper, 0 <= x <= col_upper) from
     any row prices y, whether or not the LP finished: the Lagrangian
         sum_i min_{z in [lower_i, upper_i]} y_i z + sum_j min_{x_j in [0, col_upper_j]} (cost_j - A_j.y) x_j
@@ -584,8 +634,16 @@ def _lagrangian_bound(cost: np.ndarray, matrix: Any, lower: np.ndarray, upper: n
     return float(rows.sum() + np.sum(col_upper * np.minimum(reduced, 0.0)))
 
 
-def _run_highs(cost: np.ndarray, matrix: Any, lower: np.ndarray, upper: np.ndarray, col_upper: np.ndarray,
-               time_limit: float, presolve: bool, first_order: bool = False) -> tuple[np.ndarray, np.ndarray | None, float | None] | None:  # fmt: skip
+def _run_highs(
+    cost: np.ndarray,
+    matrix: Any,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    col_upper: np.ndarray,
+    time_limit: float,
+    presolve: bool,
+    first_order: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None, float | None] | None:
     """min cost.x subject to lower <= matrix.x <= upper, 0 <= x <= col_upper (`matrix` a scipy
     CSC array), on HiGHS (`first_order`: PDLP): (x, the row prices or None, the optimum
     or None when HiGHS did not prove one), or None when it has no point at all."""
@@ -621,8 +679,13 @@ def _run_highs(cost: np.ndarray, matrix: Any, lower: np.ndarray, upper: np.ndarr
     )
 
 
-def improve(problem: ShardingProblem, node_cost: list[np.ndarray], choice: list[int],
-            sweeps: int = 20, within: tuple[Usage, float, SolveOptions] | None = None) -> list[int]:  # fmt: skip
+def improve(
+    problem: ShardingProblem,
+    node_cost: list[np.ndarray],
+    choice: list[int],
+    sweeps: int = 20,
+    within: tuple[Usage, float, SolveOptions] | None = None,
+) -> list[int]:
     """Local search from `choice`: each node in turn takes the strategy that is cheapest
     given its neighbours' current ones, until no node changes (or `sweeps` passes). Never
     worse than `choice`; the rounded LP optimum often gains a lot. `within` = (the usage
@@ -659,8 +722,9 @@ def improve(problem: ShardingProblem, node_cost: list[np.ndarray], choice: list[
     return choice
 
 
-def _best_within(memory: np.ndarray, total: np.ndarray, k: int, v: int,
-                 within: tuple[Usage, float, SolveOptions]) -> int:  # fmt: skip
+def _best_within(
+    memory: np.ndarray, total: np.ndarray, k: int, v: int, within: tuple[Usage, float, SolveOptions]
+) -> int:
     """The cheapest strategy of v better than k whose memory fits (-1 if none)."""
     usage, budget, _ = within
     better = np.flatnonzero(total < total[k] - 1e-15)

@@ -35,8 +35,9 @@ def invoke(*args: str):  # type: ignore[no-untyped-def]
         (["pipeline", MLP, "--stages", "2"], "--dot", "stages.dot"),
     ],
 )
-def test_a_missing_folder_is_created(command: list[str], option: str, name: str,
-                                     tmp_path: Path) -> None:  # fmt: skip
+def test_a_missing_folder_is_created(
+    command: list[str], option: str, name: str, tmp_path: Path
+) -> None:
     target = tmp_path / "new" / "deeper" / name
     r = invoke(*command, option, str(target))
     assert r.exit_code == 0, r.output
@@ -45,10 +46,14 @@ def test_a_missing_folder_is_created(command: list[str], option: str, name: str,
 
 @pytest.mark.parametrize(
     "command",
-    [["plan", MLP, "--mesh", "2x2", "--out"], ["parse", MLP, "--emit"],
-     ["pipeline", MLP, "--stages", "2", "--gantt"], ["sweep", "nothing.yaml", "--out"],
-     ["run", MLP, "--mesh", "2", "--gantt"]],
-)  # fmt: skip
+    [
+        ["plan", MLP, "--mesh", "2x2", "--out"],
+        ["parse", MLP, "--emit"],
+        ["pipeline", MLP, "--stages", "2", "--gantt"],
+        ["sweep", "nothing.yaml", "--out"],
+        ["run", MLP, "--mesh", "2", "--gantt"],
+    ],
+)
 def test_an_unwritable_path_is_refused_before_any_work(command: list[str], tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -81,8 +86,12 @@ def test_a_failed_write_keeps_the_plan(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_zoo_out_creates_its_folder(tmp_path: Path) -> None:
     target = tmp_path / "generated" / "mlp.hlo"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "zoo.py"), "mlp", "--out",
-                           str(target)], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "zoo.py"), "mlp", "--out", str(target)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert target.read_text().startswith("HloModule")
 
@@ -99,12 +108,12 @@ def test_piped_reports_cut_and_fold_nothing() -> None:
     assert "┃ weights ┃" in r.output and "┃ sends (to stage: bytes) ┃" in r.output
 
 
-@pytest.mark.parametrize("args", [["parse", MLP],
-                                  ["plan", MLP, "--mesh", "2x4", "--all"]])  # fmt: skip
+@pytest.mark.parametrize("args", [["parse", MLP], ["plan", MLP, "--mesh", "2x4", "--all"]])
 def test_a_reader_that_goes_away_ends_rhino_quietly_with_141(args: list[str]) -> None:
     """`rhino ... | head -1`: exit 141 as SIGPIPE would, no traceback; 1 means a check failed."""
-    process = subprocess.Popen([sys.executable, "-m", "rhino.cli", *args],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rhino.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert process.stdout is not None and process.stderr is not None
     process.stdout.read(1)
     process.stdout.close()  # the reader goes away after its first byte

@@ -30,9 +30,25 @@ def test_json_schema_is_stable() -> None:
     assert r.exit_code == 0
     doc = json.loads(r.output)
     assert doc["schema"] == "rhino.parse/1"
-    expected_keys = {"schema", "versions", "file", "name", "computations", "instructions", "entry_instructions",
-                     "opcode_histogram", "parameters", "parameter_bytes", "output_bytes", "total_flops",
-                     "total_bytes", "largest_tensors", "while_loops", "fusions", "unknown_opcodes"}  # fmt: skip
+    expected_keys = {
+        "schema",
+        "versions",
+        "file",
+        "name",
+        "computations",
+        "instructions",
+        "entry_instructions",
+        "opcode_histogram",
+        "parameters",
+        "parameter_bytes",
+        "output_bytes",
+        "total_flops",
+        "total_bytes",
+        "largest_tensors",
+        "while_loops",
+        "fusions",
+        "unknown_opcodes",
+    }
     assert set(doc) == expected_keys
     assert [lp["trip_count"] for lp in doc["while_loops"]] == [2, 2]
     assert doc["instructions"] == parse_file(SCAN).instruction_count

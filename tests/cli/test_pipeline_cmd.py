@@ -22,8 +22,16 @@ def invoke(*args: str):  # type: ignore[no-untyped-def]
 def test_human_report() -> None:
     r = invoke("pipeline", GPT, "--stages", "2")
     assert r.exit_code == 0, r.output
-    for fragment in ("2 stages", "cut (forward)", "step (1f1b)", "step (gpipe)", "bubble",
-                     "equal_count", "best_split", "rhino (ILP)"):  # fmt: skip
+    for fragment in (
+        "2 stages",
+        "cut (forward)",
+        "step (1f1b)",
+        "step (gpipe)",
+        "bubble",
+        "equal_count",
+        "best_split",
+        "rhino (ILP)",
+    ):
         assert fragment in r.output
 
 
@@ -54,8 +62,18 @@ def test_json_and_plan_file(tmp_path: Path) -> None:
 
 def test_gantt_svg_and_dot(tmp_path: Path) -> None:
     svg, dot = tmp_path / "g.svg", tmp_path / "g.dot"
-    r = invoke("pipeline", GPT, "--stages", "2", "--microbatches", "3", "--gantt", str(svg),
-               "--dot", str(dot))  # fmt: skip
+    r = invoke(
+        "pipeline",
+        GPT,
+        "--stages",
+        "2",
+        "--microbatches",
+        "3",
+        "--gantt",
+        str(svg),
+        "--dot",
+        str(dot),
+    )
     assert r.exit_code == 0, r.output
     tree = ET.parse(svg)
     tasks = [e for e in tree.iter() if e.tag.endswith("rect") and e.find("{*}title") is not None]
@@ -121,8 +139,10 @@ def test_help_has_examples() -> None:
 
 def test_a_graph_without_a_loss_exits_2(tmp_path: Path) -> None:
     hlo = tmp_path / "inference.hlo"
-    hlo.write_text("HloModule m\n\nENTRY e {\n  p = f32[4]{0} parameter(0)\n"
-                   "  ROOT n = f32[4]{0} negate(p)\n}\n")  # fmt: skip
+    hlo.write_text(
+        "HloModule m\n\nENTRY e {\n  p = f32[4]{0} parameter(0)\n"
+        "  ROOT n = f32[4]{0} negate(p)\n}\n"
+    )
     r = invoke("pipeline", str(hlo), "--stages", "2")
     assert r.exit_code == 2, r.output
     assert "cannot find the loss of %n" in r.output and "--loss" in r.output

@@ -120,8 +120,10 @@ def test_mesh_or_devices_not_both() -> None:
         assert r.exit_code == 2 and "--mesh" in r.output and "--devices" in r.output
 
 
-@pytest.mark.parametrize(("mesh", "idle"), [("3x3", "axis 0 (3 devices) and axis 1 (3 devices)"),
-                                            ("1x7", "axis 1 (7 devices)")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mesh", "idle"),
+    [("3x3", "axis 0 (3 devices) and axis 1 (3 devices)"), ("1x7", "axis 1 (7 devices)")],
+)
 def test_a_mesh_that_splits_nothing_is_said(mesh: str, idle: str) -> None:
     r = CliRunner().invoke(cli, ["plan", str(ROOT / "examples" / "mlp.hlo"), "--mesh", mesh])
     assert r.exit_code == 0
@@ -170,15 +172,17 @@ def test_a_limit_that_cuts_the_search_short_is_said_and_o3_is_no_worse_than_o2()
     gpt = str(ROOT / "examples" / "gpt_tiny.hlo")
     plans = {}
     for level in ("O2", "O3"):
-        r = CliRunner().invoke(cli, ["plan", gpt, "--mesh", "2x8", "--opt", level,
-                                     "--time-limit", "0.5", "--json"])  # fmt: skip
+        r = CliRunner().invoke(
+            cli, ["plan", gpt, "--mesh", "2x8", "--opt", level, "--time-limit", "0.5", "--json"]
+        )
         assert r.exit_code == 0
         plans[level] = json.loads(r.output)
         assert plans[level]["solver"]["status"] == "feasible"
         assert any(w.startswith("the time limit (0.5 s) was hit") for w in plans[level]["warnings"])
     assert plans["O3"]["objective_s"] <= plans["O2"]["objective_s"]
-    r = CliRunner().invoke(cli, ["plan", str(ROOT / "examples" / "mlp.hlo"), "--mesh", "2x4",
-                                 "--json"])  # fmt: skip
+    r = CliRunner().invoke(
+        cli, ["plan", str(ROOT / "examples" / "mlp.hlo"), "--mesh", "2x4", "--json"]
+    )
     assert not [w for w in json.loads(r.output)["warnings"] if "time limit" in w]
 
 

@@ -31,8 +31,20 @@ def test_the_emitted_hlo_moves_what_the_plan_predicts(case: str, tmp_path: Path)
     source = tmp_path / "step.hlo"
     source.write_text(zoo.hlo_text(zoo.model_spec("mlp", "tiny", CASES[case])))
     emitted, plan_file = tmp_path / "out.hlo", tmp_path / "plan.json"
-    result = CliRunner().invoke(cli, ["plan", str(source), "--mesh", "1x4", "--emit-hlo", str(emitted),
-                                      "--out", str(plan_file), "--json"])  # fmt: skip
+    result = CliRunner().invoke(
+        cli,
+        [
+            "plan",
+            str(source),
+            "--mesh",
+            "1x4",
+            "--emit-hlo",
+            str(emitted),
+            "--out",
+            str(plan_file),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["emitted_hlo"]["path"] == str(emitted)
     plan = Plan.read(plan_file)

@@ -65,12 +65,15 @@ def test_plan_or_mesh_is_needed() -> None:
     ("edit", "message"),
     [
         (lambda doc: doc.update(version=99), "plan version 99; this rhino reads version 1"),
-        (lambda doc: doc.update(instructions=doc["instructions"][:10]), "the plan covers 10 instructions but not"),
+        (
+            lambda doc: doc.update(instructions=doc["instructions"][:10]),
+            "the plan covers 10 instructions but not",
+        ),
         (lambda doc: doc.update(instructions=[]), "the plan covers 0 instructions but not"),
         (lambda doc: doc["instructions"][3].update(name="nowhere"), "does not have: %nowhere"),
         (lambda doc: doc["instructions"][3].update(outs=["S0S0S1"]), "the plan's layout of"),
     ],
-)  # fmt: skip
+)
 def test_a_hand_edited_plan_is_refused(edit, message: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     plan = tmp_path / "plan.json"
     assert invoke("plan", str(MLP), "--mesh", "1x4", "--out", str(plan)).exit_code == 0
@@ -89,9 +92,25 @@ def test_xla_log_noise_stays_off_the_terminal_unless_debug() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     for extra, shown in (([], False), (["--debug"], True)):
         done = subprocess.run(
-            [sys.executable, "-m", "rhino.cli", "run", str(MLP), "--mesh", "2", "--devices", "2",
-             "--steps", "1", *extra], capture_output=True, text=True, env=env, timeout=600,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "rhino.cli",
+                "run",
+                str(MLP),
+                "--mesh",
+                "2",
+                "--devices",
+                "2",
+                "--steps",
+                "1",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr
         assert ("GSPMD sharding propagation is going to be deprecated" in done.stderr) is shown
 
@@ -111,9 +130,23 @@ def test_helps_first_example_runs_on_a_machine_without_an_accelerator() -> None:
 
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     done = subprocess.run(
-        [sys.executable, "-m", "rhino.cli", "run", "examples/mlp.hlo", "--mesh", "2x4", "--steps", "1"],
-        capture_output=True, text=True, env=env, timeout=600, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rhino.cli",
+            "run",
+            "examples/mlp.hlo",
+            "--mesh",
+            "2x4",
+            "--steps",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     assert "running on 8 simulated CPU devices (as --devices 8)" in done.stderr
     assert (
@@ -131,7 +164,18 @@ def test_opt_mesh_and_cluster_are_the_same_options_everywhere() -> None:
 
 
 def test_planning_first_says_what_plan_would_warn_of() -> None:
-    r = CliRunner().invoke(cli, ["run", str(ROOT / "examples" / "mlp.hlo"), "--mesh", "1x7",
-                                 "--devices", "7", "--steps", "1"])  # fmt: skip
+    r = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            str(ROOT / "examples" / "mlp.hlo"),
+            "--mesh",
+            "1x7",
+            "--devices",
+            "7",
+            "--steps",
+            "1",
+        ],
+    )
     assert r.exit_code == 0
     assert "warning: mesh 1x7: nothing is split along axis 1 (7 devices)" in r.stderr

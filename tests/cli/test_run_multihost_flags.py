@@ -33,14 +33,17 @@ def invoke(*args: str):  # type: ignore[no-untyped-def]
         (["--coordinator", "127.0.0.1:1234"], "missing --num-processes, --process-id"),
         (["--num-processes", "2", "--process-id", "1"], "missing --coordinator"),
         (JOB[:-2] + ["--num-processes", "0", "--process-id", "0"], "at least 1, got 0"),
-        (JOB[:-2] + ["--process-id", "2"], "--process-id must be in 0..1 for --num-processes 2, got 2"),
+        (
+            JOB[:-2] + ["--process-id", "2"],
+            "--process-id must be in 0..1 for --num-processes 2, got 2",
+        ),
         (JOB[:-2] + ["--process-id", "-1"], "got -1"),
         (["--coordinator", "127.0.0.1", *JOB[2:]], "HOST:PORT"),
         (["--coordinator", "host:99999", *JOB[2:]], "got 'host:99999'"),
         (["--coordinator", ":1234", *JOB[2:]], "HOST:PORT"),
         (["--coordinator", "a b:1234", *JOB[2:]], "HOST:PORT"),
     ],
-)  # fmt: skip
+)
 def test_bad_job_options_exit_2(args: list[str], message: str) -> None:
     r = invoke("--plan", "plan.json", *args)
     assert r.exit_code == 2, r.output

@@ -22,15 +22,40 @@ def invoke(*args: str) -> Result:
 @pytest.fixture(scope="module")
 def stages(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("plans") / "stages.json"
-    r = invoke("pipeline", str(MLP), "--stages", "2", "--epsilon", "0.6", "--time-limit", "10",
-               "--out", str(path))  # fmt: skip
+    r = invoke(
+        "pipeline",
+        str(MLP),
+        "--stages",
+        "2",
+        "--epsilon",
+        "0.6",
+        "--time-limit",
+        "10",
+        "--out",
+        str(path),
+    )
     assert r.exit_code == 0, r.output
     return path
 
 
 def test_a_stage_plan_runs_verifies_and_reports(stages: Path) -> None:
-    r = invoke("run", str(MLP), "--plan", str(stages), "--devices", "2", "--microbatches", "4",
-               "--schedule", "gpipe", "--steps", "1", "--warmup", "0", "--json")  # fmt: skip
+    r = invoke(
+        "run",
+        str(MLP),
+        "--plan",
+        str(stages),
+        "--devices",
+        "2",
+        "--microbatches",
+        "4",
+        "--schedule",
+        "gpipe",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     assert doc["schema"] == "rhino.run.pipeline/1"
@@ -46,8 +71,21 @@ def test_a_stage_plan_runs_verifies_and_reports(stages: Path) -> None:
 
 def test_the_human_report_shows_the_timelines(stages: Path, tmp_path: Path) -> None:
     svg = tmp_path / "timelines.svg"
-    r = invoke("run", str(MLP), "--plan", str(stages), "--devices", "2", "--steps", "1",
-               "--warmup", "0", "--no-verify", "--gantt", str(svg))  # fmt: skip
+    r = invoke(
+        "run",
+        str(MLP),
+        "--plan",
+        str(stages),
+        "--devices",
+        "2",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--no-verify",
+        "--gantt",
+        str(svg),
+    )
     assert r.exit_code == 0, r.output
     assert "stage 1 sim |" in r.output and "stage 1 run |" in r.output
     assert "task order as planned on every stage: yes" in r.output
@@ -63,10 +101,12 @@ def test_the_human_report_shows_the_timelines(stages: Path, tmp_path: Path) -> N
         (["--devices", "1"], "need 2 devices"),
         (["--mesh", "4x2"], "mesh axis 0, which has 4 devices, not 2 stages"),
         (["--mesh", "2x4"], "need 8 devices"),
-        (["--coordinator", "10.0.0.1:1234", "--num-processes", "2", "--process-id", "0"],
-         "on one machine only"),
+        (
+            ["--coordinator", "10.0.0.1:1234", "--num-processes", "2", "--process-id", "0"],
+            "on one machine only",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_requests_exit_2(stages: Path, extra: list[str], message: str) -> None:
     r = invoke("run", str(MLP), "--plan", str(stages), "--devices", "2", *extra)
     assert r.exit_code == 2, r.output
@@ -92,8 +132,18 @@ def test_gantt_must_be_svg(stages: Path) -> None:
 def test_a_hybrid_stage_plan_records_its_mesh(tmp_path: Path) -> None:
     """(tests/runtime/test_pipeline_multiprocess.py runs such a plan)"""
     path = tmp_path / "hybrid.json"
-    r = invoke("pipeline", str(MLP), "--mesh", "2x2", "--epsilon", "0.6", "--time-limit", "10",
-               "--out", str(path))  # fmt: skip
+    r = invoke(
+        "pipeline",
+        str(MLP),
+        "--mesh",
+        "2x2",
+        "--epsilon",
+        "0.6",
+        "--time-limit",
+        "10",
+        "--out",
+        str(path),
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(path.read_text())
     assert doc["mesh"] == [2, 2] and doc["stages"] == 2

@@ -41,8 +41,20 @@ def test_table_lists_every_entry_and_exit_0(sweep: Path) -> None:
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     header = next(line for line in lines if "model" in line)
-    for col in ("mesh", "level", "cluster", "memory", "status", "step", "compute", "comm",
-                "peak mem", "search s", "gap", "nodes"):  # fmt: skip
+    for col in (
+        "mesh",
+        "level",
+        "cluster",
+        "memory",
+        "status",
+        "step",
+        "compute",
+        "comm",
+        "peak mem",
+        "search s",
+        "gap",
+        "nodes",
+    ):
         assert col in header
     rows = [line for line in lines if "mlp_step.hlo" in line]
     assert len(rows) == 2 and "1x2" in rows[0] and "1x4" in rows[1]
@@ -61,7 +73,11 @@ def test_json_with_a_failing_row_exits_1_and_writes_csv(sweep: Path) -> None:
     doc = json.loads(r.output)  # nothing but the document on stdout
     assert list(doc) == ["schema", "versions", "rows"] and doc["schema"] == "rhino.sweep/1"
     assert [tuple(row) for row in doc["rows"]] == [COLUMNS] * 3
-    assert [(row["mesh"], row["status"]) for row in doc["rows"]] == [("1x2", "ok"), ("1x4", "ok"), ("2", "error")]  # fmt: skip
+    assert [(row["mesh"], row["status"]) for row in doc["rows"]] == [
+        ("1x2", "ok"),
+        ("1x4", "ok"),
+        ("2", "error"),
+    ]
     assert doc["rows"][2]["message"] == "missing.hlo: cannot read: No such file or directory"
     assert doc["rows"][0]["step_ms"] > 0 and doc["rows"][0]["solver_status"] == "optimal"
     table = list(csv.DictReader(io.StringIO((sweep / "rows.csv").read_text())))
@@ -90,8 +106,9 @@ def test_bad_sweep_file_or_out_is_exit_2_without_running(sweep: Path) -> None:
     assert r.exit_code == 2 and "nope.yaml: cannot read the sweep file" in r.output
 
 
-def test_an_interrupted_sweep_keeps_its_finished_rows(sweep: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_an_interrupted_sweep_keeps_its_finished_rows(
+    sweep: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import rhino.cli.sweep_cmd as sweep_cmd
 
     real = sweep_cmd.run_sweep
@@ -121,10 +138,23 @@ def test_ctrl_c_ends_a_running_sweep_cleanly(sweep: Path) -> None:
     many = "models: [mlp_step.hlo]\nmeshes: [2, 4, 8, 1x2, 1x4, 2x2, 2x4, 4x2, 1x8]\n"
     (sweep / "many.yaml").write_text(many)
     process = subprocess.Popen(
-        [sys.executable, "-m", "rhino.cli", "sweep", "many.yaml", "--jobs", "2", "--out",
-         "rows.json"], cwd=sweep, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "rhino.cli",
+            "sweep",
+            "many.yaml",
+            "--jobs",
+            "2",
+            "--out",
+            "rows.json",
+        ],
+        cwd=sweep,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 120
     while not (sweep / "rows.json").exists() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -69,8 +69,9 @@ def test_every_command_on_a_real_training_step(path: Path, tmp_path: Path) -> No
         found = rhino("pipeline", f, "--stages", str(d), "--out", stages)
         # the loss the gradients differentiate: its forward is a third of the dot FLOPs
         assert 0.2 <= found["forward_share"] <= 0.5, found["loss"]
-        assert found["cut_bytes"] <= min(b["cut_bytes"] for b in found["baselines"]
-                                         if b["within_balance"])  # fmt: skip
+        assert found["cut_bytes"] <= min(
+            b["cut_bytes"] for b in found["baselines"] if b["within_balance"]
+        )
         run_stages(name, f, stages, d)
 
     hybrid = str(tmp_path / "hybrid.json")

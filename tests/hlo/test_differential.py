@@ -21,9 +21,21 @@ def fingerprint(m: Module) -> list[tuple[object, ...]]:
             (comp.name, comp.is_entry, comp.signature, comp.root.name if comp.root else None)
         )
         for i in comp.instructions:
-            out.append((i.name, i.opcode, i.opcode_text, i.shape, tuple(o.name for o in i.operands),
-                        dict(i.attrs), i.parameter_number, i.literal, tuple(c.name for c in i.called),
-                        tuple(p.name for p in i.control_predecessors), i.span()))  # fmt: skip
+            out.append(
+                (
+                    i.name,
+                    i.opcode,
+                    i.opcode_text,
+                    i.shape,
+                    tuple(o.name for o in i.operands),
+                    dict(i.attrs),
+                    i.parameter_number,
+                    i.literal,
+                    tuple(c.name for c in i.called),
+                    tuple(p.name for p in i.control_predecessors),
+                    i.span(),
+                )
+            )
     return out
 
 

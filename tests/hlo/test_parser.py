@@ -169,8 +169,12 @@ ERROR_CASES = [
 
 def test_a_well_formed_program_shape_in_the_header_is_kept_verbatim() -> None:
     layout = "{(f32[2]{0}, f32[2]{0})->(f32[2]{0}, s32[])}"
-    module = parse_module(BAD.replace("HloModule m", f"HloModule m, entry_computation_layout={layout}")
-                          .replace("add(p, q)", "add(p, p)"), "ok.hlo")  # fmt: skip
+    module = parse_module(
+        BAD.replace("HloModule m", f"HloModule m, entry_computation_layout={layout}").replace(
+            "add(p, q)", "add(p, p)"
+        ),
+        "ok.hlo",
+    )
     assert module.attrs["entry_computation_layout"] == layout
 
 

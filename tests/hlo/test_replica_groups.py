@@ -44,8 +44,10 @@ CASES = [
     ("replica_groups=[4,2]<=[2,4]T(1,0)", [[0, 4], [1, 5], [2, 6], [3, 7]]),
     ("replica_groups=[1,8]<=[8]", [list(range(8))]),
     # mesh form, iota devices: one group per setting of the other axes
-    ("replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=4] {'axis_0'}",
-     [[0, 4], [1, 5], [2, 6], [3, 7]]),
+    (
+        "replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=4] {'axis_0'}",
+        [[0, 4], [1, 5], [2, 6], [3, 7]],
+    ),
     ("replica_groups=mesh['a'=2,'b'=4] {'b'}", [[0, 1, 2, 3], [4, 5, 6, 7]]),
     ("replica_groups=mesh['a'=2,'b'=4] {'b','a'}", [[0, 4, 1, 5, 2, 6, 3, 7]]),
     ("replica_groups=mesh['a'=2,'b'=4] {}", [[d] for d in range(8)]),
@@ -56,11 +58,10 @@ CASES = [
     (f"{MLP_MESH}, device_ids=(0,4,1,5,2,6,3,7) {{'axis_1'}}", [[0, 1, 2, 3], [4, 5, 6, 7]]),
     (f"{MLP_MESH}, device_ids=(7,6,5,4,3,2,1,0) {{'axis_2'}}", [[7, 6], [5, 4], [3, 2], [1, 0]]),
     # sub-axis 'axis_1':(2)2 = the minor half of axis_1 (size 4 -> [2 major, 2 minor])
-    (f"{MLP_MESH}, device_ids=([2,4]T(1,0)) {{'axis_1':(2)2}}",
-     [[0, 1], [4, 5], [2, 3], [6, 7]]),
+    (f"{MLP_MESH}, device_ids=([2,4]T(1,0)) {{'axis_1':(2)2}}", [[0, 1], [4, 5], [2, 3], [6, 7]]),
     ("replica_groups=mesh['a'=8] {'a':(1)2}", [[0, 4], [1, 5], [2, 6], [3, 7]]),
     ("replica_groups=mesh['a'=8] {'a':(4)2}", [[0, 1], [2, 3], [4, 5], [6, 7]]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("text, expected", CASES, ids=[c[0] for c in CASES])

@@ -149,8 +149,10 @@ def test_xla_prints_canonical_forms_the_same(text: str) -> None:
 
 
 def test_newer_xla_printing_parses_and_prints_back() -> None:
-    for text in ("{single_device[device_id=0]}",
-                 '{unreduced metadata={op_type="sdy::reduction_op" op_name="SUM"}}'):  # fmt: skip
+    for text in (
+        "{single_device[device_id=0]}",
+        '{unreduced metadata={op_type="sdy::reduction_op" op_name="SUM"}}',
+    ):
         assert str(parse_sharding(text)) == text
 
 

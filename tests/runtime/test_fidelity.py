@@ -265,9 +265,16 @@ def measured(
     kind: str, nbytes: int, axes: tuple[int, ...] | None, at: str | None, **kw: object
 ) -> MeasuredCollective:
     fields: dict[str, object] = dict(
-        kind=kind, nbytes=nbytes, count=1, axes=axes, groups=(), instruction=at,
-        attribution="metadata" if at else "none", name=f"{kind}.{at}", computation="main",
-    )  # fmt: skip
+        kind=kind,
+        nbytes=nbytes,
+        count=1,
+        axes=axes,
+        groups=(),
+        instruction=at,
+        attribution="metadata" if at else "none",
+        name=f"{kind}.{at}",
+        computation="main",
+    )
     fields.update(kw)
     return MeasuredCollective(**fields)  # type: ignore[arg-type]
 
@@ -289,12 +296,14 @@ def test_compare_reports_mismatches_both_ways() -> None:
     assert report.predicted_bytes == 65536 + 1024 + 1024 + 2048
     assert report.measured_bytes == 65536 + 1024 + 1000 + 4096
     assert report.ratio == pytest.approx(report.measured_bytes / report.predicted_bytes)
-    assert [(m.predicted.instruction, m.measured.instruction, m.rule, m.within_tolerance)
-            for m in report.matches] == [
+    assert [
+        (m.predicted.instruction, m.measured.instruction, m.rule, m.within_tolerance)
+        for m in report.matches
+    ] == [
         ("y", "y", "instruction", True),
         ("z", "w", "kind+axes", True),
         ("c", "c", "instruction", False),
-    ]  # fmt: skip
+    ]
     assert report.matches[2].ratio == 2.0
     assert [m.instruction for m in report.unpredicted] == ["dot.3"]
     assert [p.instruction for p in report.missing] == ["dot.3"]

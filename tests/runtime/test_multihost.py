@@ -56,8 +56,12 @@ def _command(
 def _run_all(commands: list[list[str]]) -> list[tuple[int, str, str]]:
     """Start every command at once; exit code, stdout and stderr of each (all killed
     after 240 s)."""
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_fresh_env(), cwd=ROOT) for c in commands]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_fresh_env(), cwd=ROOT
+        )
+        for c in commands
+    ]
     try:
         outs = [p.communicate(timeout=240) for p in procs]
     finally:
@@ -97,8 +101,11 @@ def _shards(want: np.ndarray, pieces: int, *, copies: int = 1) -> list[xb.Shard]
     """`want` cut in `pieces` along dim 0, each piece held by `copies` partitions."""
     n = len(want) // pieces
     where = [(slice(k * n, (k + 1) * n),) for k in range(pieces)]
-    return [xb.Shard(c * pieces + k, w, want[w].copy()) for c in range(copies)
-            for k, w in enumerate(where)]  # fmt: skip
+    return [
+        xb.Shard(c * pieces + k, w, want[w].copy())
+        for c in range(copies)
+        for k, w in enumerate(where)
+    ]
 
 
 def test_check_shards_uses_the_whole_outputs_scale() -> None:

@@ -21,8 +21,9 @@ from rhino.search.spmd.planner import PlanRequest, make_plan
 from tests.hlo.corpus import ROOT
 from tests.runtime.stage_plans import example
 
-REQUEST = PlanRequest(DeviceMesh((4,)), load_cluster("m8"),
-                      solve=SolveOptions(time_limit_s=20, threads=1))  # fmt: skip
+REQUEST = PlanRequest(
+    DeviceMesh((4,)), load_cluster("m8"), solve=SolveOptions(time_limit_s=20, threads=1)
+)
 
 
 def test_every_layout_is_estimated_and_the_lowest_kept() -> None:
@@ -40,17 +41,22 @@ def test_every_layout_is_estimated_and_the_lowest_kept() -> None:
     programs = stage_programs(example("mlp"), hybrid.stage_plan, 4)
     two = dataclasses.replace(REQUEST, mesh=DeviceMesh((2,)))
     per_microbatch = [
-        sum(make_plan(parse_module(p.text, "<p>"), two).objective_s
-            for (s, kind), p in programs.programs.items() if s == stage and kind != "U")
+        sum(
+            make_plan(parse_module(p.text, "<p>"), two).objective_s
+            for (s, kind), p in programs.programs.items()
+            if s == stage and kind != "U"
+        )
         for stage in range(2)
-    ]  # fmt: skip
+    ]
     assert hybrid.step_s is not None and hybrid.step_s >= 4 * max(per_microbatch) * (1 - 1e-9)
 
 
 def test_cli_compare_reports_the_best_layout() -> None:
     mlp = str(ROOT / "examples" / "mlp.hlo")
-    r = CliRunner().invoke(cli, ["pipeline", mlp, "--compare", "4", "--microbatches", "4",
-                                 "--epsilon", "0.6", "--json"])  # fmt: skip
+    r = CliRunner().invoke(
+        cli,
+        ["pipeline", mlp, "--compare", "4", "--microbatches", "4", "--epsilon", "0.6", "--json"],
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     assert doc["schema"] == "rhino.pipeline.compare/1" and len(doc["candidates"]) == 4

@@ -46,8 +46,9 @@ def reference(name: str) -> tuple[list[np.ndarray], tuple[np.ndarray, ...]]:
 
 
 @pytest.mark.parametrize(("name", "stages", "microbatches"), CASES)
-def test_stage_plan_computes_the_single_device_step(name: str, stages: int,
-                                                    microbatches: int) -> None:  # fmt: skip
+def test_stage_plan_computes_the_single_device_step(
+    name: str, stages: int, microbatches: int
+) -> None:
     pipeline = prepare(example(name), stage_plan(name, stages), microbatches, optimize=False)
     assert {k[0] for k in pipeline.programs.programs} == set(range(stages))
     inputs, want = reference(name)
@@ -63,8 +64,7 @@ def test_stage_plan_computes_the_single_device_step(name: str, stages: int,
 def test_hybrid_2x4_shards_every_stage_and_computes_the_single_device_step() -> None:
     """Rhino §5: pipeline on mesh axis 0, SPMD on the other (4 devices a stage)."""
     spmd = PlanRequest(DeviceMesh((4,)), load_cluster("cpu"), solve=SolveOptions(time_limit_s=20))
-    pipeline = prepare(example("gpt_tiny"), stage_plan("gpt_tiny", 2), 2, optimize=False,
-                       spmd=spmd)  # fmt: skip
+    pipeline = prepare(example("gpt_tiny"), stage_plan("gpt_tiny", 2), 2, optimize=False, spmd=spmd)
     assert [len(g) for g in pipeline.groups] == [4, 4]
     assert not set(pipeline.groups[0]) & set(pipeline.groups[1])
     for s in range(2):  # the backward of each stage is split over its 4 devices

@@ -39,18 +39,45 @@ def _free_port() -> int:
 
 def test_two_processes_run_a_hybrid_stage_plan(tmp_path: Path) -> None:
     plan = tmp_path / "stages.json"
-    request = PipelineRequest(2, EPSILON[("mlp", 2)], 2, load_cluster("m8"),
-                              SolveOptions(time_limit_s=20, threads=1, work_limit=2.0),
-                              mesh=(2, 2))  # fmt: skip
+    request = PipelineRequest(
+        2,
+        EPSILON[("mlp", 2)],
+        2,
+        load_cluster("m8"),
+        SolveOptions(time_limit_s=20, threads=1, work_limit=2.0),
+        mesh=(2, 2),
+    )
     plan_pipeline(example("mlp"), request).write(plan)
     port = _free_port()
     commands = [
-        [sys.executable, "-m", "rhino.cli", "run", str(MLP), "--plan", str(plan),  # its mesh: 2x2
-         "--cluster", "cpu", "--devices", "2", "--microbatches", "2", "--steps", "1",
-         "--warmup", "0", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-         "--process-id", str(i), "--json"]
+        [
+            sys.executable,
+            "-m",
+            "rhino.cli",
+            "run",
+            str(MLP),
+            "--plan",
+            str(plan),  # its mesh: 2x2
+            "--cluster",
+            "cpu",
+            "--devices",
+            "2",
+            "--microbatches",
+            "2",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--num-processes",
+            "2",
+            "--process-id",
+            str(i),
+            "--json",
+        ]
         for i in (0, 1)
-    ]  # fmt: skip
+    ]
     results = _run_all(commands)
     for code, _, err in results:
         assert code == 0, err[-3000:]

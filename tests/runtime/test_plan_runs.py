@@ -21,8 +21,12 @@ from tests.hlo.corpus import ROOT
 def test_plan_compiles_runs_and_matches(path: str, mesh: str) -> None:
     module = parse_file(ROOT / path)
     plan = make_plan(module, PlanRequest(parse_mesh(mesh), load_cluster("m8")))
-    report = run_and_compare(print_module(planned_module(module)), print_module(apply_plan(module, plan)),
-                             parse_mesh(mesh).size, seed=0)  # fmt: skip
+    report = run_and_compare(
+        print_module(planned_module(module)),
+        print_module(apply_plan(module, plan)),
+        parse_mesh(mesh).size,
+        seed=0,
+    )
     assert report.ok, report.summary()
 
 
@@ -51,6 +55,7 @@ def test_an_o2_plan_from_segments_compiles_runs_and_matches(
     module = parse_file(ROOT / "examples/gpt_tiny.hlo")
     plan = make_plan(module, PlanRequest(parse_mesh("2x4"), load_cluster("m8"), "O2"))
     assert plan.solver["merge_level"] == 3 and plan.solver["sizes"]["segments"] > 1
-    report = run_and_compare(print_module(planned_module(module)), print_module(apply_plan(module, plan)),
-                             8, seed=0)  # fmt: skip
+    report = run_and_compare(
+        print_module(planned_module(module)), print_module(apply_plan(module, plan)), 8, seed=0
+    )
     assert report.ok, report.summary()

@@ -151,8 +151,9 @@ def test_specials_and_exact_types() -> None:
     assert not compare_output(0, ints, ints + np.int32(1), tolerance_for(np.int32)).ok
     bf = np.array([1.0, 2.0], dtype=ml_dtypes.bfloat16)
     assert tolerance_for(bf.dtype) == DEFAULT_TOLERANCES["bfloat16"]
-    assert compare_output(0, bf, (bf.astype(np.float32) * 1.01).astype(bf.dtype),
-                          tolerance_for(bf.dtype)).ok  # fmt: skip
+    assert compare_output(
+        0, bf, (bf.astype(np.float32) * 1.01).astype(bf.dtype), tolerance_for(bf.dtype)
+    ).ok
     with pytest.raises(ExecutionError, match="output 0"):
         compare_output(0, ints, ints.astype(np.int64), tolerance_for(np.int32))
     with pytest.raises(ExecutionError, match="2 outputs"):
@@ -358,16 +359,18 @@ def long_sum_split() -> str:
     return annotated_text(module, plan, strip_metadata=True)
 
 
-def test_a_correct_plan_on_a_long_reduction_verifies(long_sum_split: str,
-                                                     devices: tuple[object, ...]) -> None:  # fmt: skip
+def test_a_correct_plan_on_a_long_reduction_verifies(
+    long_sum_split: str, devices: tuple[object, ...]
+) -> None:
     report = run_and_compare(LONG_SUM, long_sum_split, devices, seed=0)
     assert report.ok, report.summary()
     assert report.outputs[0].allowed > 1e-4 * report.outputs[0].scale  # widened by n * u
     assert report.sharded is not None and " all-reduce(" in report.sharded.partitioned_hlo()
 
 
-def test_a_wrong_layout_on_a_long_reduction_still_fails(long_sum_split: str,
-                                                        devices: tuple[object, ...]) -> None:  # fmt: skip
+def test_a_wrong_layout_on_a_long_reduction_still_fails(
+    long_sum_split: str, devices: tuple[object, ...]
+) -> None:
     from rhino.hlo.parser import parse_module
     from rhino.runtime.verify import reduction_lengths
 
@@ -379,8 +382,10 @@ def test_a_wrong_layout_on_a_long_reduction_still_fails(long_sum_split: str,
     x = np.roll(makers[0].whole(), 16384 // 8, axis=1)
     got = xb.execute(report.sharded, [x, makers[1].whole()])
     lengths = reduction_lengths(parse_module(LONG_SUM, "<long>"))
-    checks = [compare_output(k, w, g, tolerance_for(w.dtype, reduction=n))
-              for k, (w, g, n) in enumerate(zip(want, got, lengths, strict=True))]  # fmt: skip
+    checks = [
+        compare_output(k, w, g, tolerance_for(w.dtype, reduction=n))
+        for k, (w, g, n) in enumerate(zip(want, got, lengths, strict=True))
+    ]
     assert not checks[0].ok and not checks[1].ok
     assert checks[0].max_rel_error > 100 * checks[0].allowed / checks[0].scale
     assert checks[2].ok  # the constant does not depend on x

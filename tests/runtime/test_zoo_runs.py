@@ -19,8 +19,17 @@ from rhino.search.problem import SolveOptions
 from rhino.search.spmd.planner import PlanRequest, make_plan
 from tests.hlo.corpus import ROOT
 
-MODELS = ("mlp", "mlp_optimized", "gpt_tiny", "gpt_scan_tiny", "moe_tiny", "wresnet_tiny", "unet_tiny",
-          "dnabert_tiny", "vgg19_tiny")  # fmt: skip
+MODELS = (
+    "mlp",
+    "mlp_optimized",
+    "gpt_tiny",
+    "gpt_scan_tiny",
+    "moe_tiny",
+    "wresnet_tiny",
+    "unet_tiny",
+    "dnabert_tiny",
+    "vgg19_tiny",
+)
 MESHES = ("1x8", "2x4", "8x1")
 
 

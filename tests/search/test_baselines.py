@@ -64,8 +64,9 @@ def test_gradients_are_all_reduced_over_all_devices(mesh: str) -> None:
     assert {c.kind for c in plan.collectives} == {"all-reduce"}
 
 
-@pytest.mark.parametrize(("path", "mesh"), [(MLP_STEP, "1x4"), (MLP_STEP, "2x2"),
-                                            (ROOT / "examples" / "mlp.hlo", "1x8")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("path", "mesh"), [(MLP_STEP, "1x4"), (MLP_STEP, "2x2"), (ROOT / "examples" / "mlp.hlo", "1x8")]
+)
 def test_o3_is_never_worse_than_data_parallel(path: Path, mesh: str) -> None:
     module = parse_file(path)
     dp = data_parallel_plan(module, parse_mesh(mesh), load_cluster("m8"), solve=TO_THE_END)

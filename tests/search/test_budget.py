@@ -43,9 +43,13 @@ def test_usage_follows_the_peak_and_every_move(seed: int) -> None:
         assert usage.peak() == pytest.approx(problem.peak_memory(choice)[0])
     for v, n in enumerate(problem.nodes):  # the highest level over v's interval, by brute force
         levels = [
-            sum(m.memory[k] for m, k in zip(problem.nodes, choice, strict=True) if m.live[0] <= t <= m.live[1])
+            sum(
+                m.memory[k]
+                for m, k in zip(problem.nodes, choice, strict=True)
+                if m.live[0] <= t <= m.live[1]
+            )
             for t in range(n.live[0], n.live[1] + 1)
-        ]  # fmt: skip
+        ]
         assert usage.highest(v) == pytest.approx(max(levels))
 
 

@@ -213,10 +213,17 @@ def test_mesh_override(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("n", "places", "up", "text"),
-    [(100, 1, False, "100 B"), (1024, 1, False, "1 KiB"), (1536, 1, False, "1.5 KiB"),
-     (3 * 2**30, 2, False, "3 GiB"), (10.0001 * 2**30, 2, False, "10 GiB"),
-     (10.0001 * 2**30, 2, True, "10.01 GiB"), (1023.5, 1, True, "1 KiB"), (5 * 2**40, 1, False, "5 TiB")],
-)  # fmt: skip
+    [
+        (100, 1, False, "100 B"),
+        (1024, 1, False, "1 KiB"),
+        (1536, 1, False, "1.5 KiB"),
+        (3 * 2**30, 2, False, "3 GiB"),
+        (10.0001 * 2**30, 2, False, "10 GiB"),
+        (10.0001 * 2**30, 2, True, "10.01 GiB"),
+        (1023.5, 1, True, "1 KiB"),
+        (5 * 2**40, 1, False, "5 TiB"),
+    ],
+)
 def test_bytes_read_as_a_person_writes_them(n: float, places: int, up: bool, text: str) -> None:
     from rhino.search.units import format_bytes
 

@@ -114,8 +114,7 @@ def test_tree_dp_against_brute_force(seed: int) -> None:
     nodes = [(0, -1)] + [(i, int(rng.integers(i))) for i in range(1, n)]  # parents first
     index = {a: a for a, _ in nodes}
     unary = [rng.integers(0, 50, k).astype(float) for k in sizes]
-    edges = [(p, i, rng.integers(0, 50, (sizes[p], sizes[i])).astype(float))
-             for i, p in nodes[1:]]  # fmt: skip
+    edges = [(p, i, rng.integers(0, 50, (sizes[p], sizes[i])).astype(float)) for i, p in nodes[1:]]
 
     def value(choice: tuple[int, ...]) -> float:
         total = sum(float(u[k]) for u, k in zip(unary, choice, strict=True))

@@ -28,13 +28,21 @@ LONG = SolveOptions(time_limit_s=3600)
 def example_doc() -> dict:  # type: ignore[type-arg]
     """The format's own example (as in google/iopddl's README), so the tests do not need
     the shared folder."""
-    return {"problem": {"name": "example",
-            "nodes": {"intervals": [[30, 70], [40, 70], [50, 120], [110, 140], [110, 150]],
-                      "costs": [[15], [55, 65], [25, 45, 35], [85, 75], [95]],
-                      "usages": [[10], [25, 25], [15, 20, 15], [10, 10], [15]]},
-            "edges": {"nodes": [[0, 1], [0, 2], [1, 3], [2, 4], [3, 4]],
-                      "costs": [[30, 40], [50, 10, 40], [90, 10, 20, 80], [60, 20, 30], [70, 60]]},
-            "usage_limit": 50}}  # fmt: skip
+    return {
+        "problem": {
+            "name": "example",
+            "nodes": {
+                "intervals": [[30, 70], [40, 70], [50, 120], [110, 140], [110, 150]],
+                "costs": [[15], [55, 65], [25, 45, 35], [85, 75], [95]],
+                "usages": [[10], [25, 25], [15, 20, 15], [10, 10], [15]],
+            },
+            "edges": {
+                "nodes": [[0, 1], [0, 2], [1, 3], [2, 4], [3, 4]],
+                "costs": [[30, 40], [50, 10, 40], [90, 10, 20, 80], [60, 20, 30], [70, 60]],
+            },
+            "usage_limit": 50,
+        }
+    }
 
 
 def random_doc(seed: int, n: int = 6) -> dict:  # type: ignore[type-arg]
@@ -57,8 +65,14 @@ def random_doc(seed: int, n: int = 6) -> dict:  # type: ignore[type-arg]
     small = _peak(intervals, [min(u) for u in usages])
     large = _peak(intervals, [max(u) for u in usages])
     limit = int(small + (large - small) * (0.3 + 0.7 * rng.random()))
-    return {"problem": {"name": f"random{seed}", "nodes": {"intervals": intervals, "costs": costs, "usages": usages},
-                        "edges": {"nodes": pairs, "costs": edge_costs}, "usage_limit": limit}}  # fmt: skip
+    return {
+        "problem": {
+            "name": f"random{seed}",
+            "nodes": {"intervals": intervals, "costs": costs, "usages": usages},
+            "edges": {"nodes": pairs, "costs": edge_costs},
+            "usage_limit": limit,
+        }
+    }
 
 
 def _peak(intervals: list[list[int]], used: list[int]) -> int:
@@ -196,8 +210,11 @@ def test_descent_and_windows_keep_the_limit_and_never_lose(seed: int) -> None:
 
 def optimum(instance: iopddl.Instance) -> tuple[int, ...]:
     """The cheapest feasible choice (brute force; the draw must have one)."""
-    feasible = (c for c in itertools.product(*(range(len(c)) for c in instance.costs))
-                if iopddl.check(instance, c).feasible)  # fmt: skip
+    feasible = (
+        c
+        for c in itertools.product(*(range(len(c)) for c in instance.costs))
+        if iopddl.check(instance, c).feasible
+    )
     return min(feasible, key=lambda c: iopddl.check(instance, c).cost)
 
 

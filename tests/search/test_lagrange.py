@@ -55,8 +55,15 @@ def test_rounds_keep_the_limit_and_never_lose(seed: int, relax: lagrange.Relax) 
     instance, merged, y = merged_and_start(seed + 500)
     before = merged.total(y)
     reported: list[tuple[np.ndarray, float]] = []
-    best = lagrange.rounds(merged, y, float("inf"), seed=seed, most=4, relax=relax,
-                           report=lambda y, bound: reported.append((y.copy(), bound)))  # fmt: skip
+    best = lagrange.rounds(
+        merged,
+        y,
+        float("inf"),
+        seed=seed,
+        most=4,
+        relax=relax,
+        report=lambda y, bound: reported.append((y.copy(), bound)),
+    )
     assert best.cost == merged.total(best.y)
     assert best.cost <= before
     costs = [merged.total(r) for r, _ in reported]

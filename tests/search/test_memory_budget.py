@@ -26,8 +26,9 @@ def entry_parameters() -> dict[str, int]:
 
 
 def plan_with(budget: float | None, mode: str = "exact") -> Plan:
-    request = PlanRequest(parse_mesh("1x8"), load_cluster("m8"), budget_bytes=budget,
-                          memory_mode=mode)  # fmt: skip
+    request = PlanRequest(
+        parse_mesh("1x8"), load_cluster("m8"), budget_bytes=budget, memory_mode=mode
+    )
     return make_plan(parse_file(WIDE), request)
 
 

@@ -21,8 +21,9 @@ EXAMPLES = ROOT / "examples"
 
 
 def node(name: str, k: int, rng: np.random.Generator, heavy: bool = False) -> ProblemNode:
-    return ProblemNode(name, tuple(f"s{i}" for i in range(k)), rng.random(k).round(4), np.ones(k),
-                       (0, 0), heavy)  # fmt: skip
+    return ProblemNode(
+        name, tuple(f"s{i}" for i in range(k)), rng.random(k).round(4), np.ones(k), (0, 0), heavy
+    )
 
 
 def series_parallel(seed: int, blocks: int = 24) -> ShardingProblem:
@@ -77,8 +78,13 @@ def series_parallel(seed: int, blocks: int = 24) -> ShardingProblem:
 def test_critical_nodes_are_the_heavy_nodes_with_no_slack() -> None:
     rng = np.random.default_rng(0)
     # 0 -> 1 -> 3, 0 -> 2 -> 3 (a diamond), and 0 -> 4 (a side branch with slack)
-    nodes = (node("a", 2, rng), node("b", 2, rng, heavy=True), node("c", 2, rng),
-             node("d", 2, rng, heavy=True), node("e", 2, rng, heavy=True))  # fmt: skip
+    nodes = (
+        node("a", 2, rng),
+        node("b", 2, rng, heavy=True),
+        node("c", 2, rng),
+        node("d", 2, rng, heavy=True),
+        node("e", 2, rng, heavy=True),
+    )
     z = np.zeros((2, 2))
     edges = tuple(ProblemEdge(u, v, z) for u, v in ((0, 1), (0, 2), (1, 3), (2, 3), (0, 4)))
     crit = merge.critical_nodes(ShardingProblem(nodes, edges))

@@ -15,8 +15,10 @@ from tests.search.test_solver import random_problem
 def random_tree(seed: int) -> ShardingProblem:
     rng = np.random.default_rng(seed)
     n = int(rng.integers(3, 8))
-    nodes = [ProblemNode(f"n{v}", tuple(f"s{i}" for i in range(k)), rng.random(k).round(3), np.ones(k))
-             for v, k in enumerate(rng.integers(1, 5, size=n))]  # fmt: skip
+    nodes = [
+        ProblemNode(f"n{v}", tuple(f"s{i}" for i in range(k)), rng.random(k).round(3), np.ones(k))
+        for v, k in enumerate(rng.integers(1, 5, size=n))
+    ]
     edges = []
     for v in range(1, n):
         u = int(rng.integers(0, v))

@@ -17,8 +17,13 @@ def local_elements(spec: ShardingSpec, shape: tuple[int, ...], mesh_text: str) -
     """Per device, the row-major flat indices of its shard, in local row-major order."""
     mesh = parse_mesh(mesh_text)
     strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
-    return [[sum(i * s for i, s in zip(index, strides, strict=True)) for index in itertools.product(*per_dim)]
-            for per_dim in spec.device_slices(shape, mesh)]  # fmt: skip
+    return [
+        [
+            sum(i * s for i, s in zip(index, strides, strict=True))
+            for index in itertools.product(*per_dim)
+        ]
+        for per_dim in spec.device_slices(shape, mesh)
+    ]
 
 
 CASES = [
@@ -33,7 +38,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("spec", "src", "dst", "mesh", "want"), CASES)
-def test_reshape_spec(spec: str, src: tuple[int, ...], dst: tuple[int, ...], mesh: str, want: str | None) -> None:  # fmt: skip
+def test_reshape_spec(
+    spec: str, src: tuple[int, ...], dst: tuple[int, ...], mesh: str, want: str | None
+) -> None:
     got = reshape_spec(parse_spec(spec), src, dst, parse_mesh(mesh))
     if want is None:
         assert got is None

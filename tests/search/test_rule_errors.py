@@ -23,8 +23,10 @@ def test_a_bug_in_building_a_spec_is_not_swallowed(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(rules, "ShardingSpec", broken)
     with pytest.raises(Boom):
-        make_plan(parse_file(ROOT / "examples/gpt_tiny.hlo"),
-                  PlanRequest(parse_mesh("1x4"), load_cluster("m8")))  # fmt: skip
+        make_plan(
+            parse_file(ROOT / "examples/gpt_tiny.hlo"),
+            PlanRequest(parse_mesh("1x4"), load_cluster("m8")),
+        )
 
 
 def test_mapping_a_spec_lets_a_bug_through(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,8 +18,15 @@ def random_problem(seed: int, budget: bool = False) -> ShardingProblem:
     for v in range(n):
         k = int(rng.integers(1, 5))
         start = int(rng.integers(0, n))
-        nodes.append(ProblemNode(f"n{v}", tuple(f"s{i}" for i in range(k)), rng.random(k).round(3),
-                                 rng.integers(1, 100, size=k).astype(float), (start, start + int(rng.integers(0, 3)))))  # fmt: skip
+        nodes.append(
+            ProblemNode(
+                f"n{v}",
+                tuple(f"s{i}" for i in range(k)),
+                rng.random(k).round(3),
+                rng.integers(1, 100, size=k).astype(float),
+                (start, start + int(rng.integers(0, 3))),
+            )
+        )
     edges = []
     for u in range(n):
         for v in range(u + 1, n):
@@ -113,7 +120,7 @@ def _dense(n: int, k: int, budget: bool = False) -> ShardingProblem:
             tuple(f"s{i}" for i in range(k)),
             rng.random(k),
             rng.integers(1, 100, size=k).astype(float) if budget else np.ones(k),
-        )  # fmt: skip
+        )
         for v in range(n)
     )
     edges = tuple(ProblemEdge(u, v, rng.random((k, k))) for u in range(n) for v in range(u + 1, n))
@@ -259,8 +266,15 @@ def test_the_lps_running_usage_is_each_memory_rows_usage(seed: int) -> None:
     first = np.concatenate(([0], np.cumsum(sizes)))
     n_vars = int(first[-1])
     terms = {v: rng.integers(0, 1000, size=int(sizes[v])) for v in range(8) if v != 3}
-    rows = [(np.array(sorted(rng.choice(8, size=int(rng.integers(0, 9)), replace=False)), dtype=np.int64),
-             int(rng.integers(1000, 3000))) for _ in range(5)]  # fmt: skip
+    rows = [
+        (
+            np.array(
+                sorted(rng.choice(8, size=int(rng.integers(0, 9)), replace=False)), dtype=np.int64
+            ),
+            int(rng.integers(1000, 3000)),
+        )
+        for _ in range(5)
+    ]
     memory = solver._Rows(terms, rows)
     at, cols, vals, limits = solver._running_usage(memory, first, 0, n_vars)
     matrix = coo_array(
@@ -270,7 +284,8 @@ def test_the_lps_running_usage_is_each_memory_rows_usage(seed: int) -> None:
     s = rng.random(n_vars)
     usage = np.linalg.solve(matrix[:, n_vars:], -matrix[:, :n_vars] @ s)
     unit = solver._memory_unit(memory)
-    expected = [sum(terms[v] @ s[first[v] : first[v + 1]] for v in m if v in terms) / unit
-                for m, _ in rows]  # fmt: skip
+    expected = [
+        sum(terms[v] @ s[first[v] : first[v + 1]] for v in m if v in terms) / unit for m, _ in rows
+    ]
     assert usage == pytest.approx(expected)
     assert limits == pytest.approx([rhs / unit for _, rhs in rows])

@@ -29,8 +29,9 @@ def received(problem: StageProblem, plan: tuple[int, ...]) -> list[int]:
     return got
 
 
-def seeded(count: int, n: int, d: int, eps: float
-           ) -> Iterator[tuple[int, StageProblem, Windows, tuple[int, ...]]]:  # fmt: skip
+def seeded(
+    count: int, n: int, d: int, eps: float
+) -> Iterator[tuple[int, StageProblem, Windows, tuple[int, ...]]]:
     """(seed, problem, its windows, its least receipts) for the seeded random problems
     that bound tightening leaves a stage for every instruction."""
     for seed in range(count):
@@ -59,8 +60,14 @@ def test_every_balanced_plan_receives_at_least_the_bound_on_each_stage() -> None
 
 def chain(n: int, d: int) -> StageProblem:
     """n equal instructions in a line, each result 10 bytes."""
-    return StageProblem(tuple(f"v{i}" for i in range(n)), (1.0,) * n, (10,) * n,
-                        tuple((i + 1,) if i + 1 < n else () for i in range(n)), d, 0.1)  # fmt: skip
+    return StageProblem(
+        tuple(f"v{i}" for i in range(n)),
+        (1.0,) * n,
+        (10,) * n,
+        tuple((i + 1,) if i + 1 < n else () for i in range(n)),
+        d,
+        0.1,
+    )
 
 
 def test_a_chain_needs_a_result_per_boundary_and_the_start_plan_is_proven_without_solver() -> None:
@@ -105,8 +112,9 @@ def test_without_tightening_there_is_no_receipt_bound() -> None:
     assert plan.cut_bytes == 30 and plan.status is SolveStatus.OPTIMAL
 
 
-def separation(problem: StageProblem, lo: tuple[int, ...], hi: tuple[int, ...], s: int,
-               sink_set: set[int]) -> int:  # fmt: skip
+def separation(
+    problem: StageProblem, lo: tuple[int, ...], hi: tuple[int, ...], s: int, sink_set: set[int]
+) -> int:
     """sep(s, X) of `stage_receipts`, from networkx on the whole graph."""
     graph = nx.DiGraph()
     for i in range(len(problem.names)):
@@ -135,8 +143,11 @@ def oracle(problem: StageProblem, lo: tuple[int, ...], hi: tuple[int, ...], s: i
     held = sum(problem.compute[i] for i in fixed)
     if held >= floor:
         return together
-    candidates = [j for j in range(len(lo))
-                  if lo[j] <= s <= hi[j] and j not in fixed and problem.compute[j] > 0]  # fmt: skip
+    candidates = [
+        j
+        for j in range(len(lo))
+        if lo[j] <= s <= hi[j] and j not in fixed and problem.compute[j] > 0
+    ]
     for cut, j in sorted((separation(problem, lo, hi, s, fixed | {j}), j) for j in candidates):
         held += problem.compute[j]
         if held >= floor:

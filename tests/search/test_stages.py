@@ -134,10 +134,13 @@ def test_plan_json_is_versioned(plan, tmp_path: Path) -> None:  # type: ignore[n
     assert set(doc["schedules"]) == {"1f1b", "gpipe"}
 
 
-@pytest.mark.parametrize(("file", "stages", "epsilon"),
-                         [("unet_tiny.hlo", 4, 0.2), ("moe_tiny.hlo", 2, 0.1), ("dnabert_tiny.hlo", 2, 0.1)])  # fmt: skip
-def test_zoo_plans_keep_the_flow_and_beat_every_balanced_baseline(file: str, stages: int,
-                                                                  epsilon: float) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("file", "stages", "epsilon"),
+    [("unet_tiny.hlo", 4, 0.2), ("moe_tiny.hlo", 2, 0.1), ("dnabert_tiny.hlo", 2, 0.1)],
+)
+def test_zoo_plans_keep_the_flow_and_beat_every_balanced_baseline(
+    file: str, stages: int, epsilon: float
+) -> None:
     module = parse_file(EXAMPLES / file)
     request = PipelineRequest(stages, epsilon, 4, load_cluster("m8"), SolveOptions(time_limit_s=60))
     plan = plan_pipeline(module, request)
@@ -236,7 +239,10 @@ def test_two_objectives_are_refused_with_the_candidates() -> None:
     from rhino.hlo.parser import parse_module
 
     module = parse_module(TWO_OBJECTIVES, "<two>")
-    with pytest.raises(RhinoError, match=r"2 scalars are equally likely \(%l[12], %l[12]\); "
-                       "name it with --loss"):  # fmt: skip
+    with pytest.raises(
+        RhinoError,
+        match=r"2 scalars are equally likely \(%l[12], %l[12]\); "
+        "name it with --loss",
+    ):
         split_step(module)
     assert split_step(module, "l2").loss == "l2"

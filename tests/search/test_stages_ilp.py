@@ -61,8 +61,14 @@ def sparse_problem(seed: int, n: int = 9, d: int = 3, eps: float = 0.4) -> Stage
         consumers.append(tuple(sorted(r.sample(later, min(len(later), r.choice([1, 1, 1, 2, 3]))))))
     compute = [float(r.choice([0, 0, 1, 3, 5])) for _ in range(n)]
     compute[-1] = compute[-1] or 1.0
-    return StageProblem(tuple(f"v{i}" for i in range(n)), tuple(compute),
-                        tuple(r.randint(1, 100) for _ in range(n)), tuple(consumers), d, eps)  # fmt: skip
+    return StageProblem(
+        tuple(f"v{i}" for i in range(n)),
+        tuple(compute),
+        tuple(r.randint(1, 100) for _ in range(n)),
+        tuple(consumers),
+        d,
+        eps,
+    )
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -83,8 +89,14 @@ def test_reduction_keeps_the_optimum_and_expands_to_equal_cut(seed: int) -> None
 
 def test_reduction_folds_a_zero_compute_chain() -> None:
     # w (a weight, no compute) -> t (a transpose, no compute) -> dot -> loss
-    problem = StageProblem(("w", "t", "dot", "loss"), (0.0, 0.0, 4.0, 1.0), (16, 16, 8, 4),
-                           ((1,), (2,), (3,), ()), 2, 1.0)  # fmt: skip
+    problem = StageProblem(
+        ("w", "t", "dot", "loss"),
+        (0.0, 0.0, 4.0, 1.0),
+        (16, 16, 8, 4),
+        ((1,), (2,), (3,), ()),
+        2,
+        1.0,
+    )
     reduction = reduce_stages(problem)
     assert reduction.problem.names == ("dot", "loss")
     assert reduction.node_of == (0, 0, 0, 1)
@@ -107,8 +119,10 @@ def test_tightened_windows_hold_every_balanced_plan(seed: int) -> None:
 def test_closure_sums_are_the_ancestors_and_descendants_compute(seed: int) -> None:
     r = random.Random(seed)
     n = 60
-    consumers = [sorted(r.sample(range(i + 1, n), min(n - i - 1, r.choice([0, 1, 1, 2, 4]))))
-                 for i in range(n)]  # fmt: skip
+    consumers = [
+        sorted(r.sample(range(i + 1, n), min(n - i - 1, r.choice([0, 1, 1, 2, 4]))))
+        for i in range(n)
+    ]
     compute = np.array([r.choice([0.0, 0.5, 1.0, 3.0]) for _ in range(n)])
     graph = nx.DiGraph()
     graph.add_nodes_from(range(n))
@@ -123,8 +137,14 @@ def test_closure_sums_are_the_ancestors_and_descendants_compute(seed: int) -> No
 
 def test_bytes_are_counted_once_per_receiving_stage() -> None:
     # a -> b, a -> c with b, c on stage 1: a's 100 bytes are sent once; d on stage 2 again
-    problem = StageProblem(("a", "b", "c", "d"), (1.0, 1.0, 1.0, 1.0), (100, 1, 1, 1),
-                           ((1, 2, 3), (), (3,), ()), 3, 2.0)  # fmt: skip
+    problem = StageProblem(
+        ("a", "b", "c", "d"),
+        (1.0, 1.0, 1.0, 1.0),
+        (100, 1, 1, 1),
+        ((1, 2, 3), (), (3,), ()),
+        3,
+        2.0,
+    )
     assert problem.evaluate((0, 1, 1, 2)).cut_bytes == 100 + 100 + 1
     assert problem.evaluate((0, 1, 1, 1)).cut_bytes == 100
 
@@ -142,8 +162,9 @@ def test_evaluate_refuses_a_backward_edge_and_an_unbalanced_stage() -> None:
 def test_a_nearly_empty_stage_is_below_the_floor() -> None:
     # a chain of 3 units over 3 stages, epsilon 0.5: a stage holds 0.5 to 1.5 units; the
     # only split under the cap leaves 0.4 on the last stage
-    problem = StageProblem(("a", "b", "c", "d"), (0.8, 0.6, 1.2, 0.4), (8, 8, 8, 8),
-                           ((1,), (2,), (3,), ()), 3, 0.5)  # fmt: skip
+    problem = StageProblem(
+        ("a", "b", "c", "d"), (0.8, 0.6, 1.2, 0.4), (8, 8, 8, 8), ((1,), (2,), (3,), ()), 3, 0.5
+    )
     with pytest.raises(InfeasibleError, match=r"stage 2 computes .* < .*\(1 - epsilon 0.5"):
         problem.evaluate((0, 0, 1, 2))
     assert problem.measure((0, 0, 1, 2)).imbalance == pytest.approx(0.6)
@@ -212,8 +233,14 @@ def test_late_order_is_topological_and_its_dp_beats_no_split_of_it(seed: int) ->
 def test_late_order_moves_a_side_branch_down_to_its_reader() -> None:
     # v0 (a side input, first in the program) is read only by v3, at the end of a chain:
     # it moves after x, to the level of y (the other operand of its reader)
-    problem = StageProblem(("side", "x", "y", "loss"), (0.0, 1.0, 1.0, 1.0), (1, 1, 1, 1),
-                           ((3,), (2,), (3,), ()), 2, 1.0)  # fmt: skip
+    problem = StageProblem(
+        ("side", "x", "y", "loss"),
+        (0.0, 1.0, 1.0, 1.0),
+        (1, 1, 1, 1),
+        ((3,), (2,), (3,), ()),
+        2,
+        1.0,
+    )
     assert late_order(problem) == (1, 0, 2, 3)
 
 

@@ -121,25 +121,52 @@ entries:
     ("text", "expected"),
     [
         ("models: [a.hlo\n", "s.yaml:2:1: not valid YAML: expected ',' or ']'"),
-        ("models: [a.hlo]\nmeshes: [1x2]\nmodles: [b]\n", "s.yaml:3:1: key 'modles': unknown key; expected one of models, meshes"),
+        (
+            "models: [a.hlo]\nmeshes: [1x2]\nmodles: [b]\n",
+            "s.yaml:3:1: key 'modles': unknown key; expected one of models, meshes",
+        ),
         ("models: [a.hlo]\n", "s.yaml:1:1: key 'meshes': missing"),
         ("models: [a.hlo]\nmeshes: []\n", "s.yaml:2:9: key 'meshes': empty list"),
         ("models: [a.hlo]\nmeshes: [1x2, 1x0]\n", "s.yaml:2:15: key 'meshes[1]': mesh '1x0'"),
-        ('models: ["models/*.nope"]\nmeshes: [2]\n', "s.yaml:1:10: key 'models[0]': 'models/*.nope' matches no file"),
-        ("models: [{a: 1}]\nmeshes: [2]\n", "s.yaml:1:10: key 'models[0]': expected a string, got a mapping"),
-        ("models: [a.hlo]\nmeshes: [2]\nlevels: [O9]\n", "s.yaml:3:10: key 'levels[0]': level 'O9' is not available"),
-        ("models: [a.hlo]\nmeshes: [2]\nclusters: [m9]\n", "s.yaml:3:12: key 'clusters[0]': cluster 'm9': not a file"),
-        ("models: [a.hlo]\nmeshes: [2]\nmemory: [null, 3 parsecs]\n", "s.yaml:3:16: key 'memory[1]': expected a number like"),
-        ("models: [a.hlo]\nmeshes: [2]\ntime_limit: 0\n", "s.yaml:3:13: key 'time_limit': expected seconds greater than 0, got 0"),
+        (
+            'models: ["models/*.nope"]\nmeshes: [2]\n',
+            "s.yaml:1:10: key 'models[0]': 'models/*.nope' matches no file",
+        ),
+        (
+            "models: [{a: 1}]\nmeshes: [2]\n",
+            "s.yaml:1:10: key 'models[0]': expected a string, got a mapping",
+        ),
+        (
+            "models: [a.hlo]\nmeshes: [2]\nlevels: [O9]\n",
+            "s.yaml:3:10: key 'levels[0]': level 'O9' is not available",
+        ),
+        (
+            "models: [a.hlo]\nmeshes: [2]\nclusters: [m9]\n",
+            "s.yaml:3:12: key 'clusters[0]': cluster 'm9': not a file",
+        ),
+        (
+            "models: [a.hlo]\nmeshes: [2]\nmemory: [null, 3 parsecs]\n",
+            "s.yaml:3:16: key 'memory[1]': expected a number like",
+        ),
+        (
+            "models: [a.hlo]\nmeshes: [2]\ntime_limit: 0\n",
+            "s.yaml:3:13: key 'time_limit': expected seconds greater than 0, got 0",
+        ),
         ("entries:\n  - {mesh: 2}\n", "s.yaml:2:5: key 'entries[0].model': missing"),
-        ("entries:\n  - {model: a.hlo}\n", "s.yaml:2:5: key 'entries[0].mesh': missing (and no top-level `meshes`)"),
-        ("entries:\n  - {model: a.hlo, mesh: 2, threads: 0}\n", "s.yaml:2:38: key 'entries[0].threads': expected a positive integer"),
+        (
+            "entries:\n  - {model: a.hlo}\n",
+            "s.yaml:2:5: key 'entries[0].mesh': missing (and no top-level `meshes`)",
+        ),
+        (
+            "entries:\n  - {model: a.hlo, mesh: 2, threads: 0}\n",
+            "s.yaml:2:38: key 'entries[0].threads': expected a positive integer",
+        ),
         ("meshes: [2]\nmeshes: [4]\n", "s.yaml:2:1: key 'meshes': given twice"),
         ("meshes: [2]\n", "s.yaml:1:1: top level: no entries"),
         ("- 1\n", "s.yaml:1:1: top level: expected a mapping"),
         ("# nothing\n", "s.yaml: empty sweep file"),
     ],
-)  # fmt: skip
+)
 def test_bad_sweep_files_name_file_line_col_and_key(models: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_sweep(write(models / "s.yaml", text).name)
@@ -232,14 +259,40 @@ def test_an_internal_error_is_reported_in_its_row(
 
 
 ROWS = [
-    SweepRow("a.hlo", "1x2", "O3", "m8", "device", 32 * GiB, "ok", "", 1.5, 1.0, 0.5, 1e6, 0.25,
-             "optimal", 0.0, 44, 0),
+    SweepRow(
+        "a.hlo",
+        "1x2",
+        "O3",
+        "m8",
+        "device",
+        32 * GiB,
+        "ok",
+        "",
+        1.5,
+        1.0,
+        0.5,
+        1e6,
+        0.25,
+        "optimal",
+        0.0,
+        44,
+        0,
+    ),
     SweepRow("b.hlo", "2x4", "O3", "m8", "1KiB", 1024.0, "error", 'no plan fits, "quoted"\nline 2'),
-]  # fmt: skip
+]
 
 
 def test_csv_and_json_have_the_same_stable_columns(tmp_path: Path) -> None:
-    assert COLUMNS[:8] == ("model", "mesh", "level", "cluster", "memory", "budget_bytes", "status", "message")  # fmt: skip
+    assert COLUMNS[:8] == (
+        "model",
+        "mesh",
+        "level",
+        "cluster",
+        "memory",
+        "budget_bytes",
+        "status",
+        "message",
+    )
     write_rows(ROWS, tmp_path / "r.csv")
     table = list(csv.DictReader(io.StringIO((tmp_path / "r.csv").read_text())))
     assert tuple(table[0]) == COLUMNS

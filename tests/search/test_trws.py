@@ -17,10 +17,11 @@ from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem
 
 def merged(costs: list[list[float]], edges: list[tuple[int, int, np.ndarray]]) -> groups.Groups:
     nodes = tuple(
-        ProblemNode(str(v), tuple(map(str, range(len(c)))), np.array(c, dtype=np.float64),
-                    np.zeros(len(c)))
+        ProblemNode(
+            str(v), tuple(map(str, range(len(c)))), np.array(c, dtype=np.float64), np.zeros(len(c))
+        )
         for v, c in enumerate(costs)
-    )  # fmt: skip
+    )
     problem = ShardingProblem(nodes, tuple(ProblemEdge(u, v, m) for u, v, m in edges))
     return dataclasses.replace(groups.merge(local.build(problem)), limit=math.inf)
 
@@ -35,8 +36,10 @@ def test_passing_is_exact_on_a_chain(seed: int) -> None:
     n = 6
     sizes = rng.integers(2, 4, n)
     costs = [rng.integers(0, 50, k).astype(float).tolist() for k in sizes]
-    edges = [(v, v + 1, rng.integers(0, 50, (sizes[v], sizes[v + 1])).astype(float))
-             for v in range(n - 1)]  # fmt: skip
+    edges = [
+        (v, v + 1, rng.integers(0, 50, (sizes[v], sizes[v + 1])).astype(float))
+        for v in range(n - 1)
+    ]
     edges[0][2][0, 0] = np.inf  # a forbidden pair
     gr = merged(costs, edges)
     passing = trws.MessagePassing(gr, np.zeros(gr.size, dtype=np.int64))

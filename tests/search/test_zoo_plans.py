@@ -108,8 +108,13 @@ def test_small_moe_shards_its_expert_dim() -> None:
     # leads with the expert dim: [E, G, C, F], [E, G, C, D], [E, D, F], [E, F, D]
     # (the gate's gradient [E, D] does not count: it sums over every token)
     insts = {i.name: i for i in inline_calls(module).instructions()}
-    expert_dots = [i for i in plan.instructions if i.opcode == "dot"
-                   and insts[i.name].shape.rank >= 3 and insts[i.name].shape.dims[0] == cfg.experts]  # fmt: skip
+    expert_dots = [
+        i
+        for i in plan.instructions
+        if i.opcode == "dot"
+        and insts[i.name].shape.rank >= 3
+        and insts[i.name].shape.dims[0] == cfg.experts
+    ]
     assert len(expert_dots) == 6
     for dot in expert_dots:
         assert all(op.shape.dims[0] == cfg.experts for op in insts[dot.name].operands)
