@@ -142,6 +142,9 @@ def main() -> int:
     cmp = sub.add_parser("compare", help="Compare two records; exit 1 on any difference.")
     cmp.add_argument("before", type=Path)
     cmp.add_argument("after", type=Path)
+    cmp.add_argument(
+        "--only", help="Comma-separated model names: compare these (default: every model)."
+    )
     args = parser.parse_args()
     if args.command == "record":
         rows = {}
@@ -174,6 +177,10 @@ def main() -> int:
         f"before {before['revision']} ({before.get('source', '?')}), "
         f"after {after['revision']} ({after.get('source', '?')})"
     )
+    if args.only:
+        names = set(args.only.split(","))
+        for record in (before, after):
+            record["models"] = {k: v for k, v in record["models"].items() if k in names}
     found = differences(before["models"], after["models"])
     for name in sorted(set(before["models"]) | set(after["models"])):
         mine = [d for d in found if d.startswith(f"{name}.")]
