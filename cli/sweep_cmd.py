@@ -30,7 +30,7 @@ from rhino.cli.common import (
     stderr,
     stdout,
 )
-from rhino.search.sweep import (
+from rhino.runtime.sweep import (
     SweepEntry,
     SweepRow,
     load_sweep,

@@ -33,7 +33,11 @@ JAX_SURFACE = (
     "tests/test_zoo.py",
     "tests/test_gpu_check.py",
 )
-NOT_JAX_SURFACE = ("tests/runtime/test_zoo_runs.py", "tests/runtime/test_hand_plans.py")
+NOT_JAX_SURFACE = (
+    "tests/runtime/test_zoo_runs.py",
+    "tests/runtime/test_hand_plans.py",
+    "tests/runtime/test_sweep.py",  # plans only: no jax
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

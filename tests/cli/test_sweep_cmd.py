@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from rhino.cli.main import cli
-from rhino.search.sweep import COLUMNS
+from rhino.runtime.sweep import COLUMNS
 from tests.hlo.corpus import ROOT
 
 MLP_STEP = ROOT / "tests" / "data" / "mlp_step.hlo"

@@ -401,7 +401,7 @@ def run_sweep(
         return rows  # type: ignore[return-value]
     pool = ProcessPoolExecutor(
         max_workers=min(jobs, len(entries)),
-        mp_context=worker_context("rhino.search.sweep"),
+        mp_context=worker_context("rhino.runtime.sweep"),
         initializer=ignore_interrupts,
     )
     try:

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from rhino.hlo.errors import ConfigError, InfeasibleError
-from rhino.search import sweep as sweep_module
-from rhino.search.cluster import load_cluster
-from rhino.search.sweep import (
+from rhino.runtime import sweep as sweep_module
+from rhino.runtime.sweep import (
     COLUMNS,
     SWEEP_SCHEMA,
     SweepEntry,
@@ -25,6 +24,7 @@ from rhino.search.sweep import (
     run_sweep,
     write_rows,
 )
+from rhino.search.cluster import load_cluster
 from tests.hlo.corpus import ROOT
 
 MLP_STEP = ROOT / "tests" / "data" / "mlp_step.hlo"
