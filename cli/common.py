@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console, ConsoleDimensions
 
+from rhino.cli import flags
 from rhino.hlo.errors import ConfigError, HloParseError, RhinoError
 from rhino.runtime import xla_bridge
 from rhino.search.spmd.plan import LEVELS, jsonable
@@ -108,7 +109,7 @@ def handle_errors(fn: F) -> F:
             if debug:
                 raise
             # plain text, never wrapped: paths and carets must stay intact
-            text = e.shown() if isinstance(e, ConfigError) else str(e)
+            text = flags.shown(e)
             message = text if isinstance(e, HloParseError) else f"error: {text}"
             click.echo(message, err=True)
             sys.exit(e.exit_code)

@@ -30,7 +30,7 @@ from rhino.search.cluster import load_cluster, parse_quantity
 from rhino.search.mesh import DeviceMesh, parse_mesh
 from rhino.search.problem import SolveOptions
 from rhino.search.spmd.meshsearch import MeshTrial, plan_best_mesh
-from rhino.search.spmd.pins import check_pins, pins_from_flags, read_pins_file
+from rhino.search.spmd.pins import check_pins, pin_from_text, read_pins_file
 from rhino.search.spmd.plan import Plan, mesh_use
 from rhino.search.spmd.planner import PlanRequest, make_plan
 from rhino.search.units import format_bytes, format_seconds
@@ -152,9 +152,9 @@ def plan_command(
     mesh = parse_mesh(mesh_text) if mesh_text is not None else DeviceMesh((devices or 1,))
     clus = load_cluster(cluster)
     budget = None if no_memory_limit else _budget(memory, clus.memory_bytes)
-    given = (read_pins_file(pins_file, mesh.ndim) if pins_file else []) + pins_from_flags(
-        pins, mesh.ndim
-    )
+    given = (read_pins_file(pins_file, mesh.ndim) if pins_file else []) + [
+        pin_from_text(text, mesh.ndim, f"--pin {text}") for text in pins
+    ]
     chosen = {p.name: p for p in given}  # a --pin wins over the file's pin of the same name
     request = PlanRequest(
         mesh,

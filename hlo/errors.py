@@ -59,19 +59,13 @@ class ConfigError(RhinoError):
     """A bad configuration file, option value or YAML document.
 
     `option`: the request's parameter at fault (e.g. "stages"); the message then starts
-    with it ("stages 0: need at least 1 stage"), and the CLI shows it as its flag
-    ("--stages 0: ..."). The library never names a flag itself."""
+    with it ("stages 0: need at least 1 stage"). The library never names a flag: a hint
+    names a parameter in backquotes ("raise `epsilon`"), and the CLI shows both as their
+    flags (`rhino.cli.flags`)."""
 
     def __init__(self, message: str, option: str | None = None) -> None:
         super().__init__(message)
         self.option = option
-
-    def shown(self) -> str:
-        """The message as the CLI shows it: the parameter as its flag."""
-        text = str(self)
-        if self.option is not None and text.startswith(self.option):
-            return f"--{self.option.replace('_', '-')}{text[len(self.option) :]}"
-        return text
 
 
 class InfeasibleError(RhinoError):

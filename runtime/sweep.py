@@ -472,7 +472,7 @@ def output_format(path: str | os.PathLike[str]) -> str:
     """ "csv" or "json", from the file's extension; ConfigError for anything else."""
     suffix = Path(path).suffix.lower()
     if suffix not in (".csv", ".json"):
-        raise ConfigError(f"--out {os.fspath(path)}: expected a .csv or .json file name")
+        raise ConfigError(f"out {os.fspath(path)}: expected a .csv or .json file name", "out")
     return suffix[1:]
 
 
@@ -500,4 +500,4 @@ def write_rows(rows: Sequence[SweepRow], path: str | os.PathLike[str]) -> None:
     try:
         Path(path).write_text(text, encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"--out {os.fspath(path)}: cannot write: {e.strerror}") from None
+        raise ConfigError(f"out {os.fspath(path)}: cannot write: {e.strerror}", "out") from None

@@ -249,7 +249,7 @@ def _first_devices(platform: str | None, count: int, *, local: bool) -> tuple[An
             else "more visible devices"
         )
         raise ExecutionError(
-            f"need {count} devices, have {len(found)} on {name} (set --devices / {hint})"
+            f"need {count} devices, have {len(found)} on {name} (set `devices` / {hint})"
         )
     return tuple(found[:count])
 

@@ -27,18 +27,16 @@ class Pin:
     spec: ShardingSpec
     """The layout, one token per mesh axis."""
     where: str
-    """Where it was given, to start error messages: `--pin w1=RS1`, `pins.yaml:3:1: key 'w1'`."""
+    """Where it was given, to start error messages: `--pin w1=RS1`,
+    `pins.yaml:3:1: key 'w1'`."""
 
 
-def pins_from_flags(flags: Iterable[str], ndim: int) -> list[Pin]:
-    """The pins of `--pin NAME=SPEC` flags (a leading % on the name is allowed)."""
-    out = []
-    for text in flags:
-        name, sep, spec = text.partition("=")
-        if not sep or not name:
-            raise ConfigError(f"pin {text!r}: expected NAME=SPEC, e.g. w1=RS1", "pin")
-        out.append(Pin(name.lstrip("%"), parse_spec(spec, ndim), f"--pin {text}"))
-    return out
+def pin_from_text(text: str, ndim: int, where: str) -> Pin:
+    """The pin `NAME=SPEC` (a leading % on the name is allowed), given at `where`."""
+    name, sep, spec = text.partition("=")
+    if not sep or not name:
+        raise ConfigError(f"pin {text!r}: expected NAME=SPEC, e.g. w1=RS1", "pin")
+    return Pin(name.lstrip("%"), parse_spec(spec, ndim), where)
 
 
 def read_pins_file(path: str, ndim: int) -> list[Pin]:

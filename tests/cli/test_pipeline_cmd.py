@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from rhino.cli import flags
 from rhino.cli.main import cli
 from tests.hlo.corpus import ROOT
 
@@ -196,6 +197,6 @@ def test_library_errors_name_the_parameter_and_the_cli_its_flag() -> None:
     assert (
         str(caught.value) == "stages 0: need at least 1 stage" and caught.value.option == "stages"
     )
-    assert caught.value.shown() == "--stages 0: need at least 1 stage"
+    assert flags.shown(caught.value) == "--stages 0: need at least 1 stage"
     r = invoke("pipeline", MLP, "--stages", "0")
     assert r.exit_code == 2 and "error: --stages 0: need at least 1 stage" in r.output

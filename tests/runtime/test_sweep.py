@@ -308,5 +308,6 @@ def test_csv_and_json_have_the_same_stable_columns(tmp_path: Path) -> None:
 
 def test_out_must_be_csv_or_json() -> None:
     assert output_format("x/results.csv") == "csv"
-    with pytest.raises(ConfigError, match=r"--out results.txt: expected a .csv or .json"):
+    with pytest.raises(ConfigError, match=r"^out results.txt: expected a .csv or .json") as e:
         output_format("results.txt")
+    assert e.value.option == "out"  # the CLI shows it as --out (tests/cli/test_sweep_cmd.py)
