@@ -251,7 +251,7 @@ ROUNDS_SHARE = {"small": 0.5, "large": 1.0}
 """The Lagrangian rounds' (`rhino.search.iopddl.lagrange`) share of the time after the rounds with
 message passing; on a large problem a group search from their plan has what they leave (they
 stop early when the limit does not bind), as a large problem's windows on single nodes
-found little (and one of C's, started 1.4 s before the deadline, ended 3.7 s past it)."""
+find little and a late one can end well past the deadline."""
 ILP_SHARE = 0.6
 """On a small problem, the whole-problem solve's share of the time after the group
 search."""
@@ -350,10 +350,10 @@ class _Helper:
     the search takes it. The process is forked, so the groups are not copied up front;
     its standard output (toulbar2 writes there) goes nowhere.
 
-    On IOPDDL R, whose plans without the limit hold 14.7 times it, these rounds alone
-    reach 4.37e11 in 113 s where the rounds with the group search reach 5.48e11 (the best
-    known: 3.72e11); on K, N, S and T they alone do worse (few rounds fit: a solve takes
-    10 s and more there), so they run beside the search, not in its place."""
+    Where the plans without the limit hold many times it, these rounds alone find
+    cheaper plans than the rounds with the group search; where a solve takes long, few
+    rounds fit and they alone do worse (`scripts/bench_iopddl.py`), so they run beside
+    the search, not in its place."""
 
     def __init__(self, merged: groups.Groups, y: np.ndarray, options: SolveOptions) -> None:
         self.merged = merged

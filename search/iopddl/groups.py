@@ -61,8 +61,8 @@ WINDOW_PAIRS = 20_000
 WHOLE_GROUPS = 1_000
 WHOLE_PAIRS = 300_000
 """A merged problem of at most WHOLE_GROUPS groups (each within WINDOW_MAX_STRATEGIES)
-and this many pairs of strategies on its edges is solved whole once, as one window
-(IOPDDL B: 2 s to the best known cost; D's 13929 groups: 4.6 s a solve)."""
+and this many pairs of strategies on its edges is solved whole once, as one window (a
+few seconds a solve at these sizes: `scripts/bench_iopddl.py`)."""
 WHOLE_TIME_S = 60.0
 """The whole problem's solve at most (half the time left at most)."""
 WINDOW_MAX_STRATEGIES = 128

@@ -28,15 +28,14 @@ message passing give no such bound; toulbar2 (`relax="wcsp"`) does (`Best.bound`
 
 With `relax="passing"`, each relaxed problem (the first, unpriced, too) is first solved by
 message passing (`rhino.search.iopddl.trws`, its messages kept from round to round) and the
-group search starts from its plan: the local search alone stops far from the relaxed
-optimum (IOPDDL M with no limit: 9.6e10 after 25 s; message passing and the search from
-its plan: 4.8e10, below the best plan that fits, 5.0e10), while on U, whose unlimited
-plans hold 3.7 times the limit, the rounds from the local search's plans did better
-(3.8e9 against 5.3e9 in 60 s): `rhino.search.iopddl` runs both, one after the other.
-Where message passing decodes no plan cheaper than its start on the first relaxed
-problem, the rounds with it end there: on IOPDDL N (no tied nodes) it never did, in any
-round, and its rounds took 21 s from the rounds without it, which found a cheaper plan
-in 6 of 11 rounds; on K, M and V it gains at once. With `relax="wcsp"`, toulbar2
+group search starts from its plan: on some problems the local search alone stops far
+from the relaxed optimum and message passing's plan is the better start, on others (where
+the unlimited plans hold several times the limit) the rounds from the local search's
+plans do better, so `rhino.search.iopddl` runs both, one after the other. Where message
+passing decodes no plan cheaper than its start on the first relaxed problem, the rounds
+with it end there: on a problem without tied nodes it may never gain, and its rounds
+would only take time from the rounds without it. `scripts/bench_iopddl.py` measures
+each on the IOPDDL problems. With `relax="wcsp"`, toulbar2
 (`rhino.search.iopddl.wcsp`) solves each relaxed problem in its place, in rounds of
 `wcsp.ROUND_S` and more (`rhino.search.iopddl` runs them in a helper process beside the
 others).

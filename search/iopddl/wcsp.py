@@ -9,11 +9,11 @@ Model (a cost function network, integer costs)
     binary (a, b)    round(C_ab[k, l] / scale)
     minimize         the sum
 
-On IOPDDL R (62k nodes; its plans without the limit hold 14.7 times the limit) it
-reaches 2.86e11 in 20 s where the group search stops at 3.49e11; the best plan that fits
-costs 3.72e11. Its preprocessing alone takes 5-7 s there, so a solve is worth its time
-only where a round has ten seconds or more: `rhino.search.iopddl.lagrange` runs it in rounds of
-`ROUND_S`, on the second core (`rhino.search.iopddl`).
+On the large IOPDDL problems whose plans without the limit hold many times the limit it
+reaches cheaper relaxed plans than the group search (`scripts/bench_iopddl.py`). Its
+preprocessing alone takes seconds there, so a solve is worth its time only in long
+rounds: `rhino.search.iopddl.lagrange` runs it in rounds of `ROUND_S`, on the second
+core (`rhino.search.iopddl`).
 
 `Wcsp` has `MessagePassing`'s interface (`y`, `reprice`, `run`, `gained`), so the
 Lagrangian rounds take either. toulbar2 writes to the process's stdout; it runs in a

@@ -39,8 +39,8 @@ WINDOW_NODES = 300
 WINDOW_TIME_S = 2.0
 """Time limit of one window's solve."""
 FIRST_WINDOW_S = 0.5
-"""What a window is taken to last before one has been timed (A's first window, started
-0.3 s before the deadline, ended 1.7 s past it)."""
+"""What a window is taken to last before one has been timed (a first window started
+just before the deadline would otherwise end well past it)."""
 WINDOW_MAX_STRATEGIES = 128
 """Nodes with more strategies stay out of windows (their edges' pair variables would
 make one window's LP as large as a whole problem); single moves still change them."""
