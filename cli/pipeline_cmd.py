@@ -25,6 +25,7 @@ from rhino.hlo.verify import verify
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
 from rhino.search.pipeline import EPSILON, PipelinePlan, PipelineRequest, plan_pipeline
+from rhino.search.pipeline.ilp import StageSolveStats
 from rhino.search.problem import SolveOptions
 from rhino.search.units import format_bytes, format_seconds
 
@@ -224,12 +225,12 @@ def compare(
     stdout.print(table)
 
 
-def _solved(solver: dict[str, float]) -> str:
+def _solved(solver: StageSolveStats) -> str:
     """How the ILP ran: its size, or that the stages' least receipts proved the start."""
-    least = format_bytes(solver.get("receipt_bound", 0.0))
-    if solver.get("variables", 0) == 0 and solver.get("receipt_bound", 0) > 0:
+    least = format_bytes(float(solver.receipt_bound))
+    if not solver.ran_cpsat and solver.receipt_bound > 0:
         return f"the start plan meets the stages' least receipts ({least}): no ILP run"
-    return f"{int(solver.get('variables', 0))} variables, least receipts {least}"
+    return f"{solver.variables} variables, least receipts {least}"
 
 
 def render(file: str, plan: PipelinePlan, *, widened: bool = False) -> None:
@@ -257,17 +258,16 @@ def render(file: str, plan: PipelinePlan, *, widened: bool = False) -> None:
         f"(epsilon {plan.epsilon:g}{note})",
     )
     for name, sched in plan.schedules.items():
-        peaks = sched["peak_activation_bytes"]
-        assert isinstance(peaks, list)
+        peaks = sched.peak_activation_bytes
         t.add_row(
             f"step ({name})",
-            f"{format_seconds(float(str(sched['step_s'])))}, bubble "
-            f"{float(str(sched['simulated_bubble_fraction'])):.1%} simulated ((p-1)/(m+p-1) "
-            f"= {float(str(sched['bubble_fraction'])):.1%} with equal stages and free sends), "
+            f"{format_seconds(sched.step_s)}, bubble "
+            f"{sched.simulated_bubble_fraction:.1%} simulated ((p-1)/(m+p-1) "
+            f"= {sched.bubble_fraction:.1%} with equal stages and free sends), "
             f"peak activations {format_bytes(max(peaks, default=0))} "
             f"(stage {peaks.index(max(peaks))})",
         )
-    steps = {name: float(str(sched["step_s"])) for name, sched in plan.schedules.items()}
+    steps = {name: sched.step_s for name, sched in plan.schedules.items()}
     if steps.get("1f1b", 0.0) > 1.05 * steps.get("gpipe", float("inf")):
         t.add_row(
             "",
@@ -279,9 +279,9 @@ def render(file: str, plan: PipelinePlan, *, widened: bool = False) -> None:
     solver = plan.solver
     t.add_row(
         "search",
-        f"{plan.search_time_s:.2f} s; {int(solver.get('nodes', 0))} forward instructions, "
-        f"{int(solver.get('reduced_nodes', 0))} after exact reductions, "
-        f"{int(solver.get('fixed', 0))} of them fixed by bound tightening "
+        f"{plan.search_time_s:.2f} s; {solver.nodes} forward instructions, "
+        f"{solver.reduced_nodes} after exact reductions, "
+        f"{solver.fixed} of them fixed by bound tightening "
         f"({'on' if plan.tightening else 'off'}), {_solved(solver)}",
     )
     out.print(t)
@@ -293,12 +293,11 @@ def render(file: str, plan: PipelinePlan, *, widened: bool = False) -> None:
         base.add_column(col)
     base.add_row("rhino (ILP)", format_bytes(plan.cut_bytes), f"{plan.imbalance:.1%}", "yes")
     for b in plan.baselines:
-        cut, imb = b["cut_bytes"], b["imbalance"]
         base.add_row(
-            str(b["name"]),
-            "-" if cut is None else format_bytes(float(str(cut))),
-            "-" if imb is None else f"{float(str(imb)):.1%}",
-            "yes" if b["within_balance"] else "no",
+            b.name,
+            "-" if b.cut_bytes is None else format_bytes(b.cut_bytes),
+            "-" if b.imbalance is None else f"{b.imbalance:.1%}",
+            "yes" if b.within_balance else "no",
         )
     out.print(base)
 

@@ -179,16 +179,15 @@ def write_dot(plan: PipelinePlan, module: Module, path: str) -> None:
     """The ENTRY computation as DOT: node colour = stage, node shape = role; free
     instructions (recomputed wherever read) are left out."""
     lines = [f'digraph "{plan.module}" {{', "  node [style=filled, fontsize=10];"]
-    kept = {str(i["name"]) for i in plan.instructions if not i["free"]}
+    kept = {i.name for i in plan.instructions if not i.free}
     for info in plan.instructions:
-        name = str(info["name"])
-        if name not in kept:
+        if info.name not in kept:
             continue
-        colour = STAGE_COLOURS[int(str(info["stage"])) % len(STAGE_COLOURS)]
-        shape = ROLE_SHAPES.get(str(info["role"]), "box")
+        colour = STAGE_COLOURS[info.stage % len(STAGE_COLOURS)]
+        shape = ROLE_SHAPES.get(info.role.value, "box")
         lines.append(
-            f'  "{name}" [fillcolor="{colour}", shape={shape}, '
-            f'tooltip="{info["opcode"]} stage {info["stage"]}"];'
+            f'  "{info.name}" [fillcolor="{colour}", shape={shape}, '
+            f'tooltip="{info.opcode} stage {info.stage}"];'
         )
     for inst in module.entry.instructions:
         for op in dict.fromkeys(inst.operands):

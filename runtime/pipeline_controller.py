@@ -128,11 +128,11 @@ def _stage_plan(
         plan = plan_pipeline(
             module, PipelineRequest(stages, None, m, request.cluster, request.solve)
         )
-        return StagePlan.from_json(plan.to_json()), plan.epsilon
+        return StagePlan.of(plan), plan.epsilon
     while True:
         wanted = PipelineRequest(stages, epsilon, m, request.cluster, request.solve)
         try:
-            return StagePlan.from_json(plan_pipeline(module, wanted).to_json()), epsilon
+            return StagePlan.of(plan_pipeline(module, wanted)), epsilon
         except InfeasibleError:
             if epsilon >= MAX_EPSILON:
                 raise

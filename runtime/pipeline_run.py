@@ -638,7 +638,7 @@ def _report(
             "formula": (p - 1) / (m + p - 1),
         },
         predicted_step_s={
-            "plan": float(plan.schedules.get(table.name, {}).get("step_s", 0.0)),
+            "plan": plan.schedules[table.name].step_s if table.name in plan.schedules else 0.0,
             "simulated": simulated.step_s,
             "measured": median.seconds,
         },

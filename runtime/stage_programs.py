@@ -53,7 +53,7 @@ from rhino.runtime.pipeline_microbatch import (
     flat_step,
     input_groups,
 )
-from rhino.search.pipeline import PLAN_FORMAT, PLAN_VERSION
+from rhino.search.pipeline import PipelinePlan, ScheduleReport, is_stage_plan_doc
 from rhino.search.pipeline.split import Role, StepSplit, split_step, state_scalars
 
 KINDS = ("F", "B", "U")
@@ -85,7 +85,7 @@ class StagePlan:
     """ENTRY instruction name -> stage."""
     sent_bytes: dict[tuple[int, int], int]
     """(from, to) -> bytes per step the plan predicts."""
-    schedules: dict[str, dict[str, Any]]
+    schedules: dict[str, ScheduleReport]
     """Schedule name -> the plan's predicted step, bubble and peak activations."""
     mesh: tuple[int, ...] | None = None
     """Hybrid: the mesh the plan was made for (stages on axis 0), or None."""
@@ -93,43 +93,28 @@ class StagePlan:
     """The loss the plan found or was given (`rhino pipeline --loss`)."""
 
     @staticmethod
+    def of(plan: PipelinePlan) -> StagePlan:
+        """What the runtime reads of `plan`."""
+        return StagePlan(
+            module=plan.module,
+            stages=plan.stages,
+            microbatches=plan.microbatches,
+            stage={i.name: i.stage for i in plan.instructions},
+            sent_bytes={
+                (r.stage, int(t)): b for r in plan.stage_reports for t, b in r.sent_bytes.items()
+            },
+            schedules=dict(plan.schedules),
+            mesh=tuple(plan.mesh) if plan.mesh else None,
+            loss=plan.loss or None,
+        )
+
+    @staticmethod
     def from_json(doc: Any, where: str = "the stage plan") -> StagePlan:
-        if not is_stage_plan_doc(doc):
-            raise ConfigError(
-                f"{where} is not a stage plan (schema {PLAN_FORMAT}/..., from "
-                "`rhino pipeline --out`)"
-            )
-        version = _stage_plan_version(doc)
-        if version != PLAN_VERSION:
-            raise ConfigError(
-                f"{where} has version {version!r}; this rhino reads version {PLAN_VERSION}"
-            )
-        try:
-            sent = {
-                (int(r["stage"]), int(t)): int(b)
-                for r in doc["stage_reports"]
-                for t, b in r["sent_bytes"].items()
-            }
-            return StagePlan(
-                module=str(doc["module"]),
-                stages=int(doc["stages"]),
-                microbatches=int(doc["microbatches"]),
-                stage={str(i["name"]): int(i["stage"]) for i in doc["instructions"]},
-                sent_bytes=sent,
-                schedules=dict(doc["schedules"]),
-                mesh=tuple(int(n) for n in doc["mesh"]) if doc.get("mesh") else None,
-                loss=str(doc["loss"]) if doc.get("loss") else None,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"{where} is malformed: {type(exc).__name__} {exc}") from None
+        return StagePlan.of(PipelinePlan.from_json(doc, where))
 
     @staticmethod
     def read(path: str | Path) -> StagePlan:
-        try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read the stage plan {path}: {exc}") from None
-        return StagePlan.from_json(doc, str(path))
+        return StagePlan.of(PipelinePlan.read(path))
 
 
 def is_stage_plan(path: str | Path) -> bool:
@@ -140,25 +125,6 @@ def is_stage_plan(path: str | Path) -> bool:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return False
     return is_stage_plan_doc(doc)
-
-
-def is_stage_plan_doc(doc: Any) -> bool:
-    """`{"schema": "rhino.pipeline/<version>", ...}`, or the older `{"format":
-    "rhino.pipeline", "version": <version>, ...}` of stage plans written before."""
-    if not isinstance(doc, dict):
-        return False
-    schema = doc.get("schema")
-    return (isinstance(schema, str) and schema.startswith(f"{PLAN_FORMAT}/")) or doc.get(
-        "format"
-    ) == PLAN_FORMAT
-
-
-def _stage_plan_version(doc: dict[str, Any]) -> object:
-    schema = doc.get("schema")
-    if isinstance(schema, str):
-        number = schema.partition("/")[2]
-        return int(number) if number.isdigit() else number
-    return doc.get("version")
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def run(name: str, d: int, epsilon: float, time_limit: float) -> dict[str, Any]:
     tight, tight_s = _timed(problem, options, True, hint.stage if hint else None)
     loose, loose_s = _timed(problem, options, False, hint.stage if hint else None)
     gc.unfreeze()
-    base = {b["name"]: b for b in plan.baselines}
+    base = {b.name: b.to_json() for b in plan.baselines}
     return {
         "model": name,
         "forward_instructions": len(graph.names),
@@ -146,8 +146,8 @@ def run(name: str, d: int, epsilon: float, time_limit: float) -> dict[str, Any]:
             "wall_s": wall,
             "ilp_s": tight_s,
             "ilp_cut_bytes": tight.cut_bytes,
-            "reduced_nodes": plan.solver["reduced_nodes"],
-            "fixed": plan.solver["fixed"],
+            "reduced_nodes": plan.solver.reduced_nodes,
+            "fixed": plan.solver.fixed,
         },
         "no_tightening": {
             "cut_bytes": loose.cut_bytes,
@@ -155,7 +155,7 @@ def run(name: str, d: int, epsilon: float, time_limit: float) -> dict[str, Any]:
             "gap": loose.gap,
             "ilp_s": loose_s,
         },
-        "step_1f1b_s": plan.schedules["1f1b"]["step_s"],
+        "step_1f1b_s": plan.schedules["1f1b"].step_s,
     }
 
 

@@ -67,7 +67,7 @@ def stage_plan(path: Path, stages: int, microbatches: int) -> tuple[StagePlan, f
             SolveOptions(time_limit_s=20, threads=1, work_limit=5.0),
         )
         try:
-            return StagePlan.from_json(plan_pipeline(module, request).to_json()), epsilon
+            return StagePlan.of(plan_pipeline(module, request)), epsilon
         except InfeasibleError:
             if epsilon >= 2.0:
                 raise

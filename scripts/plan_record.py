@@ -53,6 +53,19 @@ def _digest(items: list[Any]) -> str:
     return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _step_s(schedule: Any) -> float:
+    """A stage plan's schedule: a `ScheduleReport`, or a dict in a tree from before it."""
+    return float(schedule["step_s"] if isinstance(schedule, dict) else schedule.step_s)
+
+
+def _stage_of(inst: Any) -> tuple[str, int]:
+    """(name, stage) of a stage plan's instruction: an `InstructionStage`, or a dict in a
+    tree from before it."""
+    if isinstance(inst, dict):
+        return str(inst["name"]), int(inst["stage"])
+    return inst.name, inst.stage
+
+
 def record_model(path: Path, time_limit_s: float) -> dict[str, Any]:
     from rhino.hlo.parser import parse_file
     from rhino.search.cluster import load_cluster
@@ -96,10 +109,8 @@ def record_model(path: Path, time_limit_s: float) -> dict[str, Any]:
                 "cut_bytes": staged.cut_bytes,
                 "imbalance": staged.imbalance,
                 "epsilon": staged.epsilon,
-                "steps_s": {n: s["step_s"] for n, s in staged.schedules.items()},
-                "stages": _digest(
-                    sorted((str(i["name"]), int(str(i["stage"]))) for i in staged.instructions)
-                ),
+                "steps_s": {n: _step_s(s) for n, s in staged.schedules.items()},
+                "stages": _digest(sorted(_stage_of(i) for i in staged.instructions)),
             }
         except Exception as e:
             found[key] = {"error": f"{type(e).__name__}: {e}"}

@@ -28,15 +28,22 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rhino.hlo.errors import ConfigError, InfeasibleError
 from rhino.hlo.ir import Module
 from rhino.search.cluster import Cluster, Link
 from rhino.search.pipeline.baselines import Baseline, best_split, best_split_late, equal_count
-from rhino.search.pipeline.ilp import StageAssignment, solve_stages
+from rhino.search.pipeline.ilp import StageAssignment, StageSolveStats, solve_stages
 from rhino.search.pipeline.problem import StageProblem
+from rhino.search.pipeline.report import (
+    BaselineReport,
+    InstructionStage,
+    ScheduleReport,
+    StageReport,
+)
 from rhino.search.pipeline.schedule import StageTimes, Timeline, simulate
 from rhino.search.pipeline.split import (
     Role,
@@ -77,33 +84,6 @@ class PipelineRequest:
 
 
 @dataclass(frozen=True)
-class StageReport:
-    stage: int
-    forward_s: float
-    """Compute of the whole batch's forward on this stage (seconds)."""
-    backward_s: float
-    update_s: float
-    instructions: dict[str, int]
-    """Instructions per role on this stage."""
-    parameter_bytes: int
-    """Weights on this stage."""
-    optimizer_bytes: int
-    """Optimizer state on this stage (moments, step count)."""
-    activation_bytes: float
-    """Bytes one micro-batch's stored forward activations take (read by the backward)."""
-    peak_activation_bytes: dict[str, float]
-    """Schedule -> most activation bytes held at once."""
-    sent_bytes: dict[str, int]
-    """Bytes per step this stage sends to each other stage ("2": to stage 2)."""
-    sent_forward_bytes: int
-    """Bytes per step of forward tensors sent to later stages: the ILP's cut, and any a
-    backward instruction on a later stage reads that no forward one there does."""
-    sent_backward_bytes: int
-    """Bytes per step sent to earlier stages (gradients, and activations a backward
-    instruction reads on another stage)."""
-
-
-@dataclass(frozen=True)
 class PipelinePlan:
     """The stage plan: what `rhino pipeline --out` writes and the runtime executes."""
 
@@ -129,12 +109,13 @@ class PipelinePlan:
     """Forward compute of the stage farthest from the average, relative to the average."""
     tightening: bool
     search_time_s: float
-    solver: dict[str, float]
-    stage_reports: list[StageReport]
-    schedules: dict[str, dict[str, object]]
-    baselines: list[dict[str, object]]
-    instructions: list[dict[str, object]]
-    """Every ENTRY instruction: name, opcode, role, stage, free (recomputed wherever read)."""
+    solver: StageSolveStats
+    stage_reports: tuple[StageReport, ...]
+    schedules: dict[str, ScheduleReport]
+    """"1f1b" and "gpipe", simulated."""
+    baselines: tuple[BaselineReport, ...]
+    instructions: tuple[InstructionStage, ...]
+    """Every ENTRY instruction, in program order."""
     timelines: dict[str, Timeline] = field(default_factory=dict, compare=False)
     mesh: list[int] | None = None
     """Hybrid: the mesh whose axis 0 the stages are (see `PipelineRequest.mesh`)."""
@@ -142,9 +123,84 @@ class PipelinePlan:
     def to_json(self) -> dict[str, object]:
         """The stage plan file: `{"schema": "rhino.pipeline/1", ...}`, the convention of
         every rhino JSON document."""
-        doc = asdict(self)
-        doc.pop("timelines")
-        return {"schema": f"{doc.pop('format')}/{doc.pop('version')}", **doc}
+        return {
+            "schema": f"{self.format}/{self.version}",
+            "module": self.module,
+            "stages": self.stages,
+            "epsilon": self.epsilon,
+            "microbatches": self.microbatches,
+            "cluster": self.cluster,
+            "loss": self.loss,
+            "forward_share": self.forward_share,
+            "cut_bytes": self.cut_bytes,
+            "bound_bytes": self.bound_bytes,
+            "gap": self.gap,
+            "status": self.status,
+            "method": self.method,
+            "imbalance": self.imbalance,
+            "tightening": self.tightening,
+            "search_time_s": self.search_time_s,
+            "solver": self.solver.to_json(),
+            "stage_reports": [r.to_json() for r in self.stage_reports],
+            "schedules": {name: s.to_json() for name, s in self.schedules.items()},
+            "baselines": [b.to_json() for b in self.baselines],
+            "instructions": [i.to_json() for i in self.instructions],
+            "mesh": None if self.mesh is None else list(self.mesh),
+        }
+
+    @staticmethod
+    def from_json(doc: Any, where: str = "the stage plan") -> PipelinePlan:
+        """The plan `to_json` wrote (or one with the older `"format": "rhino.pipeline",
+        "version": 1` keys, or without keys version 1 gained later: `report.ADDED_IN_VERSION_1`).
+        The plan's timelines are not in the file: they read empty."""
+        if not is_stage_plan_doc(doc):
+            raise ConfigError(
+                f"{where} is not a stage plan (schema {PLAN_FORMAT}/..., from "
+                "`rhino pipeline --out`)"
+            )
+        version = _plan_version(doc)
+        if version != PLAN_VERSION:
+            raise ConfigError(
+                f"{where} has version {version!r}; this rhino reads version {PLAN_VERSION}"
+            )
+        try:
+            return PipelinePlan(
+                format=PLAN_FORMAT,
+                version=PLAN_VERSION,
+                module=str(doc["module"]),
+                stages=int(doc["stages"]),
+                epsilon=float(doc["epsilon"]),
+                microbatches=int(doc["microbatches"]),
+                cluster=str(doc["cluster"]),
+                loss=str(doc.get("loss") or ""),
+                forward_share=float(doc.get("forward_share", math.nan)),
+                cut_bytes=int(doc["cut_bytes"]),
+                bound_bytes=float(doc["bound_bytes"]),
+                gap=float(doc["gap"]),
+                status=str(doc["status"]),
+                method=str(doc["method"]),
+                imbalance=float(doc["imbalance"]),
+                tightening=bool(doc["tightening"]),
+                search_time_s=float(doc["search_time_s"]),
+                solver=StageSolveStats.from_json(doc["solver"]),
+                stage_reports=tuple(StageReport.from_json(r) for r in doc["stage_reports"]),
+                schedules={
+                    str(name): ScheduleReport.from_json(s) for name, s in doc["schedules"].items()
+                },
+                baselines=tuple(BaselineReport.from_json(b) for b in doc["baselines"]),
+                instructions=tuple(InstructionStage.from_json(i) for i in doc["instructions"]),
+                mesh=[int(n) for n in doc["mesh"]] if doc.get("mesh") else None,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"{where} is malformed: {type(exc).__name__} {exc}") from None
+
+    @staticmethod
+    def read(path: str | Path) -> PipelinePlan:
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read the stage plan {path}: {exc}") from None
+        return PipelinePlan.from_json(doc, str(path))
 
     def text(self) -> str:
         """The stage plan file's text (what `write` writes)."""
@@ -152,6 +208,25 @@ class PipelinePlan:
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(self.text(), encoding="utf-8")
+
+
+def is_stage_plan_doc(doc: object) -> bool:
+    """`{"schema": "rhino.pipeline/<version>", ...}`, or the older `{"format":
+    "rhino.pipeline", "version": <version>, ...}` of stage plans written before."""
+    if not isinstance(doc, dict):
+        return False
+    schema = doc.get("schema")
+    return (isinstance(schema, str) and schema.startswith(f"{PLAN_FORMAT}/")) or doc.get(
+        "format"
+    ) == PLAN_FORMAT
+
+
+def _plan_version(doc: dict[str, Any]) -> object:
+    schema = doc.get("schema")
+    if isinstance(schema, str):
+        number = schema.partition("/")[2]
+        return int(number) if number.isdigit() else number
+    return doc.get("version")
 
 
 def check_request(request: PipelineRequest, forward_instructions: int) -> None:
@@ -277,15 +352,15 @@ def _report(
     timelines = {name: simulate(name, times, m) for name in ("1f1b", "gpipe")}
     reports = _stage_reports(split, stage, request.cluster, traffic, times, timelines, d)
     evaluation = problem.evaluate(found.stage)
-    schedules: dict[str, dict[str, object]] = {
-        name: {
-            "step_s": t.step_s,
-            "bubble_fraction": (d - 1) / (m + d - 1),
-            "simulated_bubble_fraction": 1.0 - t.busy_fraction,
-            "busy_fraction": t.busy_fraction,
-            "peak_microbatches": list(t.peak_microbatches),
-            "peak_activation_bytes": list(t.peak_activation_bytes),
-        }
+    schedules = {
+        name: ScheduleReport(
+            step_s=t.step_s,
+            bubble_fraction=(d - 1) / (m + d - 1),
+            simulated_bubble_fraction=1.0 - t.busy_fraction,
+            busy_fraction=t.busy_fraction,
+            peak_microbatches=t.peak_microbatches,
+            peak_activation_bytes=t.peak_activation_bytes,
+        )
         for name, t in timelines.items()
     }
     return PipelinePlan(
@@ -306,33 +381,33 @@ def _report(
         imbalance=evaluation.imbalance,
         tightening=request.tightening,
         search_time_s=search_s,
-        solver=dict(found.stats),
-        stage_reports=reports,
+        solver=found.stats,
+        stage_reports=tuple(reports),
         schedules=schedules,
-        baselines=[_baseline_doc(b) for b in baselines],
-        instructions=[
-            {
-                "name": inst.name,
-                "opcode": inst.opcode_text,
-                "role": split.roles[k].value,
-                "stage": stage[k],
-                "free": inst.name in split.free,
-            }
+        baselines=tuple(_baseline_report(b) for b in baselines),
+        instructions=tuple(
+            InstructionStage(
+                name=inst.name,
+                opcode=inst.opcode_text,
+                role=split.roles[k],
+                stage=stage[k],
+                free=inst.name in split.free,
+            )
             for k, inst in enumerate(split.order)
-        ],
+        ),
         timelines=timelines,
         mesh=list(request.mesh) if request.mesh else None,
     )
 
 
-def _baseline_doc(b: Baseline) -> dict[str, object]:
+def _baseline_report(b: Baseline) -> BaselineReport:
     e = b.evaluation
-    return {
-        "name": b.name,
-        "cut_bytes": e.cut_bytes if e else None,
-        "imbalance": e.imbalance if e else None,
-        "within_balance": b.within,
-    }
+    return BaselineReport(
+        name=b.name,
+        cut_bytes=e.cut_bytes if e else None,
+        imbalance=e.imbalance if e else None,
+        within_balance=b.within,
+    )
 
 
 @dataclass

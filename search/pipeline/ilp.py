@@ -55,11 +55,13 @@ than the sum, it is optimal and CP-SAT does not run (the 24- and 72-layer GPTs i
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -108,6 +110,67 @@ BALANCE_UNITS = 2.0**30
 
 
 @dataclass(frozen=True)
+class StageSolveStats:
+    """The sizes and times of one `solve_stages`."""
+
+    nodes: int
+    """Forward instructions of the problem."""
+    reduced_nodes: int
+    """Instructions left by the exact reduction (`reduce`)."""
+    fixed: int
+    """Of those, how many bound tightening fixed to one stage."""
+    window_choices: int
+    """Stage choices left in the windows (`Windows.choices`)."""
+    receipt_bound: int
+    """Sum of the stages' least receipts: a lower bound on the cut (0 without tightening)."""
+    tighten_s: float
+    """Seconds of the reduction, the tightening and the receipts."""
+    variables: int = 0
+    """Of the CP-SAT model; 0 when the start plan met `receipt_bound` and CP-SAT did not
+    run."""
+    constraints: int = 0
+    build_s: float = 0.0
+    """Seconds building the model and its hint."""
+    cpsat_s: float = 0.0
+    """CP-SAT's wall time."""
+
+    @property
+    def ran_cpsat(self) -> bool:
+        return self.variables > 0
+
+    def to_json(self) -> dict[str, float]:
+        """Every number as a float, in the order the search records them (a CP-SAT run
+        records its build time before the model's size), as version 1 writes them."""
+        head = {
+            "nodes": float(self.nodes),
+            "reduced_nodes": float(self.reduced_nodes),
+            "fixed": float(self.fixed),
+            "window_choices": float(self.window_choices),
+            "receipt_bound": float(self.receipt_bound),
+            "tighten_s": self.tighten_s,
+        }
+        size = {"variables": float(self.variables), "constraints": float(self.constraints)}
+        if self.ran_cpsat:
+            return {**head, "build_s": self.build_s, **size, "cpsat_s": self.cpsat_s}
+        return {**head, **size, "build_s": self.build_s, "cpsat_s": self.cpsat_s}
+
+    @staticmethod
+    def from_json(doc: dict[str, Any]) -> StageSolveStats:
+        return StageSolveStats(
+            nodes=int(doc["nodes"]),
+            reduced_nodes=int(doc["reduced_nodes"]),
+            fixed=int(doc["fixed"]),
+            window_choices=int(doc["window_choices"]),
+            receipt_bound=int(doc["receipt_bound"]),
+            tighten_s=float(doc["tighten_s"]),
+            variables=int(doc["variables"]),
+            constraints=int(doc["constraints"]),
+            build_s=float(doc["build_s"]),
+            cpsat_s=float(doc["cpsat_s"]),
+        )
+
+
+@dataclass(frozen=True)
 class StageAssignment:
     """A stage per instruction, with how it was found."""
 
@@ -120,7 +183,7 @@ class StageAssignment:
     method: str
     """"ilp", or "hint" when the start plan was not beaten (then it is the answer)."""
     solve_time_s: float
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: StageSolveStats
 
     @property
     def gap(self) -> float:
@@ -281,23 +344,22 @@ def solve_stages(
     tightened_s = time.perf_counter() - start
     first = _restricted_hint(reduction, hint)  # (plan, cut bytes) on the reduced problem
     least = sum(receipts)
-    stats = {
-        "nodes": float(len(problem.names)),
-        "reduced_nodes": float(len(work.names)),
-        "fixed": float(windows.fixed),
-        "window_choices": float(windows.choices),
-        "receipt_bound": float(least),
-        "tighten_s": tightened_s,
-    }
+    stats = StageSolveStats(
+        nodes=len(problem.names),
+        reduced_nodes=len(work.names),
+        fixed=windows.fixed,
+        window_choices=windows.choices,
+        receipt_bound=least,
+        tighten_s=tightened_s,
+    )
     if first is not None and first[1] <= least:
         proven = reduction.expand(first[0])
         cut = problem.evaluate(proven).cut_bytes
-        stats.update(variables=0.0, constraints=0.0, build_s=0.0, cpsat_s=0.0)
         return StageAssignment(
             proven, cut, float(cut), SolveStatus.OPTIMAL, "hint", time.perf_counter() - start, stats
         )
     model, y, received = _build(work, windows, receipts)
-    stats["build_s"] = time.perf_counter() - start - tightened_s
+    build_s = time.perf_counter() - start - tightened_s
     if first is not None:
         _add_hint(model, y, received, work, first[0])
     solver = cpsat_solver(options, options.time_limit_s)
@@ -307,9 +369,11 @@ def solve_stages(
     for name, value in CORE_PARAMETERS.items():
         setattr(solver.parameters, name, value)
     status = solver.solve(model)
-    stats.update(
-        variables=float(len(model.proto.variables)),
-        constraints=float(len(model.proto.constraints)),
+    stats = dataclasses.replace(
+        stats,
+        variables=len(model.proto.variables),
+        constraints=len(model.proto.constraints),
+        build_s=build_s,
         cpsat_s=solver.wall_time,
     )
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)

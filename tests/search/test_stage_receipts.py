@@ -78,7 +78,8 @@ def test_a_chain_needs_a_result_per_boundary_and_the_start_plan_is_proven_withou
     plan = solve_stages(problem, OPTIONS, hint=start)
     assert (plan.stage, plan.cut_bytes, plan.bound) == (start, 30, 30.0)
     assert plan.status is SolveStatus.OPTIMAL and plan.method == "hint"
-    assert plan.stats["cpsat_s"] == 0.0 and plan.stats["receipt_bound"] == 30.0
+    assert plan.stats.cpsat_s == 0.0 and plan.stats.receipt_bound == 30
+    assert not plan.stats.ran_cpsat
 
 
 def test_two_streams_are_cut_together_on_the_stage_that_merges_them() -> None:
@@ -108,7 +109,7 @@ def test_where_the_bound_is_below_the_optimum_the_solver_closes_the_gap() -> Non
 def test_without_tightening_there_is_no_receipt_bound() -> None:
     problem = chain(12, 4)
     plan = solve_stages(problem, OPTIONS, tightening=False, hint=tuple(i // 3 for i in range(12)))
-    assert plan.stats["receipt_bound"] == 0.0
+    assert plan.stats.receipt_bound == 0 and plan.stats.ran_cpsat
     assert plan.cut_bytes == 30 and plan.status is SolveStatus.OPTIMAL
 
 

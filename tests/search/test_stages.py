@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
-from rhino.hlo.errors import RhinoError
+from rhino.hlo.errors import ConfigError, RhinoError
 from rhino.hlo.ir import Module
 from rhino.hlo.opcode import Opcode
 from rhino.hlo.parser import parse_file
 from rhino.search.cluster import load_cluster
-from rhino.search.pipeline import PLAN_FORMAT, PLAN_VERSION, PipelineRequest, plan_pipeline
+from rhino.search.pipeline import (
+    PLAN_FORMAT,
+    PLAN_VERSION,
+    PipelinePlan,
+    PipelineRequest,
+    plan_pipeline,
+)
 from rhino.search.pipeline.problem import StageProblem
+from rhino.search.pipeline.report import ADDED_IN_VERSION_1
 from rhino.search.pipeline.split import Role, forward_graph, split_step
 from rhino.search.problem import SolveOptions
 from tests.hlo.corpus import ROOT
@@ -79,40 +87,40 @@ def plan(gpt: Module):  # type: ignore[no-untyped-def]
 
 
 def test_every_entry_instruction_has_a_stage_and_role(gpt: Module, plan) -> None:  # type: ignore[no-untyped-def]
-    names = [i["name"] for i in plan.instructions]
+    names = [i.name for i in plan.instructions]
     assert sorted(names) == sorted(i.name for i in gpt.entry.instructions)
-    assert all(0 <= int(i["stage"]) < 4 for i in plan.instructions)
-    assert {i["role"] for i in plan.instructions} == {r.value for r in Role}
+    assert all(0 <= i.stage < 4 for i in plan.instructions)
+    assert {i.role for i in plan.instructions} == set(Role)
 
 
 def test_mirrored_plan_sends_forward_up_and_gradients_down(gpt: Module, plan) -> None:  # type: ignore[no-untyped-def]
-    info = {i["name"]: i for i in plan.instructions}
+    info = {i.name: i for i in plan.instructions}
     split = split_step(gpt)
     for inst in gpt.entry.instructions:
         me = info[inst.name]
         for op in inst.operands:
             src = info[op.name]
-            if src["free"]:
+            if src.free:
                 continue
-            if me["role"] == src["role"] == "forward":
-                assert me["stage"] >= src["stage"]
-            if me["role"] == src["role"] == "backward":
-                assert me["stage"] <= src["stage"], (op.name, inst.name)
-            if me["role"] == "update" and op.name in split.weights:
-                assert me["stage"] == src["stage"]  # the update runs where the weight lives
+            if me.role is src.role is Role.FORWARD:
+                assert me.stage >= src.stage
+            if me.role is src.role is Role.BACKWARD:
+                assert me.stage <= src.stage, (op.name, inst.name)
+            if me.role is Role.UPDATE and op.name in split.weights:
+                assert me.stage == src.stage  # the update runs where the weight lives
 
 
 def test_reported_cut_is_the_forward_stages_evaluated_again(gpt: Module, plan) -> None:  # type: ignore[no-untyped-def]
     graph = forward_graph(split_step(gpt), dict(load_cluster("m8").flops))
     problem = StageProblem(graph.names, graph.compute, graph.bytes, graph.consumers, 4, 0.1)
-    stage = {i["name"]: i["stage"] for i in plan.instructions}
+    stage = {i.name: i.stage for i in plan.instructions}
     found = problem.evaluate(tuple(stage[n] for n in graph.names))
     assert found.cut_bytes == plan.cut_bytes
     assert found.imbalance == pytest.approx(plan.imbalance)
     assert plan.imbalance <= 0.1 + 1e-9
     for b in plan.baselines:
-        if b["within_balance"]:
-            assert plan.cut_bytes <= b["cut_bytes"]
+        if b.within_balance:
+            assert b.cut_bytes is not None and plan.cut_bytes <= b.cut_bytes
 
 
 def test_stage_reports_add_up(gpt: Module, plan) -> None:  # type: ignore[no-untyped-def]
@@ -134,6 +142,48 @@ def test_plan_json_is_versioned(plan, tmp_path: Path) -> None:  # type: ignore[n
     assert set(doc["schedules"]) == {"1f1b", "gpipe"}
 
 
+def test_a_stage_plan_file_reads_back_as_the_plan(plan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "stages.json"
+    plan.write(path)
+    read = PipelinePlan.read(path)
+    assert read == plan and read.timelines == {}  # the timelines are not in the file
+    assert read.text() == plan.text()  # the same keys, values and order
+    assert isinstance(read.instructions[0].role, Role) and read.solver == plan.solver
+
+
+def test_a_stage_plan_of_version_1_from_before_its_later_keys_still_reads(plan) -> None:  # type: ignore[no-untyped-def]
+    doc = plan.to_json()
+    old = {"format": PLAN_FORMAT, "version": 1}
+    old |= {k: v for k, v in doc.items() if k not in ("schema", *ADDED_IN_VERSION_1)}
+    old["schedules"] = {
+        name: {k: v for k, v in s.items() if k not in ADDED_IN_VERSION_1}
+        for name, s in doc["schedules"].items()
+    }
+    read = PipelinePlan.from_json(old)
+    assert read.mesh is None and read.loss == "" and math.isnan(read.forward_share)
+    for name, schedule in read.schedules.items():
+        assert schedule == plan.schedules[name]  # its simulated bubble is 1 - busy
+    assert read.instructions == plan.instructions and read.stage_reports == plan.stage_reports
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda doc: {"schema": "rhino.plan/1"}, "is not a stage plan"),
+        (
+            lambda doc: {**doc, "schema": "rhino.pipeline/2"},
+            "has version 2; this rhino reads version 1",
+        ),
+        (lambda doc: {**doc, "stage_reports": [{}]}, "is malformed: KeyError 'stage'"),
+        (lambda doc: {**doc, "instructions": [{**doc["instructions"][0], "role": "x"}]}, "'x'"),
+    ],
+)
+def test_what_is_not_a_stage_plan_of_this_version_is_refused(plan, change, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match="stages.json") as caught:
+        PipelinePlan.from_json(change(plan.to_json()), "stages.json")
+    assert message in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("file", "stages", "epsilon"),
     [("unet_tiny.hlo", 4, 0.2), ("moe_tiny.hlo", 2, 0.1), ("dnabert_tiny.hlo", 2, 0.1)],
@@ -144,18 +194,18 @@ def test_zoo_plans_keep_the_flow_and_beat_every_balanced_baseline(
     module = parse_file(EXAMPLES / file)
     request = PipelineRequest(stages, epsilon, 4, load_cluster("m8"), SolveOptions(time_limit_s=60))
     plan = plan_pipeline(module, request)
-    info = {i["name"]: i for i in plan.instructions}
+    info = {i.name: i for i in plan.instructions}
     for inst in module.entry.instructions:
         for op in inst.operands:
             src, me = info[op.name], info[inst.name]
-            if not src["free"] and src["role"] == me["role"] == "forward":
-                assert me["stage"] >= src["stage"]
-            if not src["free"] and src["role"] == me["role"] == "backward":
-                assert me["stage"] <= src["stage"]
+            if not src.free and src.role is me.role is Role.FORWARD:
+                assert me.stage >= src.stage
+            if not src.free and src.role is me.role is Role.BACKWARD:
+                assert me.stage <= src.stage
     assert plan.imbalance <= epsilon + 1e-9
     for b in plan.baselines:
-        if b["within_balance"]:
-            assert plan.cut_bytes <= b["cut_bytes"]
+        if b.within_balance:
+            assert b.cut_bytes is not None and plan.cut_bytes <= b.cut_bytes
 
 
 def test_residual_unet_plan_cuts_less_than_either_topological_split() -> None:
@@ -169,10 +219,11 @@ def test_residual_unet_plan_cuts_less_than_either_topological_split() -> None:
     request = PipelineRequest(4, 0.1, 4, load_cluster("m8"), SolveOptions(time_limit_s=60))
     plan = plan_pipeline(module, request)
     assert plan.status == "optimal"
-    splits = {b["name"]: b for b in plan.baselines}
+    splits = {b.name: b for b in plan.baselines}
     for name in ("best_split", "best_split_late"):
-        assert splits[name]["within_balance"]
-        assert plan.cut_bytes < 0.8 * splits[name]["cut_bytes"], (name, splits[name])
+        cut = splits[name].cut_bytes
+        assert splits[name].within_balance and cut is not None
+        assert plan.cut_bytes < 0.8 * cut, (name, splits[name])
 
 
 # -- the loss of real training steps --------------------------------------------------------
