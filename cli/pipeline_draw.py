@@ -1,12 +1,13 @@
-"""Pictures of a pipeline plan: the schedule as a Gantt chart (SVG, or PNG through
-matplotlib when it is installed) and the graph coloured by stage (Graphviz DOT text)."""
+"""Pictures of a pipeline plan: the schedule as a Gantt chart (one matplotlib figure,
+written as SVG or PNG) and the graph coloured by stage (Graphviz DOT text)."""
 
 from __future__ import annotations
 
-import importlib.util
+import io
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from xml.sax.saxutils import escape
+from typing import TYPE_CHECKING
 
 from rhino.cli.common import save_output
 from rhino.hlo.errors import ConfigError
@@ -14,6 +15,10 @@ from rhino.hlo.ir import Module
 from rhino.search.pipeline import PipelinePlan
 from rhino.search.pipeline.schedule import Timeline
 from rhino.search.units import format_seconds
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 STAGE_COLOURS = (
     "#4e79a7",
@@ -39,85 +44,122 @@ ROLE_SHAPES = {
 
 def check_picture_path(path: str) -> None:
     """Refuse, before any work, a picture rhino cannot write."""
-    suffix = Path(path).suffix.lower()
-    if suffix == ".svg":
-        return
-    if suffix == ".png":
-        if importlib.util.find_spec("matplotlib") is None:
-            raise ConfigError(
-                f"--gantt {path}: writing PNG needs matplotlib, which is not "
-                "installed (pip install 'rhino[png]' or matplotlib), or write .svg instead"
-            )
-        return
-    raise ConfigError(f"--gantt {path}: expected a .svg or .png file name")
-
-
-def write_gantt(timeline: Timeline, path: str, title: str) -> None:
-    """Stages top to bottom, time left to right; F, B and the update U per micro-batch."""
-    if Path(path).suffix.lower() == ".png":
-        _gantt_png(timeline, path, title)
-    else:
-        save_output(path, gantt_svg(timeline, title), "schedule picture")
+    if Path(path).suffix.lower() not in (".svg", ".png"):
+        raise ConfigError(f"--gantt {path}: expected a .svg or .png file name")
 
 
 KIND_NAMES = {"F": "forward", "B": "backward", "U": "update"}
+FIGURE_INCHES = 12.0
+"""The chart's width; its height grows with the stages."""
+AXES = (0.08, 0.97)
+"""The time axis's left and right edge, as fractions of the width."""
+ROW_INCHES = 0.45
+"""The height of one stage's row."""
+ABOVE_INCHES, BELOW_INCHES = 0.45, 0.7
+"""Room for a chart's title and legend, and for its time axis."""
+FONT_SIZE = 9.0
+SVG_SETTINGS = {"svg.hashsalt": "rhino", "svg.fonttype": "none"}
+"""The same chart, the same SVG bytes (matplotlib salts its element ids at random
+otherwise); text kept as text, not as outlines."""
 
 
-def gantt_svg(timeline: Timeline, title: str) -> str:
-    """Stages top to bottom, time left to right, with a legend of the task kinds, each
-    task labelled with its micro-batch (F3: micro-batch 3's forward; the number alone
-    where the box is narrow; every box's tooltip has the times) and a time axis."""
-    stages = len(timeline.peak_microbatches)
-    left, top, row, width = 80, 40, 36, 1000
-    scale = width / timeline.step_s if timeline.step_s > 0 else 0.0
-    height = top + stages * row + 44
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 20}" height="{height}" '
-        'font-family="sans-serif" font-size="12">',
-        f'<text x="{left}" y="20" font-size="14">{escape(title)}</text>',
-    ]
-    key_x = left + width
-    for kind in reversed(KIND_NAMES):  # the legend, right-aligned on the title's line
-        key_x -= 16 + 7 * len(f"{kind} {KIND_NAMES[kind]}") + 14
-        parts.append(
-            f'<rect x="{key_x}" y="9" width="12" height="12" fill="{KIND_COLOURS[kind]}"/>'
-            f'<text x="{key_x + 16}" y="19">{kind} {KIND_NAMES[kind]}</text>'
+def write_gantt(timeline: Timeline, path: str, title: str) -> None:
+    """The chart of `gantt_figure`, as SVG or PNG by `path`'s suffix."""
+    write_charts([(timeline, title)], path, "schedule picture")
+
+
+def write_charts(charts: Sequence[tuple[Timeline, str]], path: str, what: str) -> None:
+    """`gantt_figure(charts)` as SVG or PNG by `path`'s suffix: `what` names the picture
+    in an error."""
+    import matplotlib
+
+    with matplotlib.rc_context(SVG_SETTINGS):
+        figure = gantt_figure(charts)
+        if Path(path).suffix.lower() == ".png":
+            figure.savefig(path, format="png", dpi=100)
+        else:
+            text = io.StringIO()
+            figure.savefig(text, format="svg", metadata={"Date": None})
+            save_output(path, text.getvalue(), what)
+
+
+def gantt_figure(charts: Sequence[tuple[Timeline, str]]) -> Figure:
+    """One chart per (timeline, title), one above the other on the time scale of the
+    longest step: stages top to bottom, time left to right, with a legend of the task
+    kinds, each task labelled with its micro-batch (F3: micro-batch 3's forward; the
+    number alone where the bar is narrow, nothing where it is narrower) and a time axis
+    from 0 in round steps. Each bar's id names its task ("stage 1 F3")."""
+    from matplotlib.figure import Figure
+
+    span = max((t.step_s for t, _ in charts), default=0.0)
+    heights = [ABOVE_INCHES + ROW_INCHES * _stages(t) + BELOW_INCHES for t, _ in charts]
+    total = sum(heights)
+    figure = Figure(figsize=(FIGURE_INCHES, total))
+    top = total
+    for (timeline, title), height in zip(charts, heights, strict=True):
+        top -= height
+        rows = height - ABOVE_INCHES - BELOW_INCHES
+        ax = figure.add_axes(
+            (AXES[0], (top + BELOW_INCHES) / total, AXES[1] - AXES[0], rows / total)
         )
-    axis_y = top + stages * row
-    for tick in _ticks(timeline.step_s):
-        tx = left + tick * scale
-        parts.append(
-            f'<line x1="{tx:.2f}" y1="{top}" x2="{tx:.2f}" y2="{axis_y + 4}" '
-            'stroke="#ccc" stroke-width="0.5"/>'
-            f'<text x="{tx:.2f}" y="{axis_y + 18}" text-anchor="middle">'
-            f"{format_seconds(tick)}</text>"
-        )
-    for s in range(stages):
-        y = top + s * row
-        parts.append(f'<text x="8" y="{y + row / 2 + 4:.1f}">stage {s}</text>')
+        _draw(ax, timeline, title, span if span > 0 else 1.0)
+    return figure
+
+
+def _stages(timeline: Timeline) -> int:
+    return len(timeline.peak_microbatches)
+
+
+def _draw(ax: Axes, timeline: Timeline, title: str, span: float) -> None:
+    """One chart on `ax`, whose time axis runs from 0 to `span` seconds."""
+    from matplotlib.patches import Patch
+
+    stages = _stages(timeline)
+    points = FIGURE_INCHES * 72 * (AXES[1] - AXES[0]) / span  # points per second
     for e in timeline.events:
-        x, w = left + e.start_s * scale, max(0.5, (e.end_s - e.start_s) * scale)
-        y = top + e.stage * row + 4
         label = "U" if e.kind == "U" else f"{e.kind}{e.microbatch}"
-        parts.append(
-            f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row - 8}" '
-            f'fill="{KIND_COLOURS[e.kind]}" stroke="white" stroke-width="0.5">'
-            f"<title>stage {e.stage} {label}: {format_seconds(e.start_s)} to "
-            f"{format_seconds(e.end_s)}</title></rect>"
+        width = e.end_s - e.start_s
+        ax.barh(
+            e.stage,
+            width,
+            left=e.start_s,
+            height=0.8,
+            color=KIND_COLOURS[e.kind],
+            edgecolor="white",
+            linewidth=0.5,
+            gid=f"stage {e.stage} {label}",
         )
         short = "" if e.kind == "U" else str(e.microbatch)
-        text, size = (label, 12) if w > 7 * len(label) + 4 else (short, 9)
-        if text and w > 6 * len(text) + 1:
-            parts.append(
-                f'<text x="{x + w / 2:.2f}" y="{y + row / 2:.1f}" fill="white" '
-                f'font-size="{size}" text-anchor="middle">{text}</text>'
+        text = label if width * points > 0.6 * FONT_SIZE * len(label) + 3 else short
+        if text and width * points > 0.6 * FONT_SIZE * len(text) + 1:
+            ax.text(
+                e.start_s + width / 2,
+                e.stage,
+                text,
+                color="white",
+                ha="center",
+                va="center",
+                fontsize=FONT_SIZE if text == label else FONT_SIZE - 2,
             )
-    parts.append(
-        f'<text x="{left + width}" y="{axis_y + 34}" text-anchor="end">'
-        f"step {format_seconds(timeline.step_s)}</text>"
+    ax.legend(
+        handles=[Patch(color=KIND_COLOURS[k], label=f"{k} {n}") for k, n in KIND_NAMES.items()],
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+        ncol=3,
+        fontsize=FONT_SIZE,
+        frameon=False,
     )
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    ax.set_title(title, loc="left", fontsize=FONT_SIZE + 2)
+    ticks = _ticks(span)
+    ax.set_xticks(ticks, [format_seconds(t) for t in ticks], fontsize=FONT_SIZE)
+    ax.set_xlim(0, span)
+    ax.grid(axis="x", color="#ccc", linewidth=0.5)
+    ax.set_axisbelow(True)
+    ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)], fontsize=FONT_SIZE)
+    ax.set_ylim(stages - 0.5, -0.5)  # stage 0 on top
+    ax.set_xlabel(f"step {format_seconds(timeline.step_s)}", loc="right", fontsize=FONT_SIZE)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
 
 
 def _ticks(span: float) -> list[float]:
@@ -130,49 +172,6 @@ def _ticks(span: float) -> list[float]:
             step *= factor
             break
     return [k * step for k in range(int(span / step + 1e-9) + 1)]
-
-
-def _gantt_png(timeline: Timeline, path: str, title: str) -> None:
-    import matplotlib  # type: ignore[import-not-found]  # optional: checked before the run
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # type: ignore[import-not-found]
-
-    stages = len(timeline.peak_microbatches)
-    fig, ax = plt.subplots(figsize=(12, 0.6 * stages + 1.2))
-    from matplotlib.patches import Patch  # type: ignore[import-not-found]
-
-    for e in timeline.events:
-        ax.barh(
-            e.stage,
-            (e.end_s - e.start_s) * 1e3,
-            left=e.start_s * 1e3,
-            color=KIND_COLOURS[e.kind],
-            edgecolor="white",
-        )
-        if e.kind != "U" and (e.end_s - e.start_s) > timeline.step_s / 80:
-            ax.text(
-                (e.start_s + e.end_s) / 2 * 1e3,
-                e.stage,
-                str(e.microbatch),
-                color="white",
-                ha="center",
-                va="center",
-                fontsize=7,
-            )
-    ax.legend(
-        handles=[Patch(color=KIND_COLOURS[k], label=f"{k} {n}") for k, n in KIND_NAMES.items()],
-        loc="upper right",
-        ncol=3,
-        fontsize=8,
-    )
-    ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
-    ax.invert_yaxis()
-    ax.set_xlabel("ms")
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def write_dot(plan: PipelinePlan, module: Module, path: str) -> None:

@@ -3,14 +3,12 @@ stage by stage, verified, timed, and set against its prediction."""
 
 from __future__ import annotations
 
-import re
-from dataclasses import replace
 from typing import Any
 
 from rich.table import Table
 
-from rhino.cli.common import emit_json, save_output, stdout
-from rhino.cli.pipeline_draw import gantt_svg
+from rhino.cli.common import emit_json, stdout
+from rhino.cli.pipeline_draw import write_charts
 from rhino.hlo.errors import ConfigError, VerificationFailed
 from rhino.hlo.ir import Module
 from rhino.runtime import xla_bridge as xb
@@ -195,33 +193,14 @@ def _bytes_table(report: PipelineReport) -> Table:
 
 
 def write_timelines(report: PipelineReport, path: str) -> None:
-    """The simulated and the measured timeline as one SVG, one above the other, on the
+    """The simulated and the measured timeline as one picture, one above the other, on the
     same time scale (the Gantt picture of `rhino pipeline --gantt`)."""
-    span = max(report.simulated.step_s, report.measured.step_s)
     title = f"{report.module}: {report.stages} stages, {report.microbatches} micro-batches, "
-    parts = [
-        gantt_svg(
-            replace(report.simulated, step_s=span),
-            title + f"{report.schedule}, simulated on the measured task times",
-        ),
-        gantt_svg(replace(report.measured, step_s=span), title + f"{report.schedule}, measured"),
+    charts = [
+        (report.simulated, title + f"{report.schedule}, simulated on the measured task times"),
+        (report.measured, title + f"{report.schedule}, measured"),
     ]
-    heights = [_size(svg, "height") for svg in parts]
-    width = _size(parts[0], "width")
-    lower = parts[1].replace("<svg ", f'<svg y="{heights[0]}" ', 1)
-    save_output(
-        path,
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{sum(heights)}">\n'
-        f"{parts[0]}{lower}</svg>\n",
-        "timelines picture",
-    )
-
-
-def _size(svg: str, name: str) -> int:
-    """The width or height on an SVG's opening tag."""
-    found = re.search(rf'{name}="(\d+)"', svg)
-    assert found is not None, f"gantt_svg writes the {name} on its <svg> tag"
-    return int(found.group(1))
+    write_charts(charts, path, "timelines picture")
 
 
 def gantt_rows(simulated: Timeline, measured: Timeline, stages: int) -> list[str]:
