@@ -24,7 +24,7 @@ Model
     (receipt)    sum_i b[i] R[i][t] >= least(t)        (with tightening)  for every t
 With B and big-M cut rows the LP relaxation is weak: F[i,j] = (B[j] - B[i]) / M is
 allowed, so a boundary spread over M edges costs 1/M of one (on the 24-layer GPT into 8
-stages CP-SAT's bound was 14% of the optimum after 26 s). With the prefix rows, once bound
+stages CP-SAT's bound stayed far below the optimum). With the prefix rows, once bound
 tightening has pinned the first and the last instructions, every boundary t has to be
 crossed on every path, and the LP bound is 33-100% of the optimum (24-layer GPT: 48 of
 48 MiB on 4 stages, 37 of 112 on 8; encoder-decoder: 38 of 48 on 8; UNet: 62 of 73 on
@@ -75,13 +75,13 @@ from rhino.search.spmd.solver import cpsat_solver
 
 CORE_SEARCH = "core"
 """The one CP-SAT worker the stage ILP runs: the core-based search raises the bound one
-stage's least receipt at a time and starts from the hint. With `CORE_PARAMETERS` (2-core
-machine, same models and hints, 20 s limit): the 24-layer GPT into 8 stages took 1.4 s
-untightened, where CP-SAT's default worker and the deterministic portfolio of 2 workers
-(`interleave_search`) did not prove the optimum in 20 s; tightened 0.19 s (the default
-worker 0.08 s, the portfolio 0.71 s). The T5-large-sized encoder-decoder into 4 stages
-took 1.05 s untightened (the others: not proven in 20 s), 0.08 s tightened (the default
-worker 5.3 s, the portfolio 3.5 s). One worker is deterministic for any --threads."""
+stage's least receipt at a time and starts from the hint. With `CORE_PARAMETERS`, on the
+same models and hints, it proved untightened plans optimal (the 24-layer GPT into 8
+stages, the T5-large-sized encoder-decoder into 4) where CP-SAT's default worker and the
+deterministic portfolio of 2 workers (`interleave_search`) did not within the time limit;
+tightened, it was the fastest of the three on the encoder-decoder and close to the default
+worker on the GPT (`scripts/bench_pipeline.py` times this ILP with and without
+tightening). One worker is deterministic for any --threads."""
 
 CORE_PARAMETERS = {
     "core_minimization_level": 0,
@@ -95,15 +95,13 @@ CORE_PARAMETERS = {
 variables under precedence rows (`y[j][t] <= y[i][t]`), a few balance and receipt rows,
 and a complete hint: CP-SAT's root-level work on it costs more than the search.
 - `transitive_precedences_work_limit` 0: CP-SAT closes the precedence pairs transitively
-  at the root; a third of its time went there (perf: `Linear2Indices::AddOrGet`,
-  `RootLevelLinear2Bounds`), while the core search itself took 14 ms of deterministic time.
+  at the root; much of its time went there (perf: `Linear2Indices::AddOrGet`,
+  `RootLevelLinear2Bounds`), far more than the core search itself took.
 - No presolve, inprocessing, probing or symmetry search: the windows and the receipts
   leave them little to find.
 - Cores not minimized (CP-SAT's default level is 2).
-Tightened, on the zoo's encoder-decoders and the 24-layer GPT (2-core machine, best of 5),
-these took CP-SAT from 0.14-1.8 s to 0.04-0.18 s; without tightening, the encoder-decoder
-at 4 and 8 stages from 3.5 and 19.6 s to 1.1 and 14.1 s, the 24- and 72-layer GPTs at 8
-stages from 14.5 and 12.5 s to 1.9 and 5.0 s."""
+These settings shortened CP-SAT's time on the zoo's encoder-decoders and GPTs, with and
+without tightening (`scripts/bench_pipeline.py` measures the ILP's time both ways)."""
 
 BALANCE_UNITS = 2.0**30
 """The balance row's integer scale: the total compute is about this many units."""
@@ -459,7 +457,7 @@ def _build(
 
 def _weighted(terms: list[tuple[cp_model.IntVar | int, int]]) -> cp_model.LinearExprT:
     """sum w * v over (v, w) in terms, v a variable or a constant; one expression object
-    (a Python sum of products built one per term: 3x slower on the balance rows)."""
+    (a Python sum of products builds one per term: slower on the long balance rows)."""
     variables = [v for v, _ in terms if not isinstance(v, int)]
     weights = [w for v, w in terms if not isinstance(v, int)]
     constant = sum(v * w for v, w in terms if isinstance(v, int))

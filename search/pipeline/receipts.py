@@ -37,8 +37,9 @@ after 1, 2, 4, ..., the candidates not flowed yet are taken at sep(s, F(s)) (a l
 bound on t(s)) and left out (an upper bound); where the two meet, that is t(s) and the
 flows stop. On the T5-large-sized encoder-decoder at 4 stages, 3 flows are left of 294;
 on 88 zoo problems (26 models and stage counts, up to 4 epsilons each), the bounds of
-flowing every candidate but the light ones, in 1.7 s against 2.8 s. Without tightening,
-before(s) is empty and every bound is 0. On the 24- and 72-layer GPTs the bounds sum to
+flowing every candidate but the light ones, in less time (`scripts/bench_pipeline.py`
+times the ILP with its receipts). Without tightening, before(s) is empty and every bound
+is 0. On the 24- and 72-layer GPTs the bounds sum to
 the optimum (16 MiB a stage); on a T5-large-sized encoder-decoder into 4 stages to 80 of
 96 MiB, since a stage may hold one of its two streams alone (the least cut to any set of
 instructions that fills stage 1, solved exactly as an ILP, is 16 MiB there too: more
