@@ -26,9 +26,3 @@ FAST_LINE = re.compile(
     r"([^()\n\"/]*)\)"
     r"((?:,[ \t]*" + ATTR_KEY + r"=" + VALUE + r")*)[ \t]*(?=\n|$)"
 )
-
-# attribute keys whose values name computations or instructions
-REFERENCE_KEYS = re.compile(
-    r"[, ](?:to_apply|calls|body|condition|true_computation|false_computation|"
-    r"branch_computations|called_computations|select|scatter|control-predecessors)="
-)

@@ -33,11 +33,19 @@ from pathlib import Path
 
 from rhino.hlo.errors import HloParseError, TextError
 from rhino.hlo.ir import CALLED_COMPUTATION_KEYS, Computation, Instruction, Module, Source
-from rhino.hlo.lexemes import FAST_LINE, REFERENCE_KEYS
+from rhino.hlo.lexemes import FAST_LINE
 from rhino.hlo.opcode import OPCODE_BY_TEXT, Opcode
 from rhino.hlo.shape import Shape, parse_shape_at
 
 _SHAPE_CACHE: dict[str, Shape] = {}
+
+_CONTROL_PREDECESSORS = "control-predecessors"
+# an attribute tail that names computations or instructions
+_REFERENCE_KEYS = re.compile(
+    r"[, ](?:"
+    + "|".join(re.escape(k) for k in (*CALLED_COMPUTATION_KEYS, _CONTROL_PREDECESSORS))
+    + r")="
+)
 
 _WS = re.compile(r"(?:[ \t\r\n]+|/\*.*?\*/|//[^\n]*)*", re.S)
 _INLINE_WS = re.compile(r"(?:[ \t\r]+|/\*.*?\*/|//[^\n]*)*", re.S)
@@ -440,7 +448,7 @@ class _Parser:
             if inst._attr_pos is None:
                 inst._attr_pos = {}
             inst._attr_pos["<tail>"] = m.start(6)
-            if REFERENCE_KEYS.search(tail):
+            if _REFERENCE_KEYS.search(tail):
                 self.note_references(comp, inst)
         comp.instructions.append(inst)
         by_name[name] = inst
@@ -531,10 +539,10 @@ class _Parser:
             if value is not None:
                 offset = inst._attr_pos[key]  # type: ignore[index]
                 self.pending_calls.append((inst, key, self.name_list(value, offset, key)))
-        preds = attrs.get("control-predecessors")
+        preds = attrs.get(_CONTROL_PREDECESSORS)
         if preds is not None:
-            offset = inst._attr_pos["control-predecessors"]  # type: ignore[index]
-            for ref, ref_pos in self.name_list(preds, offset, "control-predecessors"):
+            offset = inst._attr_pos[_CONTROL_PREDECESSORS]  # type: ignore[index]
+            for ref, ref_pos in self.name_list(preds, offset, _CONTROL_PREDECESSORS):
                 op = comp.get(ref)
                 if op is None:
                     raise self.undefined(comp, ref, ref_pos)
