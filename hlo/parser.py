@@ -37,8 +37,6 @@ from rhino.hlo.lexemes import FAST_LINE
 from rhino.hlo.opcode import OPCODE_BY_TEXT, Opcode
 from rhino.hlo.shape import Shape, parse_shape_at
 
-_SHAPE_CACHE: dict[str, Shape] = {}
-
 _CONTROL_PREDECESSORS = "control-predecessors"
 # an attribute tail that names computations or instructions
 _REFERENCE_KEYS = re.compile(
@@ -165,6 +163,8 @@ class _Parser:
         self.pos = 0
         # (instruction, key, [(name, offset)]) to resolve once all computations are known
         self.pending_calls: list[tuple[Instruction, str, list[tuple[str, int]]]] = []
+        # shape text -> Shape, for the shapes of this module (most are repeated)
+        self.shapes: dict[str, Shape] = {}
 
     # -- helpers ------------------------------------------------------------------------
     def error(self, message: str, offset: int | None = None) -> HloParseError:
@@ -349,10 +349,10 @@ class _Parser:
         if fm is not None:
             is_root = fm.group(1) is not None
             name = fm.group(2)
-            shape = _SHAPE_CACHE.get(fm.group(3))
+            shape = self.shapes.get(fm.group(3))
             if shape is None:
                 shape, _ = self.shape_at(fm.start(3))
-                _SHAPE_CACHE[fm.group(3)] = shape
+                self.shapes[fm.group(3)] = shape
             opcode_text = fm.group(4)
             name_pos = fm.start(2)
             pos = fm.end()
@@ -404,13 +404,13 @@ class _Parser:
         by_name = comp._by_name
         if name in by_name:
             return None
-        shape = _SHAPE_CACHE.get(shape_text)
+        shape = self.shapes.get(shape_text)
         if shape is None:
             try:
-                shape, end = parse_shape_at(shape_text, 0)
+                shape, _ = parse_shape_at(shape_text, 0)
             except TextError:
                 return None
-            _SHAPE_CACHE[shape_text] = shape
+            self.shapes[shape_text] = shape
         opcode = OPCODE_BY_TEXT.get(opcode_text, Opcode.UNKNOWN)
         inst = Instruction.__new__(Instruction)
         inst.name = name
