@@ -20,7 +20,8 @@ brackets may span lines). Attribute values are checked for balanced brackets and
 here and decoded lazily by `rhino.hlo.attrs`; `parse_module(..., lazy=False)` decodes
 every attribute and literal up front, so that all syntax errors surface at parse time.
 
-Every error is an `HloParseError` with file:line:col.
+Every error is an `HloParseError` with file:line:col. The tokens, and the instruction
+patterns of both the fast and the exact path, are written once in `rhino.hlo.lexemes`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,16 @@ from pathlib import Path
 
 from rhino.hlo.errors import HloParseError, TextError
 from rhino.hlo.ir import CALLED_COMPUTATION_KEYS, Computation, Instruction, Module, Source
-from rhino.hlo.lexemes import FAST_LINE
+from rhino.hlo.lexemes import (
+    ATTR_KEY,
+    BRACED1,
+    INSTRUCTION_HEAD,
+    INSTRUCTION_LHS,
+    INSTRUCTION_LINE,
+    NAME,
+    OPCODE_CALL,
+    STRING,
+)
 from rhino.hlo.opcode import OPCODE_BY_TEXT, Opcode
 from rhino.hlo.shape import Shape, parse_shape_at
 
@@ -47,31 +57,21 @@ _REFERENCE_KEYS = re.compile(
 
 _WS = re.compile(r"(?:[ \t\r\n]+|/\*.*?\*/|//[^\n]*)*", re.S)
 _INLINE_WS = re.compile(r"(?:[ \t\r]+|/\*.*?\*/|//[^\n]*)*", re.S)
-_NAME = re.compile(r"%?([A-Za-z_][\w.\-]*)")
-_INSTR_HEAD = re.compile(r"(ROOT[ \t]+)?(%?)([A-Za-z_][\w.\-]*)[ \t]*=[ \t]*")
-# the common case in one match: name, array shape, opcode
-_FAST_HEAD = re.compile(
-    r"(ROOT[ \t]+)?%?([A-Za-z_][\w.\-]*)[ \t]*=[ \t]*"
-    r"([a-z][a-z0-9]*\[[\d,]*\](?:\{[^{}]*\})?)[ \t]+([a-z][a-z0-9\-]*)\("
-)
-_OPCODE = re.compile(r"([a-z][a-z0-9\-]*)[ \t]*\(")
+_NAME = re.compile(r"%?(" + NAME + r")")
 _PARAM_NUMBER = re.compile(r"[ \t]*(\d+)[ \t]*\)")
-_SIMPLE_OPERANDS = re.compile(
-    r"[ \t]*((?:%?[A-Za-z_][\w.\-]*[ \t]*,[ \t]*)*%?[A-Za-z_][\w.\-]*)?[ \t]*\)"
-)
+_SIMPLE_OPERANDS = re.compile(r"[ \t]*((?:%?" + NAME + r"[ \t]*,[ \t]*)*%?" + NAME + r")?[ \t]*\)")
 _SIMPLE_LITERAL = re.compile(r"([^()\"\n]*)\)")
-_ATTR_KEY = re.compile(r"([A-Za-z_][\w\-]*)[ \t]*=[ \t]*")
+_ATTR_KEY = re.compile(r"(" + ATTR_KEY + r")[ \t]*=[ \t]*")
+# a value of the usual forms, followed by what may follow a value
 _FAST_VALUE = re.compile(
-    r'\{(?:[^{}"\n]|"(?:[^"\\\n]|\\.)*")*\}(?=[ \t]*(?:,|\n|$|/\*))'
-    r'|"(?:[^"\\\n]|\\.)*"(?=[ \t]*(?:,|\n|$|/\*))'
-    r"|[^\s,{}()\"\[\]]+(?=[ \t]*(?:,|\n|$|/\*))"
+    r"(?:" + BRACED1 + r"|" + STRING + r"|[^\s,{}()\"\[\]]+)(?=[ \t]*(?:,|\n|$|/\*))"
 )
 _SHAPE_START = re.compile(r"[a-z][a-z0-9]*\[|\(")
 _SECTION_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 _CLOSERS = {"{": "}", "[": "]", "(": ")"}
 # a line that starts a new instruction or closes a computation: an open bracket never spans it
 _NEXT_STATEMENT = re.compile(
-    r"[ \t]*(?:\}[ \t]*(?:\n|$)|(?:ROOT[ \t]+)?%?[A-Za-z_][\w.\-]*[ \t]*=[ \t]*[(a-z])"
+    r"[ \t]*(?:\}[ \t]*(?:\n|$)|(?:ROOT[ \t]+)?%?" + NAME + r"[ \t]*=[ \t]*[(a-z])"
 )
 
 
@@ -291,7 +291,7 @@ class _Parser:
         module.add_computation(comp)
         pos = brace + 1
         root: Instruction | None = None
-        fast_line = FAST_LINE.match if self.fast else None
+        fast_line = INSTRUCTION_LINE.match if self.fast else None
         while True:
             m = fast_line(text, pos) if fast_line is not None else None
             fast_inst = self.build_fast(comp, m) if m is not None else None
@@ -343,21 +343,10 @@ class _Parser:
 
     # -- instructions -------------------------------------------------------------------
     def parse_instruction(self, comp: Computation, pos: int) -> tuple[Instruction, bool, int]:
+        """An `instruction` token by token (the exact path); return it, is-root and the end."""
         text = self.text
         start = pos
-        fm = _FAST_HEAD.match(text, pos)
-        if fm is not None:
-            is_root = fm.group(1) is not None
-            name = fm.group(2)
-            shape = self.shapes.get(fm.group(3))
-            if shape is None:
-                shape, _ = self.shape_at(fm.start(3))
-                self.shapes[fm.group(3)] = shape
-            opcode_text = fm.group(4)
-            name_pos = fm.start(2)
-            pos = fm.end()
-        else:
-            is_root, name, name_pos, shape, opcode_text, pos = self.parse_head(pos)
+        is_root, name, name_pos, shape, opcode_text, pos = self.parse_head(pos)
         opcode = OPCODE_BY_TEXT.get(opcode_text, Opcode.UNKNOWN)
         inst = Instruction(name, opcode, shape, opcode_text=opcode_text)
         inst.pos = start
@@ -396,7 +385,8 @@ class _Parser:
         return inst, is_root, pos
 
     def build_fast(self, comp: Computation, m: re.Match[str]) -> Instruction | None:
-        """The instruction of a line FAST_LINE matched, or None to leave it to the exact path.
+        """The instruction of a line INSTRUCTION_LINE matched, or None to leave the line to
+        the exact path.
 
         Nothing is changed before every check has passed, so a None costs only time.
         """
@@ -455,9 +445,19 @@ class _Parser:
         return inst
 
     def parse_head(self, pos: int) -> tuple[bool, str, int, Shape, str, int]:
-        """`[ROOT] name = shape opcode(` in the general case (tuple shapes, comments...)."""
+        """`[ROOT] [%]name = shape opcode(`: one match of INSTRUCTION_HEAD for an array
+        shape, else its left-hand side, the shape parser and `opcode(` in turn (tuple
+        shapes, comments, errors). Return is-root, name, its offset, shape, opcode, end."""
         text = self.text
-        m = _INSTR_HEAD.match(text, pos)
+        m = INSTRUCTION_HEAD.match(text, pos)
+        if m is not None:
+            shape_text = m.group(3)
+            shape = self.shapes.get(shape_text)
+            if shape is None:
+                shape, _ = self.shape_at(m.start(3))
+                self.shapes[shape_text] = shape
+            return m.group(1) is not None, m.group(2), m.start(2), shape, m.group(4), m.end()
+        m = INSTRUCTION_LHS.match(text, pos)
         if m is None:
             m2 = _NAME.match(text, pos)
             if m2 is None or m2.group(1) == "ROOT":
@@ -466,14 +466,14 @@ class _Parser:
             raise self.error(
                 f"expected '=' after instruction name %{m2.group(1)}, got {self.got(after)}", after
             )
-        shape, pos = self.shape_at(m.end())
-        pos = _INLINE_WS.match(text, pos).end()  # type: ignore[union-attr]
-        om = _OPCODE.match(text, pos)
+        shape, at = self.shape_at(m.end())
+        at = _INLINE_WS.match(text, at).end()  # type: ignore[union-attr]
+        om = OPCODE_CALL.match(text, at)
         if om is None:
             raise self.error(
-                f"expected an opcode like add(...) after the shape, got {self.got(pos)}", pos
+                f"expected an opcode like add(...) after the shape, got {self.got(at)}", at
             )
-        return m.group(1) is not None, m.group(3), m.start(3), shape, om.group(1), om.end()
+        return m.group(1) is not None, m.group(2), m.start(2), shape, om.group(1), om.end()
 
     def parse_operands(self, comp: Computation, inst: Instruction, pos: int) -> int:
         text = self.text
