@@ -67,11 +67,16 @@ class Instruction:
     literal: str | None = None
     called: tuple[Computation, ...] = ()
     control_predecessors: tuple[Instruction, ...] = ()
+    pos: int = -1
+    """Offset of the instruction's text in its module's source (-1 if not parsed)."""
+    literal_pos: int = -1
+    """Offset of the constant's literal text in the source (-1 if not parsed)."""
     _attrs: dict[str, str] | None = None
+    # the attribute tail `, key=value, ...` as parsed, split into `_attrs` on first read
     _attr_text: str | None = None
+    _attr_text_pos: int = 0
     _attr_pos: dict[str, int] | None = None
     _decoded: dict[str, Any] | None = None
-    pos: int = -1
 
     def __init__(
         self,
@@ -107,6 +112,73 @@ class Instruction:
             self.literal = literal
         for op in operands or ():
             self.append_operand(op)
+
+    @classmethod
+    def parsed(
+        cls,
+        parent: Computation,
+        name: str,
+        opcode: Opcode,
+        opcode_text: str,
+        shape: Shape,
+        operands: list[Instruction],
+        pos: int,
+        attr_text: str | None,
+        attr_text_pos: int,
+    ) -> Instruction:
+        """An instruction read from text at offset `pos`, appended to `parent`.
+
+        The parser's constructor, for speed: it takes `operands` as they are (no copy) and
+        checks nothing, so the caller has checked that `name` is new in `parent` and that
+        the operands are defined there. `attr_text` is the attribute tail as written,
+        `, key=value, ...`, starting at offset `attr_text_pos` (split on first read); a
+        parser that splits the attributes itself sets `attrs` and `attr_offsets` instead.
+        """
+        inst = object.__new__(cls)
+        inst.name = name
+        inst.opcode = opcode
+        inst.opcode_text = opcode_text
+        inst.shape = shape
+        inst.operands = operands
+        inst.users = {}
+        inst.parent = parent
+        inst.pos = pos
+        if attr_text:
+            inst._attr_text = attr_text
+            inst._attr_text_pos = attr_text_pos
+        for op in operands:
+            op.users[inst] = None
+        parent.instructions.append(inst)
+        parent._by_name[name] = inst
+        return inst
+
+    def clone(self, operands: list[Instruction]) -> Instruction:
+        """A copy of this instruction, in no computation, on `operands`: the same name,
+        opcode, shape, attributes (texts, decoded values and source offsets), parameter
+        number, literal and source offsets. `called` and `control_predecessors` are left
+        empty for the caller to map."""
+        new = Instruction(
+            self.name,
+            self.opcode,
+            self.shape,
+            operands,
+            opcode_text=self.opcode_text,
+            parameter_number=self.parameter_number,
+            literal=self.literal,
+        )
+        if self._attrs is not None:
+            new._attrs = dict(self._attrs)
+        elif self._attr_text is not None:
+            new._attr_text = self._attr_text
+            new._attr_text_pos = self._attr_text_pos
+        if self._attr_pos is not None:
+            new._attr_pos = dict(self._attr_pos)
+        if self._decoded is not None:
+            new._decoded = dict(self._decoded)
+        new.pos = self.pos
+        if self.literal_pos >= 0:
+            new.literal_pos = self.literal_pos
+        return new
 
     # -- operands and users ---------------------------------------------------------
     def append_operand(self, op: Instruction) -> None:
@@ -155,7 +227,7 @@ class Instruction:
         from rhino.hlo.lexemes import ATTR_ITEM
 
         text = self._attr_text or ""
-        base = self._attr_pos.pop("<tail>", 0) if self._attr_pos else 0
+        base = self._attr_text_pos
         attrs: dict[str, str] = {}
         positions = self._attr_pos if self._attr_pos is not None else {}
         for m in ATTR_ITEM.finditer(text):
@@ -166,6 +238,18 @@ class Instruction:
             positions[key] = base + m.start(2)
         self._attr_pos = positions
         return attrs
+
+    @property
+    def attr_offsets(self) -> dict[str, int]:
+        """Offset of each attribute's value in the source text (for parsed instructions;
+        empty for built ones)."""
+        if self._attrs is None and self._attr_text:
+            self._attrs = self._split_attr_text()  # which records the offsets
+        return self._attr_pos if self._attr_pos is not None else {}
+
+    @attr_offsets.setter
+    def attr_offsets(self, value: dict[str, int]) -> None:
+        self._attr_pos = value
 
     def _located(self, message: str, offset: int) -> Exception:
         module = self.parent.parent if self.parent else None

@@ -20,8 +20,7 @@ brackets may span lines). Attribute values are checked for balanced brackets and
 here and decoded lazily by `rhino.hlo.attrs`; `parse_module(..., lazy=False)` decodes
 every attribute and literal up front, so that all syntax errors surface at parse time.
 
-Every error is an `HloParseError` with file:line:col. The tokens, and the instruction
-patterns of both the fast and the exact path, are written once in `rhino.hlo.lexemes`.
+Every error is an `HloParseError` with file:line:col.
 """
 
 from __future__ import annotations
@@ -46,6 +45,10 @@ from rhino.hlo.lexemes import (
 )
 from rhino.hlo.opcode import OPCODE_BY_TEXT, Opcode
 from rhino.hlo.shape import Shape, parse_shape_at
+
+_References = tuple[list[tuple[str, list[tuple[str, int]]]], tuple[Instruction, ...]]
+"""An instruction's called computations, `[(key, [(name, offset)])]`, and its control
+predecessors."""
 
 _CONTROL_PREDECESSORS = "control-predecessors"
 # an attribute tail that names computations or instructions
@@ -141,7 +144,7 @@ def force_decode(module: Module) -> None:
             try:
                 decode_literal(inst.literal, inst.shape)
             except TextError as e:
-                offset = inst._attr_pos.get("<literal>", inst.pos) if inst._attr_pos else inst.pos
+                offset = inst.literal_pos if inst.literal_pos >= 0 else inst.pos
                 raise (
                     module.source.error(e.message, offset + e.offset) if module.source else e
                 ) from None
@@ -348,40 +351,50 @@ class _Parser:
         start = pos
         is_root, name, name_pos, shape, opcode_text, pos = self.parse_head(pos)
         opcode = OPCODE_BY_TEXT.get(opcode_text, Opcode.UNKNOWN)
-        inst = Instruction(name, opcode, shape, opcode_text=opcode_text)
-        inst.pos = start
+        operands: list[Instruction] = []
+        parameter_number: int | None = None
+        literal: str | None = None
+        literal_pos = -1
         if opcode is Opcode.PARAMETER:
             pm = _PARAM_NUMBER.match(text, pos)
             if pm is None:
                 raise self.error(
                     f"expected a parameter number like parameter(0), got {self.got(pos)}", pos
                 )
-            inst.parameter_number = int(pm.group(1))
+            parameter_number = int(pm.group(1))
             pos = pm.end()
         elif opcode is Opcode.CONSTANT:
             lm = _SIMPLE_LITERAL.match(text, pos)
             end = lm.end() if lm is not None else self.scan_balanced(pos - 1)
-            lit_start = self.skip(pos)
-            inst.literal = text[lit_start : end - 1].rstrip()
-            inst._attr_pos = {"<literal>": lit_start}
+            literal_pos = self.skip(pos)
+            literal = text[literal_pos : end - 1].rstrip()
             pos = end
         else:
-            pos = self.parse_operands(comp, inst, pos)
+            pos = self.parse_operands(comp, operands, pos)
+        attrs: dict[str, str] | None = None
+        attr_pos: dict[str, int] | None = None
+        references: _References | None = None
         if pos < len(text) and text[pos] == "\n":
             pass  # no attributes: the common case, skip the attribute scanner
         else:
             attrs, attr_pos, pos = self.parse_attributes(pos)
             if attrs:
-                inst.attrs = attrs
-                if inst._attr_pos:
-                    attr_pos.update(inst._attr_pos)
-                inst._attr_pos = attr_pos
-                self.note_references(comp, inst)
+                references = self.references(comp, attrs, attr_pos)
         if name in comp._by_name:
             raise self.error(
                 f"duplicate instruction name %{name} in computation {comp.name}", name_pos
             )
-        comp.add(inst)
+        inst = Instruction.parsed(comp, name, opcode, opcode_text, shape, operands, start, None, 0)
+        if parameter_number is not None:
+            inst.parameter_number = parameter_number
+        if literal is not None:
+            inst.literal = literal
+            inst.literal_pos = literal_pos
+        if attrs:
+            inst.attrs = attrs
+            inst.attr_offsets = attr_pos
+        if references is not None:
+            self.note_references(inst, references)
         return inst, is_root, pos
 
     def build_fast(self, comp: Computation, m: re.Match[str]) -> Instruction | None:
@@ -402,46 +415,37 @@ class _Parser:
                 return None
             self.shapes[shape_text] = shape
         opcode = OPCODE_BY_TEXT.get(opcode_text, Opcode.UNKNOWN)
-        inst = Instruction.__new__(Instruction)
-        inst.name = name
-        inst.opcode = opcode
-        inst.opcode_text = opcode_text
-        inst.shape = shape
-        inst.users = {}
-        inst.parent = comp
-        start = m.start(1) if is_root else m.start(2)
-        inst.pos = start - 1 if not is_root and self.text[start - 1] == "%" else start
+        operands: list[Instruction] = []
+        parameter_number: int | None = None
+        literal: str | None = None
+        literal_pos = -1
         if opcode is Opcode.PARAMETER:
             if not args.isdigit():
                 return None
-            inst.parameter_number = int(args)
-            inst.operands = []
+            parameter_number = int(args)
         elif opcode is Opcode.CONSTANT:
             literal = args.strip()
+            literal_pos = m.start(5) + len(args) - len(args.lstrip())
+        elif args.strip():
+            for part in args.split(","):
+                ref = part.strip()
+                op = by_name.get(ref[1:] if ref[:1] == "%" else ref)
+                if op is None:
+                    return None
+                operands.append(op)
+        start = m.start(1) if is_root else m.start(2)
+        if not is_root and self.text[start - 1] == "%":
+            start -= 1
+        inst = Instruction.parsed(
+            comp, name, opcode, opcode_text, shape, operands, start, tail, m.start(6) if tail else 0
+        )
+        if parameter_number is not None:
+            inst.parameter_number = parameter_number
+        elif literal is not None:
             inst.literal = literal
-            inst._attr_pos = {"<literal>": m.start(5) + len(args) - len(args.lstrip())}
-            inst.operands = []
-        else:
-            ops = []
-            if args.strip():
-                for part in args.split(","):
-                    ref = part.strip()
-                    op = by_name.get(ref[1:] if ref[:1] == "%" else ref)
-                    if op is None:
-                        return None
-                    ops.append(op)
-            inst.operands = ops
-            for op in ops:
-                op.users[inst] = None
-        if tail:
-            inst._attr_text = tail
-            if inst._attr_pos is None:
-                inst._attr_pos = {}
-            inst._attr_pos["<tail>"] = m.start(6)
-            if _REFERENCE_KEYS.search(tail):
-                self.note_references(comp, inst)
-        comp.instructions.append(inst)
-        by_name[name] = inst
+            inst.literal_pos = literal_pos
+        if tail and _REFERENCE_KEYS.search(tail):
+            self.note_references(inst, self.references(comp, inst.attrs, inst.attr_offsets))
         return inst
 
     def parse_head(self, pos: int) -> tuple[bool, str, int, Shape, str, int]:
@@ -475,21 +479,20 @@ class _Parser:
             )
         return m.group(1) is not None, m.group(2), m.start(2), shape, om.group(1), om.end()
 
-    def parse_operands(self, comp: Computation, inst: Instruction, pos: int) -> int:
+    def parse_operands(self, comp: Computation, operands: list[Instruction], pos: int) -> int:
+        """`operand (',' operand)* ')'` at `pos`, appended to `operands`; return the end."""
         text = self.text
         m = _SIMPLE_OPERANDS.match(text, pos)
         if m is not None:
             names = m.group(1)
             if names:
                 by_name = comp._by_name
-                ops = inst.operands
                 for part in names.split(","):
                     ref = part.strip()
                     op = by_name.get(ref[1:] if ref[0] == "%" else ref)
                     if op is None:
                         raise self.undefined_in(comp, names, m.start(1), part)
-                    ops.append(op)
-                    op.users[inst] = None
+                    operands.append(op)
             return m.end()
         # general form: comments, operand shapes, or line breaks in the list
         pos = self.skip(pos)
@@ -505,7 +508,7 @@ class _Parser:
             op = comp.get(nm.group(1))
             if op is None:
                 raise self.undefined(comp, nm.group(1), pos)
-            inst.append_operand(op)
+            operands.append(op)
             pos = self.skip(nm.end())
             if pos >= len(text):
                 raise self.error("unterminated operand list: expected ')'", pos)
@@ -531,22 +534,35 @@ class _Parser:
             f"use of undefined instruction %{name} in computation {comp.name}", offset
         )
 
-    def note_references(self, comp: Computation, inst: Instruction) -> None:
-        """Record called computations; resolve control predecessors."""
-        attrs = inst.attrs
+    def references(
+        self, comp: Computation, attrs: dict[str, str], offsets: dict[str, int]
+    ) -> _References:
+        """The names in attributes `attrs` (value offsets `offsets`): called computations
+        as written, control predecessors resolved in `comp`."""
+        calls: list[tuple[str, list[tuple[str, int]]]] = []
         for key in CALLED_COMPUTATION_KEYS:
             value = attrs.get(key)
             if value is not None:
-                offset = inst._attr_pos[key]  # type: ignore[index]
-                self.pending_calls.append((inst, key, self.name_list(value, offset, key)))
-        preds = attrs.get(_CONTROL_PREDECESSORS)
-        if preds is not None:
-            offset = inst._attr_pos[_CONTROL_PREDECESSORS]  # type: ignore[index]
-            for ref, ref_pos in self.name_list(preds, offset, _CONTROL_PREDECESSORS):
+                calls.append((key, self.name_list(value, offsets[key], key)))
+        preds: list[Instruction] = []
+        value = attrs.get(_CONTROL_PREDECESSORS)
+        if value is not None:
+            offset = offsets[_CONTROL_PREDECESSORS]
+            for ref, ref_pos in self.name_list(value, offset, _CONTROL_PREDECESSORS):
                 op = comp.get(ref)
                 if op is None:
                     raise self.undefined(comp, ref, ref_pos)
-                inst.control_predecessors = (*inst.control_predecessors, op)
+                preds.append(op)
+        return calls, tuple(preds)
+
+    def note_references(self, inst: Instruction, references: _References) -> None:
+        """Give `inst` its control predecessors; its calls resolve once all computations
+        are known (`resolve_calls`)."""
+        calls, preds = references
+        for key, names in calls:
+            self.pending_calls.append((inst, key, names))
+        if preds:
+            inst.control_predecessors = preds
 
     def name_list(self, value: str, offset: int, key: str) -> list[tuple[str, int]]:
         """`%a` or `{%a, %b}` -> [(name, offset)]."""

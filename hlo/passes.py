@@ -34,24 +34,7 @@ def _clone(module: Module) -> Module:
         copy = comps[comp.name]
         mapping: dict[int, Instruction] = {}
         for inst in comp.instructions:
-            new = Instruction(
-                inst.name,
-                inst.opcode,
-                inst.shape,
-                [mapping[id(op)] for op in inst.operands],
-                opcode_text=inst.opcode_text,
-                parameter_number=inst.parameter_number,
-                literal=inst.literal,
-            )
-            if inst._attrs is not None:
-                new._attrs = dict(inst._attrs)
-            else:
-                new._attr_text = inst._attr_text
-            if inst._attr_pos is not None:
-                new._attr_pos = dict(inst._attr_pos)
-            if inst._decoded is not None:
-                new._decoded = dict(inst._decoded)
-            new.pos = inst.pos
+            new = inst.clone([mapping[id(op)] for op in inst.operands])
             if inst.called:
                 new.called = tuple(comps[c.name] for c in inst.called)
             if inst.control_predecessors:

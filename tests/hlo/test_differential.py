@@ -34,6 +34,8 @@ def fingerprint(m: Module) -> list[tuple[object, ...]]:
                     tuple(c.name for c in i.called),
                     tuple(p.name for p in i.control_predecessors),
                     i.span(),
+                    i.literal_pos,
+                    dict(i.attr_offsets),
                 )
             )
     return out

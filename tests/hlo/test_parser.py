@@ -5,10 +5,11 @@ from pathlib import Path
 import pytest
 
 from rhino.hlo.errors import HloParseError
+from rhino.hlo.ir import Computation, Instruction
 from rhino.hlo.opcode import Opcode
 from rhino.hlo.parser import parse_file, parse_module
 from rhino.hlo.printer import print_module
-from rhino.hlo.shape import Shape
+from rhino.hlo.shape import Shape, parse_shape
 from tests.hlo.corpus import ROOT, corpus_files, corpus_ids
 
 MLP = ROOT / "tests" / "data" / "mlp_step.hlo"
@@ -195,6 +196,34 @@ def test_lazy_attribute_error_is_located_when_read() -> None:
     with pytest.raises(HloParseError) as info:
         m.entry.root.attr("dimensions")
     assert (info.value.line, info.value.col) == (5, 47)
+
+
+def test_instruction_parsed_links_users_and_splits_its_attribute_tail() -> None:
+    comp = Computation("c")
+    f32 = parse_shape("f32[2]{0}")
+    p = Instruction.parsed(comp, "p", Opcode.PARAMETER, "parameter", f32, [], 0, None, 0)
+    tail = ', dimensions={0}, metadata={op_name="x"}'
+    n = Instruction.parsed(comp, "n", Opcode.NEGATE, "negate", f32, [p], 40, tail, 100)
+    assert comp.instructions == [p, n] and comp.get("n") is n and n.parent is comp
+    assert list(p.users) == [n] and n.operands == [p]
+    assert n.attrs == {"dimensions": "{0}", "metadata": '{op_name="x"}'}
+    assert n.attr_offsets == {
+        "dimensions": 100 + tail.index("{0}"),
+        "metadata": 100 + tail.index("{op_name"),
+    }
+    assert p.attrs == {} and p.attr_offsets == {}
+
+
+def test_literal_and_attribute_offsets_point_into_the_text() -> None:
+    text = BAD.replace("add(p, q)", 'add(p, p), metadata={op_name="a"}').replace(
+        "parameter(0)", "constant( {1, 2})"
+    )
+    for fast in (True, False):
+        m = parse_module(text, fast=fast)
+        const, root = m.entry.instructions[0], m.entry.root
+        assert root is not None and const.opcode is Opcode.CONSTANT
+        assert text[const.literal_pos :].startswith("{1, 2})")
+        assert text[root.attr_offsets["metadata"] :].startswith('{op_name="a"}')
 
 
 def test_not_utf8(tmp_path: Path) -> None:

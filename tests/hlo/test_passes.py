@@ -4,7 +4,7 @@ import pytest
 
 from rhino.hlo.errors import HloParseError
 from rhino.hlo.opcode import Opcode
-from rhino.hlo.parser import parse_file
+from rhino.hlo.parser import force_decode, parse_file, parse_module
 from rhino.hlo.passes import clone_module, inline_calls
 from rhino.hlo.printer import print_module
 from rhino.hlo.verify import verify
@@ -48,6 +48,18 @@ def test_clone_keeps_error_locations(tmp_path) -> None:  # type: ignore[no-untyp
         dot.attr("lhs_contracting_dims")
     line = next(n for n, t in enumerate(bad.splitlines(), 1) if "{x}" in t)
     assert f"bad.hlo:{line}:" in str(e.value)
+
+
+def test_clone_keeps_literal_locations() -> None:
+    text = "HloModule m\n\nENTRY e {\n  c = f32[2]{0} constant({1, 2, 3})\n}\n"
+    original = parse_module(text, "lit.hlo")
+    errors = []
+    for module in (original, clone_module(original)):
+        with pytest.raises(HloParseError) as e:
+            force_decode(module)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1]
+    assert errors[1].startswith("lit.hlo:4:") and "more than 2 elements" in errors[1]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
