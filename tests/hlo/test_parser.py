@@ -226,6 +226,25 @@ def test_literal_and_attribute_offsets_point_into_the_text() -> None:
         assert text[root.attr_offsets["metadata"] :].startswith('{op_name="a"}')
 
 
+def test_a_name_an_earlier_computation_used_is_renamed_as_xla_does() -> None:
+    text = """HloModule m
+
+f {
+  t = f32[] parameter(0)
+  ROOT t.1 = f32[] negate(t)
+}
+
+ENTRY e {
+  t = f32[] parameter(0)
+  ROOT r = f32[] call(t), to_apply=f
+}
+"""
+    m = parse_module(text)
+    assert [i.name for i in m.computations[0]] == ["t", "t.1"]
+    assert [i.name for i in m.entry] == ["t.2", "r"]
+    assert m.entry.get("t.2") is m.entry.instructions[0] and m.entry.get("t") is None
+
+
 def test_not_utf8(tmp_path: Path) -> None:
     p = tmp_path / "x.hlo"
     p.write_bytes(b"HloModule m\n\xff\xfe")
