@@ -375,8 +375,8 @@ class _Parser:
             pos = end
         else:
             pos = self.parse_operands(comp, operands, pos)
-        attrs: dict[str, str] | None = None
-        attr_pos: dict[str, int] | None = None
+        attrs: dict[str, str] = {}
+        attr_pos: dict[str, int] = {}
         references: _References | None = None
         if pos < len(text) and text[pos] == "\n":
             pass  # no attributes: the common case, skip the attribute scanner
