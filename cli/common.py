@@ -81,6 +81,32 @@ def opt_option(help: str) -> Callable[[F], F]:
     )
 
 
+def gantt_option(help: str) -> Callable[[F], F]:
+    """--gantt FILE: a picture of a schedule's timeline (its folder checked up front)."""
+    return click.option(
+        "--gantt",
+        type=click.Path(dir_okay=False, writable=True),
+        callback=prepare_output,
+        help=help,
+    )
+
+
+def job_options(fn: F) -> F:
+    """--coordinator, --num-processes and --process-id: this process's place in a job of
+    several (`rhino run`); they go together."""
+    fn = click.option(
+        "--process-id", type=int, help="This process's index in the job, 0..num-processes-1."
+    )(fn)
+    fn = click.option(
+        "--num-processes", type=int, help="Processes in the job (with --coordinator)."
+    )(fn)
+    return click.option(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="Run as one process of a job of several (one per host): process 0 serves here.",
+    )(fn)
+
+
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout."
 )

@@ -136,11 +136,11 @@ def pipeline_command(
             )
         compare(file, compare_devices, microbatches, epsilon, cluster, time_limit, as_json)
         return
-    mesh = parse_mesh(mesh_text).shape if mesh_text is not None else None
+    mesh = parse_mesh(mesh_text) if mesh_text is not None else None
     if stages is None:
         if mesh is None:
             raise ConfigError("give --stages (or --mesh, whose axis 0 holds the stages)")
-        stages = mesh[0]
+        stages = mesh.shape[0]
     if stages < 1:
         raise ConfigError(f"--stages {stages}: need at least 1 stage")
     if gantt:
@@ -221,7 +221,7 @@ def compare(
     for c in found.candidates:
         mark = " (best)" if c is best else ""
         step = "-" if c.step_s is None else format_seconds(c.step_s)
-        table.add_row(c.kind + mark, "x".join(map(str, c.mesh)), step, c.note)
+        table.add_row(c.kind + mark, str(c.mesh), step, c.note)
     stdout.print(table)
 
 

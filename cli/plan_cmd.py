@@ -196,7 +196,8 @@ def plan_command(
         if emitted is not None:
             doc["emitted_hlo"] = emitted
         doc["meshes_tried"] = [
-            {"mesh": list(t.mesh), "objective_s": t.objective_s, "error": t.error} for t in trials
+            {"mesh": t.mesh.to_json(), "objective_s": t.objective_s, "error": t.error}
+            for t in trials
         ]
         emit_json("plan", doc)
     else:
@@ -221,13 +222,12 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
         for trial in trials:
             best = " (best)" if trial.mesh == plan.mesh else ""
             tried.add_row(
-                "x".join(map(str, trial.mesh)),
+                str(trial.mesh),
                 format_seconds(trial.objective_s) if trial.objective_s is not None else "-",
                 (trial.error or "") + best,
             )
         out.print(tried)
-    mesh = "x".join(map(str, plan.mesh))
-    out.print(f"[bold]{plan.module}[/] on mesh {mesh} ({plan.cluster}), level {plan.level}")
+    out.print(f"[bold]{plan.module}[/] on mesh {plan.mesh} ({plan.cluster}), level {plan.level}")
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_row("estimated step", format_seconds(plan.objective_s))
     t.add_row("  compute", format_seconds(plan.compute_s))

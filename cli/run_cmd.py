@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
-import os
 import re
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
@@ -13,19 +12,27 @@ from rhino.cli.common import (
     cluster_option,
     debug_option,
     emit_json,
+    gantt_option,
     handle_errors,
+    job_options,
     json_option,
     mesh_option,
     opt_option,
-    prepare_output,
     status,
     stdout,
 )
 from rhino.hlo.errors import ConfigError, VerificationFailed
+from rhino.hlo.parser import parse_file
+from rhino.hlo.verify import verify as verify_module
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.job import Job
+from rhino.search.mesh import parse_mesh
 from rhino.search.spmd.plan import Plan
 from rhino.search.units import format_bytes, format_seconds
+
+if TYPE_CHECKING:
+    from rhino.runtime.fidelity import KindAxesTotal
+    from rhino.runtime.runner import RunReport
 
 EPILOG = """
 \b
@@ -130,13 +137,7 @@ def job_of(
     type=click.IntRange(min=0),
     help="Untimed steps first.",
 )
-@click.option(
-    "--coordinator",
-    metavar="HOST:PORT",
-    help="Run as one process of a job of several (one per host): process 0 serves here.",
-)
-@click.option("--num-processes", type=int, help="Processes in the job (with --coordinator).")
-@click.option("--process-id", type=int, help="This process's index in the job, 0..num-processes-1.")
+@job_options
 @click.option(
     "--schedule",
     type=click.Choice(["1f1b", "gpipe"]),
@@ -147,12 +148,7 @@ def job_of(
     type=click.IntRange(min=1),
     help="Micro-batches per step of a stage plan [default: the plan's].",
 )
-@click.option(
-    "--gantt",
-    type=click.Path(dir_okay=False, writable=True),
-    callback=prepare_output,
-    help="Draw a stage plan's simulated and measured timelines to this .svg file.",
-)
+@gantt_option("Draw a stage plan's simulated and measured timelines to this .svg file.")
 @json_option
 @debug_option
 @handle_errors
@@ -184,7 +180,11 @@ def run_command(
     With --coordinator, --num-processes and --process-id, every process (host) runs the
     same command with its own --process-id; the plan's mesh spans all of their devices,
     and each process verifies and times its own partitions and prints its own report."""
-    from rhino.runtime.stage_programs import is_stage_plan
+    # the runtime is imported here, not with the CLI: every other command starts faster
+    from rhino.cli.run_pipeline import show_stage_run
+    from rhino.runtime.pipeline_run import PipelineReport
+    from rhino.runtime.request import RunRequest, execute, prepare_devices
+    from rhino.runtime.stage_programs import StagePlan, is_stage_plan
 
     if reason := xb.untested_jax():
         click.echo(f"warning: {reason}; `rhino --version` says what it runs on", err=True)
@@ -197,32 +197,10 @@ def run_command(
             "a job of several processes runs a plan made beforehand: give --plan FILE "
             "(from `rhino plan FILE --mesh ... --out plan.json`), not --mesh"
         )
-    early: Plan | None = None  # a plan read for its mesh before jax starts, read once
-    if devices is not None:
-        if platform not in (None, "cpu"):
-            raise ConfigError(
-                "--devices simulates CPU devices; it cannot be combined with --platform gpu"
-            )
-        _simulate_cpu_devices(devices, exactly=job is not None)
-        platform = "cpu"
-    elif job is None and platform in (None, "cpu") and not xb.jax_plugins():
-        # no accelerator here: simulate the mesh's devices on the CPU, as --devices would
-        if plan_file is not None and not staged and mesh_text is None:
-            early = Plan.read(plan_file)
-        needed = _devices_needed(early, plan_file if staged else None, mesh_text)
-        if needed > 1:
-            if not as_json:
-                click.echo(
-                    f"note: no accelerator plugin for jax here: running on {needed} "
-                    f"simulated CPU devices (as --devices {needed})",
-                    err=True,
-                )
-            _simulate_cpu_devices(needed, exactly=False)
-            platform = "cpu"
-    from rhino.hlo.parser import parse_file
-    from rhino.hlo.verify import verify as verify_module
-    from rhino.runtime.runner import RunOptions, run_plan
-
+    if devices is not None and platform not in (None, "cpu"):
+        raise ConfigError(
+            "--devices simulates CPU devices; it cannot be combined with --platform gpu"
+        )
     if not staged and (schedule is not None or microbatches is not None or gantt is not None):
         raise ConfigError(
             "--schedule, --microbatches and --gantt apply to a stage plan (from "
@@ -230,117 +208,59 @@ def run_command(
         )
     if gantt is not None and not gantt.lower().endswith(".svg"):
         raise ConfigError(f"--gantt {gantt}: expected a .svg file name")
-    with status(
-        f"reading {file}" if not staged else f"running {file}", enabled=not as_json
-    ) as update:
+    plan: Plan | StagePlan | None = None
+    if plan_file is not None:
+        plan = StagePlan.read(plan_file) if staged else Plan.read(plan_file)
+    with status(f"reading {file}", enabled=not as_json):
         module = parse_file(file)
         verify_module(module)
-        if staged:
-            from rhino.cli.run_pipeline import run_stage_plan, show_stage_run
-            from rhino.runtime.pipeline_run import PipelineOptions
-
-            assert plan_file is not None
-            update("compiling the stage programs and running the schedule")
-            staged_options = PipelineOptions(
-                platform, seed, verify, schedule or "1f1b", microbatches, steps, warmup
-            )
-            staged_report = run_stage_plan(
-                module, plan_file, staged_options, devices, mesh_text, cluster, level, job
-            )
-    if staged:
-        show_stage_run(staged_report, as_json, gantt)
-        return
+    request = RunRequest(
+        module,
+        plan,
+        parse_mesh(mesh_text) if mesh_text is not None else None,
+        cluster,
+        level,
+        platform,
+        devices,
+        seed,
+        verify,
+        steps,
+        warmup,
+        job,
+        schedule or "1f1b",
+        microbatches,
+    )
+    setup = prepare_devices(request)
+    if setup.implied is not None and not as_json:
+        click.echo(
+            f"note: no accelerator plugin for jax here: running on {setup.implied} "
+            f"simulated CPU devices (as --devices {setup.implied})",
+            err=True,
+        )
     with status(f"running {file}", enabled=not as_json) as update:
-        if plan_file is not None:
-            plan = early if early is not None else Plan.read(plan_file)
-        else:
-            from rhino.search.cluster import load_cluster
-            from rhino.search.mesh import parse_mesh
-            from rhino.search.spmd.planner import PlanRequest, make_plan
-
-            plan = make_plan(
-                module,
-                PlanRequest(parse_mesh(mesh_text or ""), load_cluster(cluster), level),
-                update,
-            )
-            if not as_json:  # what `rhino plan` would have said of the plan
-                for warning in plan.warnings:
-                    click.echo(f"warning: {warning}", err=True)
-        options = RunOptions(platform, seed, verify, steps, warmup)
-        if job is None:
-            update("compiling and running")
-            report = run_plan(module, plan, options)
-        else:
-            _check_job_devices(job, devices, plan.mesh)
-            update(f"joining {job.coordinator} as process {job.process_id} of {job.num_processes}")
-            with xb.native_stdout_to_stderr():
-                xb.init_distributed(job.coordinator, job.num_processes, job.process_id)
-                try:
-                    update("compiling and running")
-                    report = run_plan(module, plan, options)
-                finally:
-                    xb.shutdown_distributed()
+        report = execute(setup.request, update, None if as_json else _warn)
+    if isinstance(report, PipelineReport):
+        show_stage_run(report, as_json, gantt)
+        return
     if as_json:
-        emit_json("run", report.__dict__)
+        emit_json("run", report.to_json())
     else:
         render(report)
     if not report.ok:
         raise VerificationFailed(
-            report.verify["summary"] if report.verify else "verification failed"
+            report.verify.summary() if report.verify else "verification failed"
         )
 
 
-def _check_job_devices(job: Job, devices: int | None, mesh: tuple[int, ...]) -> None:
-    """--devices is per process: together the processes must make the plan's mesh."""
-    size = math.prod(mesh)
-    if devices is not None and devices * job.num_processes != size:
-        raise ConfigError(
-            f"--devices {devices} per process x {job.num_processes} processes = "
-            f"{devices * job.num_processes} devices, but the plan's mesh "
-            f"{'x'.join(map(str, mesh))} has {size}"
-        )
+def _warn(warning: str) -> None:
+    click.echo(f"warning: {warning}", err=True)
 
 
-def _devices_needed(plan: Plan | None, stage_file: str | None, mesh_text: str | None) -> int:
-    """The devices a run uses: of --mesh, else of the plan, else of the stage plan."""
-    from rhino.runtime.stage_programs import StagePlan
-    from rhino.search.mesh import parse_mesh
-
-    if mesh_text is not None:
-        return math.prod(parse_mesh(mesh_text).shape)
-    if plan is not None:
-        return math.prod(plan.mesh)
-    assert stage_file is not None
-    stages = StagePlan.read(stage_file)
-    return math.prod(stages.mesh) if stages.mesh else stages.stages
-
-
-def _simulate_cpu_devices(n: int, *, exactly: bool) -> None:
-    """Ask XLA for at least n host devices (the run uses the first n), or exactly n in a
-    job of several processes, whose devices together make the mesh. Only possible before
-    jax starts its backends; afterwards, check that there are enough."""
-    if xb.backends_started():  # too late to choose (a job then fails to join, and says why)
-        have = xb.device_count("cpu")
-        if have < n and not exactly:
-            raise ConfigError(
-                f"jax is already initialised with {have} CPU devices; run rhino in a fresh process"
-            )
-        return
-    flag = "--xla_force_host_platform_device_count"
-    flags = os.environ.get("XLA_FLAGS", "")
-    asked = re.search(rf"{flag}=(\d+)", flags)
-    if exactly or asked is None or int(asked.group(1)) < n:
-        flags = re.sub(rf"{flag}=\S*", "", flags).strip()
-        os.environ["XLA_FLAGS"] = f"{flags} {flag}={n}".strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-
-def render(report) -> None:  # type: ignore[no-untyped-def]
+def render(report: RunReport) -> None:
     out = stdout
-    mesh = "x".join(map(str, report.mesh))
     found = xb.versions()
     out.print(
-        f"mesh {mesh} on {len(report.devices)} devices ({report.devices[0]}, ...), "
+        f"mesh {report.mesh} on {len(report.devices)} devices ({report.devices[0]}, ...), "
         f"jax {found['jax']}"
     )
     if report.process_count > 1:
@@ -351,32 +271,35 @@ def render(report) -> None:  # type: ignore[no-untyped-def]
             f"and step times below are this process's"
         )
     if report.verify is not None:
-        mark = "[green]ok[/]" if report.verify["ok"] else "[red]FAILED[/]"
-        out.print(f"verification: {mark}: {report.verify['summary']}")
-        worst = max(report.verify["outputs"], key=lambda o: o["max_rel_error"], default=None)
+        mark = "[green]ok[/]" if report.verify.ok else "[red]FAILED[/]"
+        out.print(f"verification: {mark}: {report.verify.summary()}")
+        worst = max(report.verify.outputs, key=lambda o: o.max_rel_error, default=None)
         if worst is not None:
             out.print(
-                f"  largest errors: abs {worst['max_abs_error']:.3g}, rel {worst['max_rel_error']:.3g} (output {worst['index']})"
+                f"  largest errors: abs {worst.max_abs_error:.3g}, rel "
+                f"{worst.max_rel_error:.3g} (output {worst.index})"
             )
     t = Table(
         title="collectives: predicted vs measured (bytes per device per step)", title_justify="left"
     )
     for col in ("kind", "axes", "predicted", "measured", "ratio"):
         t.add_column(col, justify="left" if col in ("kind", "axes") else "right")
-    for row in report.fidelity["by_kind_axes"]:
-        predicted, measured = row["predicted_bytes"], row["measured_bytes"]
+    fidelity = report.fidelity
+    for row in fidelity.by_kind_axes:
+        predicted, measured = row.predicted_bytes, row.measured_bytes
         ratio = f"{measured / predicted:.2f}" if predicted else "-"
-        t.add_row(
-            row["kind"], str(row["axes"]), format_bytes(predicted), format_bytes(measured), ratio
-        )
-    if report.fidelity["by_kind_axes"]:
+        t.add_row(row.kind, _axes(row), format_bytes(predicted), format_bytes(measured), ratio)
+    if fidelity.by_kind_axes:
         out.print(t)
     else:
         out.print("collectives: none predicted, none measured")
-    for message in report.fidelity["messages"][:20]:
+    for message in fidelity.messages()[:20]:
         out.print(f"  {message}")
     step = report.step
-    line = f"step time: median {format_seconds(step.median_s)} (min {format_seconds(step.min_s)}, max {format_seconds(step.max_s)}, {step.steps} steps)"
+    line = (
+        f"step time: median {format_seconds(step.median_s)} (min {format_seconds(step.min_s)}, "
+        f"max {format_seconds(step.max_s)}, {step.steps} steps)"
+    )
     if report.single_device_step is not None:
         line += f"; single device {format_seconds(report.single_device_step.median_s)}"
     line += (
@@ -386,9 +309,15 @@ def render(report) -> None:  # type: ignore[no-untyped-def]
     out.print(line)
     m = report.memory
     out.print(
-        f"memory per device (XLA): total {format_bytes(m['total_bytes'])} (arguments {format_bytes(m['argument_bytes'])}, "
-        f"outputs {format_bytes(m['output_bytes'])}, temporaries {format_bytes(m['temp_bytes'])}; reported peak "
-        f"{format_bytes(m['peak_bytes'])}); plan estimate {format_bytes(m['plan_peak_bytes'])}"
+        f"memory per device (XLA): total {format_bytes(m.total_bytes)} (arguments "
+        f"{format_bytes(m.argument_bytes)}, outputs {format_bytes(m.output_bytes)}, "
+        f"temporaries {format_bytes(m.temp_bytes)}; reported peak "
+        f"{format_bytes(m.peak_bytes)}); plan estimate {format_bytes(m.plan_peak_bytes)}"
     )
     for note in report.notes:
         out.print(f"[yellow]note:[/] {note}")
+
+
+def _axes(row: KindAxesTotal) -> str:
+    """A row's mesh axes as the JSON report writes them: `[0, 1]`, or "unmatched"."""
+    return str(list(row.axes)) if row.axes is not None else "unmatched"

@@ -1,5 +1,6 @@
-"""`rhino run FILE --plan stages.json`: a stage plan (from `rhino pipeline --out`) run
-stage by stage, verified, timed, and set against its prediction."""
+"""`rhino run FILE --plan stages.json`: the report of a stage plan (from `rhino pipeline
+--out`) run stage by stage (`rhino.runtime.request`), verified, timed, and set against its
+prediction."""
 
 from __future__ import annotations
 
@@ -9,81 +10,14 @@ from rich.table import Table
 
 from rhino.cli.common import emit_json, stdout
 from rhino.cli.pipeline_draw import write_charts
-from rhino.hlo.errors import ConfigError, VerificationFailed
-from rhino.hlo.ir import Module
+from rhino.hlo.errors import VerificationFailed
 from rhino.runtime import xla_bridge as xb
-from rhino.runtime.job import Job
-from rhino.runtime.pipeline_run import PipelineOptions, PipelineReport, run_pipeline
-from rhino.runtime.stage_programs import StagePlan
-from rhino.search.cluster import load_cluster
-from rhino.search.mesh import DeviceMesh, parse_mesh
-from rhino.search.pipeline import check_pipeline_mesh
+from rhino.runtime.pipeline_run import PipelineReport
 from rhino.search.pipeline.schedule import Timeline
-from rhino.search.spmd.planner import PlanRequest
 from rhino.search.units import format_bytes, format_seconds
 
 GANTT_WIDTH = 60
 """Characters of the text timeline."""
-
-LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
-"""Coordinator hosts under which a stage plan runs as several processes."""
-
-
-def run_stage_plan(
-    module: Module,
-    plan_file: str,
-    options: PipelineOptions,
-    devices: int | None,
-    mesh_text: str | None,
-    cluster: str,
-    level: str,
-    job: Job | None = None,
-) -> PipelineReport:
-    """Run the stage plan in `plan_file`: stage s on device s, or, with a mesh (`--mesh`,
-    else the plan's), on the s-th block of the devices of mesh axis 0, its programs sharded over the other axes
-    by plans made for them (`--opt` level `level` on `cluster`). In a `job` of several
-    processes (on one machine) the stages span all of their devices (--devices per
-    process), and arrays move between processes through jax's transfer server, at the
-    coordinator's port plus 1 + process id on the coordinator's (loopback) host."""
-    plan = StagePlan.read(plan_file)
-    spmd = None
-    per_stage = 1
-    # --mesh, else the mesh the plan was made for (`rhino pipeline --mesh`)
-    mesh = parse_mesh(mesh_text) if mesh_text is not None else None
-    if mesh is None and plan.mesh is not None:
-        mesh = DeviceMesh(plan.mesh)
-    if mesh is not None:
-        check_pipeline_mesh(mesh.shape, plan.stages)
-        if mesh.ndim > 1 and mesh.size > plan.stages:
-            spmd = PlanRequest(DeviceMesh(mesh.shape[1:]), load_cluster(cluster), level)
-            per_stage = spmd.mesh.size
-    need = plan.stages * per_stage
-    processes = job.num_processes if job else 1
-    if devices is not None and devices * processes < need:
-        raise ConfigError(
-            f"the stage plan has {plan.stages} stages of {per_stage} device(s), "
-            f"but --devices {devices} x {processes} process(es): need {need} "
-            "devices"
-        )
-    if job is None:
-        return run_pipeline(module, plan, options, spmd)
-    host, port = job.coordinator.rsplit(":", 1)
-    if host not in LOOPBACK:
-        raise ConfigError(
-            f"--coordinator {job.coordinator}: a stage plan runs as several "
-            "processes on one machine only for now (coordinator on 127.0.0.1 or "
-            "localhost): arrays cross processes through transfer servers on the "
-            "coordinator's host"
-        )
-    address = f"{host}:{int(port) + 1 + job.process_id}"
-    with xb.native_stdout_to_stderr():
-        xb.init_distributed(
-            job.coordinator, job.num_processes, job.process_id, transfer_address=address
-        )
-        try:
-            return run_pipeline(module, plan, options, spmd)
-        finally:
-            xb.shutdown_distributed()
 
 
 def show_stage_run(report: PipelineReport, as_json: bool, gantt: str | None = None) -> None:

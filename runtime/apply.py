@@ -84,7 +84,7 @@ def check_coverage(plan: Plan, flat: Module) -> None:
     for inst in plan.instructions:
         for text in (*inst.outs, *(i for i in inst.ins if i is not None)):
             try:
-                parse_spec(text, len(plan.mesh))
+                parse_spec(text, plan.mesh.ndim)
             except RhinoError as e:
                 raise ConfigError(f"the plan's layout of %{inst.name}: {e}") from None
 

@@ -138,7 +138,7 @@ def add_constraints(module: Module, plan: Plan) -> tuple[Module, tuple[str, ...]
 
     Returns the module and notes on the layouts that could not be written.
     """
-    writer = _Writer(module, DeviceMesh(tuple(plan.mesh)))
+    writer = _Writer(module, plan.mesh)
     writer.used = {inst.name for inst in module.instructions()}
     by_name = {inst.name: inst for inst in module.instructions()}
     paths: dict[tuple[str, str, int], tuple[str, ...]] = {}

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rhino.hlo.errors import ConfigError
+
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+"""Coordinator hosts under which a stage plan runs as several processes."""
+
 
 @dataclass(frozen=True)
 class Job:
@@ -15,3 +20,18 @@ class Job:
     num_processes: int
     process_id: int
     """This process's index, 0 .. num_processes-1."""
+
+    def transfer_address(self) -> str:
+        """HOST:PORT of this process's transfer server, through which a stage plan's
+        arrays cross processes: the coordinator's host, at its port plus 1 + process id.
+        Raises ConfigError unless that host is this machine (`LOOPBACK`)."""
+        host, port = self.coordinator.rsplit(":", 1)
+        if host not in LOOPBACK:
+            raise ConfigError(
+                f"coordinator {self.coordinator}: a stage plan runs as several "
+                "processes on one machine only for now (coordinator on 127.0.0.1 or "
+                "localhost): arrays cross processes through transfer servers on the "
+                "coordinator's host",
+                "coordinator",
+            )
+        return f"{host}:{int(port) + 1 + self.process_id}"

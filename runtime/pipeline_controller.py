@@ -43,8 +43,8 @@ MAX_EPSILON = 2.0
 class Candidate:
     kind: str
     """"spmd", "pipeline" (one device a stage) or "hybrid"."""
-    mesh: tuple[int, ...]
-    """SPMD: the mesh; pipeline and hybrid: (stages, devices a stage)."""
+    mesh: DeviceMesh
+    """SPMD: the mesh; pipeline and hybrid: stages x devices a stage."""
     step_s: float | None
     """Estimated step time; None when it could not be planned."""
     note: str
@@ -55,7 +55,7 @@ class Candidate:
     def to_json(self) -> dict[str, object]:
         return {
             "kind": self.kind,
-            "mesh": list(self.mesh),
+            "mesh": self.mesh.to_json(),
             "step_s": self.step_s,
             "note": self.note,
         }
@@ -93,30 +93,31 @@ def compare_layouts(
 
 
 def _spmd(module: Module, request: PlanRequest) -> Candidate:
-    mesh = request.mesh.shape
+    mesh = request.mesh
     try:
         plan = make_plan(module, request)
     except RhinoError as exc:
         return Candidate("spmd", mesh, None, str(exc))
-    return Candidate("spmd", mesh, plan.objective_s, f"{request.level} plan on {_x(mesh)}")
+    return Candidate("spmd", mesh, plan.objective_s, f"{request.level} plan on {mesh}")
 
 
 def _staged(
     module: Module, stages: int, size: int, request: PlanRequest, m: int, epsilon: float | None
 ) -> Candidate:
     kind = "pipeline" if size == 1 else "hybrid"
+    layout = DeviceMesh((stages, size))
     try:
         plan, eps = _stage_plan(module, stages, m, request, epsilon)
         programs = stage_programs(module, plan, m)
         times = _program_times(programs, dataclasses.replace(request, mesh=DeviceMesh((size,))))
         step = simulate("1f1b", _stage_times(programs, times, request.cluster, size), m).step_s
     except RhinoError as exc:
-        return Candidate(kind, (stages, size), None, str(exc))
+        return Candidate(kind, layout, None, str(exc))
     note = (
         f"{stages} stages (epsilon {eps:g}), each program planned on {size} device(s), "
         f"1F1B over {m} micro-batches simulated"
     )
-    return Candidate(kind, (stages, size), step, note, plan)
+    return Candidate(kind, layout, step, note, plan)
 
 
 def _stage_plan(
@@ -172,7 +173,3 @@ def _stage_times(
         send_s=send_s,
         activation_bytes=tuple(float(b) for b in graph.activation_bytes),
     )
-
-
-def _x(mesh: tuple[int, ...]) -> str:
-    return "x".join(map(str, mesh))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rhino.hlo.errors import ExecutionError
@@ -69,17 +69,32 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class MemoryReport:
+    """XLA's sizes per device of the compiled program, and the plan's estimate."""
+
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    peak_bytes: int
+    """XLA's reported peak (on CPU: arguments plus outputs, the temporaries left out)."""
+    total_bytes: int
+    """What XLA's buffer assignment allocates in all: arguments, outputs (less those
+    aliased to arguments) and temporaries."""
+    plan_peak_bytes: float
+    """The plan's estimate of the peak."""
+
+
+@dataclass(frozen=True)
 class RunReport:
-    mesh: tuple[int, ...]
+    mesh: DeviceMesh
     devices: tuple[str, ...]
     """The devices used (`cpu:0`, ...)."""
-    verify: dict[str, Any] | None
+    verify: VerifyReport | None
     """ok, and per output its max absolute and relative error."""
-    fidelity: dict[str, Any]
+    fidelity: FidelityReport
     step: Timing
     single_device_step: Timing | None
-    memory: dict[str, float]
-    """XLA's per-device sizes (argument, output, temp, peak) and the plan's estimate."""
+    memory: MemoryReport
     predicted_step_s: float
     """The plan's estimate for its cluster (the search's objective)."""
     kernels: int
@@ -95,7 +110,27 @@ class RunReport:
 
     @property
     def ok(self) -> bool:
-        return self.verify is None or bool(self.verify["ok"])
+        return self.verify is None or self.verify.ok
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as `rhino run --json` prints it."""
+        return {
+            "mesh": self.mesh.to_json(),
+            "devices": list(self.devices),
+            "verify": None if self.verify is None else self.verify.to_json(),
+            "fidelity": self.fidelity.to_dict(),
+            "step": asdict(self.step),
+            "single_device_step": None
+            if self.single_device_step is None
+            else asdict(self.single_device_step),
+            "memory": asdict(self.memory),
+            "predicted_step_s": self.predicted_step_s,
+            "kernels": self.kernels,
+            "notes": list(self.notes),
+            "process_index": self.process_index,
+            "process_count": self.process_count,
+            "local_partitions": list(self.local_partitions),
+        }
 
 
 def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
@@ -109,7 +144,7 @@ def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
 
 def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
     """Execute `plan` on the job's devices; verify and measure it (see module doc)."""
-    mesh = DeviceMesh(tuple(plan.mesh))
+    mesh = plan.mesh
     process = xb.process_info()
     devices = _mesh_devices(options.platform, mesh, process)
     original = print_module(planned_module(module))
@@ -141,24 +176,22 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
             xb.time_execution(reference, whole, warmup=options.warmup, steps=options.steps)
         )
     stats = sharded.memory_stats()
-    memory = {
-        "argument_bytes": stats.argument_bytes,
-        "output_bytes": stats.output_bytes,
-        "temp_bytes": stats.temp_bytes,
-        "peak_bytes": stats.peak_bytes,
-        # what XLA's buffer assignment allocates per device in all: on CPU `peak_bytes`
-        # is arguments plus outputs and leaves the temporaries out
-        "total_bytes": stats.argument_bytes
+    memory = MemoryReport(
+        argument_bytes=stats.argument_bytes,
+        output_bytes=stats.output_bytes,
+        temp_bytes=stats.temp_bytes,
+        peak_bytes=stats.peak_bytes,
+        total_bytes=stats.argument_bytes
         + stats.output_bytes
         - stats.alias_bytes
         + stats.temp_bytes,
-        "plan_peak_bytes": plan.peak_memory_bytes,
-    }
+        plan_peak_bytes=plan.peak_memory_bytes,
+    )
     return RunReport(
-        mesh=mesh.shape,
+        mesh=mesh,
         devices=tuple(str(d) for d in devices),
-        verify=None if verify_report is None else _verify_doc(verify_report),
-        fidelity=fidelity.to_dict(),
+        verify=verify_report,
+        fidelity=fidelity,
         step=step,
         single_device_step=single,
         memory=memory,
@@ -169,22 +202,6 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
         process_count=process.count,
         local_partitions=sharded.addressable,
     )
-
-
-def _verify_doc(report: VerifyReport) -> dict[str, Any]:
-    return {
-        "ok": report.ok,
-        "summary": report.summary(),
-        "outputs": [
-            {
-                "index": k,
-                "ok": o.ok,
-                "max_abs_error": o.max_abs_error,
-                "max_rel_error": o.max_rel_error,
-            }
-            for k, o in enumerate(report.outputs)
-        ],
-    }
 
 
 def _mesh_devices(

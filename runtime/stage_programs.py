@@ -53,6 +53,7 @@ from rhino.runtime.pipeline_microbatch import (
     flat_step,
     input_groups,
 )
+from rhino.search.mesh import DeviceMesh
 from rhino.search.pipeline import PipelinePlan, ScheduleReport, is_stage_plan_doc
 from rhino.search.pipeline.split import Role, StepSplit, split_step, state_scalars
 
@@ -87,7 +88,7 @@ class StagePlan:
     """(from, to) -> bytes per step the plan predicts."""
     schedules: dict[str, ScheduleReport]
     """Schedule name -> the plan's predicted step, bubble and peak activations."""
-    mesh: tuple[int, ...] | None = None
+    mesh: DeviceMesh | None = None
     """Hybrid: the mesh the plan was made for (stages on axis 0), or None."""
     loss: str | None = None
     """The loss the plan found or was given (`rhino pipeline --loss`)."""
@@ -104,7 +105,7 @@ class StagePlan:
                 (r.stage, int(t)): b for r in plan.stage_reports for t, b in r.sent_bytes.items()
             },
             schedules=dict(plan.schedules),
-            mesh=tuple(plan.mesh) if plan.mesh else None,
+            mesh=plan.mesh,
             loss=plan.loss or None,
         )
 

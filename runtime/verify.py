@@ -215,6 +215,22 @@ class VerifyReport:
         )
         return "\n  ".join([head, *(o.describe() for o in bad)])
 
+    def to_json(self) -> dict[str, Any]:
+        """ok, the summary, and per output its largest errors (`rhino run --json`)."""
+        return {
+            "ok": self.ok,
+            "summary": self.summary(),
+            "outputs": [
+                {
+                    "index": o.index,
+                    "ok": o.ok,
+                    "max_abs_error": o.max_abs_error,
+                    "max_rel_error": o.max_rel_error,
+                }
+                for o in self.outputs
+            ],
+        }
+
     def raise_if_failed(self) -> None:
         """Raise `VerificationFailed` (exit code 1) naming every mismatched output."""
         if not self.ok:

@@ -31,7 +31,6 @@ cluster model (`--cluster`).
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import sys
@@ -191,7 +190,7 @@ def compile_programs(
     for name, plan in plans.items():
         try:
             annotated = apply_plan(module, plan)
-            n = math.prod(plan.mesh)
+            n = plan.mesh.size
             compiled = xb.compile_spmd(
                 print_module(annotated), xb.local_devices("cpu", n), num_partitions=n
             )

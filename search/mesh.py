@@ -114,6 +114,21 @@ class DeviceMesh:
     def __str__(self) -> str:
         return "x".join(str(n) for n in self.shape)
 
+    # -- on disk -------------------------------------------------------------------------
+
+    def to_json(self) -> list[int]:
+        """The mesh in a plan file or a JSON report: its axis sizes, `[2, 4]`."""
+        return list(self.shape)
+
+    @staticmethod
+    def from_json(sizes: object) -> DeviceMesh:
+        """The mesh `to_json` wrote; raises ConfigError for anything but a list of sizes."""
+        if not isinstance(sizes, list | tuple) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in sizes
+        ):
+            raise ConfigError(f"mesh {sizes!r}: expected a list of positive axis sizes")
+        return DeviceMesh(tuple(sizes))
+
 
 def parse_mesh(text: str) -> DeviceMesh:
     """Parse a mesh shape like "8", "2x8" or "2x2x4" (outermost axis first)."""

@@ -35,6 +35,7 @@ from typing import Any
 from rhino.hlo.errors import ConfigError, InfeasibleError
 from rhino.hlo.ir import Module
 from rhino.search.cluster import Cluster, Link
+from rhino.search.mesh import DeviceMesh
 from rhino.search.pipeline.baselines import Baseline, best_split, best_split_late, equal_count
 from rhino.search.pipeline.ilp import StageAssignment, StageSolveStats, solve_stages
 from rhino.search.pipeline.problem import StageProblem
@@ -78,7 +79,7 @@ class PipelineRequest:
     tightening: bool = True
     loss: str | None = None
     """Name of the loss instruction (found from the graph when None)."""
-    mesh: tuple[int, ...] | None = None
+    mesh: DeviceMesh | None = None
     """Hybrid (Rhino §5): the job's mesh, the pipeline on axis 0 (its size is `stages`),
     each stage's programs sharded over the other axes when the plan runs."""
 
@@ -117,8 +118,9 @@ class PipelinePlan:
     instructions: tuple[InstructionStage, ...]
     """Every ENTRY instruction, in program order."""
     timelines: dict[str, Timeline] = field(default_factory=dict, compare=False)
-    mesh: list[int] | None = None
-    """Hybrid: the mesh whose axis 0 the stages are (see `PipelineRequest.mesh`)."""
+    mesh: DeviceMesh | None = None
+    """Hybrid: the mesh whose axis 0 the stages are (see `PipelineRequest.mesh`); on disk
+    its axis sizes."""
 
     def to_json(self) -> dict[str, object]:
         """The stage plan file: `{"schema": "rhino.pipeline/1", ...}`, the convention of
@@ -145,7 +147,7 @@ class PipelinePlan:
             "schedules": {name: s.to_json() for name, s in self.schedules.items()},
             "baselines": [b.to_json() for b in self.baselines],
             "instructions": [i.to_json() for i in self.instructions],
-            "mesh": None if self.mesh is None else list(self.mesh),
+            "mesh": None if self.mesh is None else self.mesh.to_json(),
         }
 
     @staticmethod
@@ -189,7 +191,9 @@ class PipelinePlan:
                 },
                 baselines=tuple(BaselineReport.from_json(b) for b in doc["baselines"]),
                 instructions=tuple(InstructionStage.from_json(i) for i in doc["instructions"]),
-                mesh=[int(n) for n in doc["mesh"]] if doc.get("mesh") else None,
+                mesh=DeviceMesh.from_json([int(n) for n in doc["mesh"]])
+                if doc.get("mesh")
+                else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"{where} is malformed: {type(exc).__name__} {exc}") from None
@@ -252,12 +256,12 @@ def check_request(request: PipelineRequest, forward_instructions: int) -> None:
         check_pipeline_mesh(request.mesh, request.stages)
 
 
-def check_pipeline_mesh(mesh: tuple[int, ...], stages: int) -> None:
+def check_pipeline_mesh(mesh: DeviceMesh, stages: int) -> None:
     """The pipeline is mesh axis 0: it must have one device (block) per stage."""
-    if mesh[0] != stages:
+    if mesh.shape[0] != stages:
         raise ConfigError(
-            f"mesh {'x'.join(map(str, mesh))}: the pipeline is mesh axis 0, "
-            f"which has {mesh[0]} devices, not {stages} stages",
+            f"mesh {mesh}: the pipeline is mesh axis 0, "
+            f"which has {mesh.shape[0]} devices, not {stages} stages",
             "mesh",
         )
 
@@ -396,7 +400,7 @@ def _report(
             for k, inst in enumerate(split.order)
         ),
         timelines=timelines,
-        mesh=list(request.mesh) if request.mesh else None,
+        mesh=request.mesh,
     )
 
 

@@ -19,7 +19,7 @@ from rhino.search.workers import worker_context
 class MeshTrial:
     """How one mesh shape did."""
 
-    mesh: tuple[int, ...]
+    mesh: DeviceMesh
     objective_s: float | None
     """Predicted step time; None when no plan was found."""
     error: str | None
@@ -63,15 +63,11 @@ def plan_best_mesh(
         ) as pool:
             results = list(pool.map(_trial, work))
     trials = tuple(
-        MeshTrial(m.shape, plan.objective_s if plan else None, error)
+        MeshTrial(m, plan.objective_s if plan else None, error)
         for m, (plan, error) in zip(meshes, results, strict=True)
     )
     found = [(plan.objective_s, k, plan) for k, (plan, _) in enumerate(results) if plan is not None]
     if not found:
-        reasons = "; ".join(f"{_name(t.mesh)}: {t.error}" for t in trials)
+        reasons = "; ".join(f"{t.mesh}: {t.error}" for t in trials)
         raise InfeasibleError(f"no mesh of {devices} devices has a plan: {reasons}")
     return min(found, key=lambda t: (t[0], t[1]))[2], trials
-
-
-def _name(shape: tuple[int, ...]) -> str:
-    return str(DeviceMesh(shape))

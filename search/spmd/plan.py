@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rhino.hlo.errors import ConfigError
+from rhino.search.mesh import DeviceMesh
 
 LEVELS = ("O2", "O3")
 """The search levels (`--opt`): O2 subgraph merging, O3 the whole-graph ILP."""
@@ -87,7 +88,8 @@ class PlannedReshard:
 class Plan:
     module: str
     module_hash: str
-    mesh: tuple[int, ...]
+    mesh: DeviceMesh
+    """On disk: its axis sizes, `[2, 4]`."""
     cluster: str
     level: str
     objective_s: float
@@ -146,7 +148,7 @@ class Plan:
             )
         try:
             fields = {k: v for k, v in doc.items() if k != "schema"}
-            fields["mesh"] = tuple(fields["mesh"])
+            fields["mesh"] = DeviceMesh.from_json(fields["mesh"])
             fields["instructions"] = tuple(
                 InstructionPlan(**{**i, "outs": tuple(i["outs"]), "ins": tuple(i["ins"])})
                 for i in fields["instructions"]
@@ -176,10 +178,13 @@ class Plan:
 
 
 def jsonable(value: Any) -> Any:
-    """Dataclasses (field by field), tuples and numpy scalars as plain JSON types; what
-    `dataclasses.asdict` gives, without its deep copies (a 40k-instruction plan: seconds)."""
+    """Dataclasses (field by field; a mesh as its axis sizes), tuples and numpy scalars as
+    plain JSON types; what `dataclasses.asdict` gives, without its deep copies (a
+    40k-instruction plan: seconds)."""
     if isinstance(value, str | int | float | bool) or value is None:
         return value
+    if isinstance(value, DeviceMesh):
+        return value.to_json()
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -213,11 +218,10 @@ class MeshUse:
 
 def mesh_use(plan: Plan) -> MeshUse:
     """Which mesh axes the plan splits work along, and the useful share of the compute."""
-    from rhino.search.mesh import DeviceMesh
     from rhino.search.spmd.spec import parse_spec
     from rhino.search.spmd.strategy import dividing_axes, work_fraction
 
-    mesh = DeviceMesh(plan.mesh)
+    mesh = plan.mesh
     used: set[int] = set()
     ideal = actual = 0.0
     sizes: set[int] = set()
@@ -229,8 +233,8 @@ def mesh_use(plan: Plan) -> MeshUse:
         ideal += cost / (work_fraction(specs, mesh) * mesh.size)
         actual += cost
         sizes.update(int(d) for dims in _DIMS.findall(inst.shape) for d in dims.split(",") if d)
-    idle = tuple(a for a, size in enumerate(plan.mesh) if size > 1 and a not in used)
-    undividable = tuple(a for a in idle if not any(d % plan.mesh[a] == 0 for d in sizes if d > 1))
+    idle = tuple(a for a, size in enumerate(mesh.shape) if size > 1 and a not in used)
+    undividable = tuple(a for a in idle if not any(d % mesh.shape[a] == 0 for d in sizes if d > 1))
     return MeshUse(ideal / actual if actual > 0 else 1.0, idle, undividable)
 
 
@@ -239,14 +243,14 @@ def mesh_use_warnings(plan: Plan) -> tuple[str, ...]:
     use = mesh_use(plan)
     if not use.idle_axes:
         return ()
-    shape = "x".join(map(str, plan.mesh))
+    shape = str(plan.mesh)
 
     def named(axes: tuple[int, ...]) -> str:
-        return " and ".join(f"axis {a} ({plan.mesh[a]} devices)" for a in axes)
+        return " and ".join(f"axis {a} ({plan.mesh.shape[a]} devices)" for a in axes)
 
     them = "them" if len(use.idle_axes) > 1 else "it"
     if use.undividable_axes == use.idle_axes:
-        sizes = sorted({plan.mesh[a] for a in use.idle_axes})
+        sizes = sorted({plan.mesh.shape[a] for a in use.idle_axes})
         why = (
             f": no dimension of any tensor divides by {' or '.join(map(str, sizes))} "
             "(choose mesh sizes that divide the batch or model dimensions)"

@@ -526,7 +526,7 @@ def to_plan(
     return Plan(
         module=graph.module.name,
         module_hash=module_hash(print_module(graph.module)),
-        mesh=mesh.shape,
+        mesh=mesh,
         cluster=graph.cluster.name,
         level=request.level,
         objective_s=compute + comm,

@@ -38,22 +38,26 @@ def test_a_plan_for_another_module_is_refused(tmp_path: Path) -> None:
 
 
 def test_failed_verification_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
-    import rhino.runtime.runner as runner
+    import dataclasses
 
-    real = runner.run_plan
+    import rhino.runtime.request as request
+
+    real = request.run_plan
+    outputs: list[int] = []
 
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         report = real(*args, **kwargs)
-        return runner.RunReport(
-            **{
-                **report.__dict__,
-                "verify": {**report.verify, "ok": False, "summary": "0/3 outputs match"},
-            }
+        assert report.verify is not None
+        failed = tuple(dataclasses.replace(o, ok=False) for o in report.verify.outputs)
+        outputs.append(len(failed))
+        return dataclasses.replace(
+            report, verify=dataclasses.replace(report.verify, outputs=failed)
         )
 
-    monkeypatch.setattr(runner, "run_plan", broken)
+    monkeypatch.setattr(request, "run_plan", broken)
     r = invoke("run", str(MLP), "--mesh", "1x4", "--devices", "4", "--steps", "1")
-    assert r.exit_code == 1 and "0/3 outputs match" in r.output
+    assert r.exit_code == 1 and f"0/{outputs[0]} outputs match" in r.output
+    assert "verification: FAILED" in r.output
 
 
 def test_plan_or_mesh_is_needed() -> None:

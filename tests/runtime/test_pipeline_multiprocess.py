@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from rhino.search.cluster import load_cluster
+from rhino.search.mesh import DeviceMesh
 from rhino.search.pipeline import PipelineRequest, plan_pipeline
 from rhino.search.problem import SolveOptions
 from tests.hlo.corpus import ROOT
@@ -45,7 +46,7 @@ def test_two_processes_run_a_hybrid_stage_plan(tmp_path: Path) -> None:
         2,
         load_cluster("m8"),
         SolveOptions(time_limit_s=20, threads=1, work_limit=2.0),
-        mesh=(2, 2),
+        mesh=DeviceMesh((2, 2)),
     )
     plan_pipeline(example("mlp"), request).write(plan)
     port = _free_port()
