@@ -1,0 +1,116 @@
+"""No import cycle in the package: the modules' imports, read from their source (at module
+level and inside functions alike; `if TYPE_CHECKING:` blocks aside, which never run),
+make a graph without a cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.hlo.corpus import ROOT
+
+PACKAGES = {
+    "rhino.hlo": "hlo",
+    "rhino.search": "search",
+    "rhino.runtime": "runtime",
+    "rhino.cli": "cli",
+}
+"""Each subpackage of `rhino` and its folder (pyproject.toml's package-dir)."""
+
+
+def modules(root: Path, packages: dict[str, str]) -> dict[str, Path]:
+    """Dotted module name -> source file, for every module under the packages' folders."""
+    found = {}
+    for package, folder in packages.items():
+        for path in (root / folder).rglob("*.py"):
+            parts = list(path.relative_to(root / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def imported(path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of `known` that `path` imports (`from p import m` of a submodule m
+    counts as importing m, not the package p)."""
+    out: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse)
+                continue
+            if isinstance(node, ast.Import):
+                out.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    out.add(sub if sub in known else node.module)
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    visit([child])
+                elif isinstance(child, ast.excepthandler):
+                    visit(child.body)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return {m for m in out if m in known}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph[v]:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def import_graph(root: Path, packages: dict[str, str]) -> dict[str, set[str]]:
+    known = modules(root, packages)
+    return {name: imported(path, known) for name, path in known.items()}
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = import_graph(ROOT, PACKAGES)
+    assert len(graph) > 50 and "rhino.runtime.request" in graph["rhino.cli.run_cmd"]
+    assert cycles(graph) == []
+
+
+def test_a_cycle_through_a_function_level_import_is_found(tmp_path: Path) -> None:
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "__init__.py").write_text("")
+    (tmp_path / "p" / "a.py").write_text("from p.b import f\n")
+    (tmp_path / "p" / "b.py").write_text("def f():\n    from p import c\n")
+    (tmp_path / "p" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import p.b\nimport p.a\n"
+    )
+    (tmp_path / "p" / "d.py").write_text("import p.a\n")
+    graph = import_graph(tmp_path, {"p": "p"})
+    assert graph["p.c"] == {"p.a"}  # the TYPE_CHECKING import left out
+    assert cycles(graph) == [["p.a", "p.b", "p.c"]]
