@@ -187,6 +187,7 @@ def _run_stages(request: RunRequest, plan: StagePlan, say: Callable[[str], None]
     plans made for them. In a job of several processes (on one machine) the stages span
     all of their devices, and arrays move between processes through jax's transfer
     servers (`Job.transfer_address`)."""
+    say("compiling the stage programs and running the schedule")
     spmd = None
     per_stage = 1
     mesh = request.mesh or plan.mesh
@@ -214,7 +215,6 @@ def _run_stages(request: RunRequest, plan: StagePlan, say: Callable[[str], None]
         request.steps,
         request.warmup,
     )
-    say("compiling the stage programs and running the schedule")
     if job is None:
         return run_pipeline(request.module, plan, options, spmd)
     with _joined(job, job.transfer_address()):

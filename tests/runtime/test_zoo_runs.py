@@ -44,6 +44,4 @@ def test_zoo_plan_runs_matches_and_moves_the_predicted_bytes(model: str, mesh: s
     report = run_plan(module, plan, RunOptions(steps=1, warmup=0, baseline=False))
     assert report.ok, report.verify
     fidelity = report.fidelity
-    assert fidelity["ratio"] is not None and abs(fidelity["ratio"] - 1) <= 0.10, fidelity[
-        "messages"
-    ]
+    assert fidelity.ratio is not None and abs(fidelity.ratio - 1) <= 0.10, fidelity.messages()

@@ -120,6 +120,6 @@ def test_the_plan_runs_and_xla_inserts_the_gradient_all_reduces() -> None:
     plan = Plan.from_dict(plan.to_dict())  # what `rhino run --plan` reads
     report = run_plan(module, plan, RunOptions(platform="cpu", steps=1, warmup=0, baseline=False))
     assert report.ok, report.verify
-    measured = {row["kind"]: row["measured_bytes"] for row in report.fidelity["by_kind_axes"]}
+    measured = {row.kind: row.measured_bytes for row in report.fidelity.by_kind_axes}
     assert measured.get("all-reduce", 0) >= sum(GRADIENT_DOTS.values())
     assert set(measured) == {"all-reduce"}
