@@ -36,6 +36,7 @@ from rhino.hlo.ir import CALLED_COMPUTATION_KEYS, Computation, Instruction, Modu
 from rhino.hlo.lexemes import (
     ATTR_KEY,
     BRACED1,
+    DTYPE,
     INSTRUCTION_HEAD,
     INSTRUCTION_LHS,
     INSTRUCTION_LINE,
@@ -73,7 +74,7 @@ _ATTR_KEY = re.compile(r"(" + ATTR_KEY + r")[ \t]*=[ \t]*")
 _FAST_VALUE = re.compile(
     r"(?:" + BRACED1 + r"|" + STRING + r"|[^\s,{}()\"\[\]]+)(?=[ \t]*(?:,|\n|$|/\*))"
 )
-_SHAPE_START = re.compile(r"[a-z][a-z0-9]*\[|\(")
+_SHAPE_START = re.compile(DTYPE + r"\[|\(")
 _SECTION_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 _CLOSERS = {"{": "}", "[": "]", "(": ")"}
 # a line that starts a new instruction or closes a computation: an open bracket never spans it

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from rhino.hlo.errors import TextError
+from rhino.hlo.lexemes import DTYPE
 
 # bits per element; sub-byte types count as a fraction of a byte
 DTYPE_BITS: dict[str, int] = {
@@ -157,7 +158,7 @@ def tuple_shape(elements: list[Shape] | tuple[Shape, ...]) -> Shape:
     return Shape("tuple", (), None, (), tuple(elements))
 
 
-_ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](?:\{([^{}]*)\})?")
+_ARRAY_RE = re.compile(r"(" + DTYPE + r")\[([^\]]*)\](?:\{([^{}]*)\})?")
 _COMMENT_WS_RE = re.compile(r"(?:\s+|/\*.*?\*/)*", re.S)
 _DIM_RE = re.compile(r"\s*(<=)?\s*(\d+|\?)\s*$")
 _SIMPLE_DIMS_RE = re.compile(r"(?:\d+(?:,\d+)*)?")
