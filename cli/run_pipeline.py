@@ -30,7 +30,7 @@ def show_stage_run(report: PipelineReport, as_json: bool, gantt: str | None = No
     else:
         render(report)
     if not report.ok:
-        raise VerificationFailed(report.verify["summary"] if report.verify else "failed")
+        raise VerificationFailed(report.verify.summary() if report.verify else "failed")
 
 
 def render(report: PipelineReport) -> None:
@@ -49,13 +49,13 @@ def render(report: PipelineReport) -> None:
         f"jax {xb.versions()['jax']}"
     )
     if report.verify is not None:
-        mark = "[green]ok[/]" if report.verify["ok"] else "[red]FAILED[/]"
-        out.print(f"verification: {mark}: {report.verify['summary']}")
-        worst = max(report.verify["outputs"], key=lambda o: o["max_rel_error"], default=None)
+        mark = "[green]ok[/]" if report.verify.ok else "[red]FAILED[/]"
+        out.print(f"verification: {mark}: {report.verify.summary()}")
+        worst = max(report.verify.outputs, key=lambda o: o.max_rel_error, default=None)
         if worst is not None:
             out.print(
-                f"  largest errors: abs {worst['max_abs_error']:.3g}, rel "
-                f"{worst['max_rel_error']:.3g} (output {worst['index']})"
+                f"  largest errors: abs {worst.max_abs_error:.3g}, rel "
+                f"{worst.max_rel_error:.3g} (output {worst.index})"
             )
     out.print(_task_table(report))
     out.print(_bytes_table(report))

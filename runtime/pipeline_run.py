@@ -101,6 +101,35 @@ class StepRecord:
 
 
 @dataclass(frozen=True)
+class StepVerifyReport:
+    """The outputs of a pipelined step this process made, against the single-device
+    step's on the same inputs."""
+
+    outputs: tuple[OutputCheck, ...]
+    seed: int
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.outputs)
+
+    def summary(self) -> str:
+        bad = [c for c in self.outputs if not c.ok]
+        head = (
+            f"{len(self.outputs) - len(bad)}/{len(self.outputs)} outputs match the "
+            f"single-device step (seed {self.seed})"
+        )
+        return "\n  ".join([head, *(c.describe() for c in bad)])
+
+    def to_json(self) -> dict[str, Any]:
+        """ok, the summary and per output its errors (as `rhino run` reports a plan's)."""
+        return {
+            "ok": self.ok,
+            "summary": self.summary(),
+            "outputs": [c.to_json() for c in self.outputs],
+        }
+
+
+@dataclass(frozen=True)
 class PipelineReport:
     module: str
     stages: int
@@ -109,7 +138,7 @@ class PipelineReport:
     devices: tuple[str, ...]
     programs: list[dict[str, Any]]
     """Per program: stage, kind, instructions, inputs, outputs, compile seconds."""
-    verify: dict[str, Any] | None
+    verify: StepVerifyReport | None
     step: dict[str, float]
     """median, min, max seconds and the step count."""
     single_device_step_s: float | None
@@ -136,10 +165,11 @@ class PipelineReport:
 
     @property
     def ok(self) -> bool:
-        return self.verify is None or bool(self.verify["ok"])
+        return self.verify is None or self.verify.ok
 
     def to_json(self) -> dict[str, Any]:
         doc = dict(self.__dict__)
+        doc["verify"] = None if self.verify is None else self.verify.to_json()
         doc["measured_timeline"] = _timeline_doc(doc.pop("measured"))
         doc["simulated_timeline"] = _timeline_doc(doc.pop("simulated"))
         return doc
@@ -299,7 +329,7 @@ def run_pipeline(
             for i, g in enumerate(got)
             if g is not None
         ]
-        verify = verify_doc(checks, options.seed)
+        verify = StepVerifyReport(tuple(checks), options.seed)
         times = xb.time_execution(reference, inputs, warmup=0, steps=options.steps)
         single = statistics.median(times)
     return _report(pipeline, table, records, verify, single)
@@ -566,32 +596,11 @@ class _Stage:
             self.mail.put((v, k, t), moved)
 
 
-def verify_doc(checks: Sequence[OutputCheck], seed: int) -> dict[str, Any]:
-    """ok, a summary and per output its errors (as `rhino run` reports a plan's)."""
-    bad = [c for c in checks if not c.ok]
-    summary = (
-        f"{len(checks) - len(bad)}/{len(checks)} outputs match the single-device step (seed {seed})"
-    )
-    return {
-        "ok": not bad,
-        "summary": "\n  ".join([summary, *(c.describe() for c in bad)]),
-        "outputs": [
-            {
-                "index": c.index,
-                "ok": c.ok,
-                "max_abs_error": c.max_abs_error,
-                "max_rel_error": c.max_rel_error,
-            }
-            for c in checks
-        ],
-    }
-
-
 def _report(
     pipeline: Pipeline,
     table: Schedule,
     records: list[StepRecord],
-    verify: dict[str, Any] | None,
+    verify: StepVerifyReport | None,
     single: float | None,
 ) -> PipelineReport:
     programs, graph, plan = pipeline.programs, pipeline.graph, pipeline.plan

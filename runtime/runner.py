@@ -213,7 +213,7 @@ def _mesh_devices(
         total = xb.device_count(platform)
         if total != mesh.size:
             raise ExecutionError(
-                f"the plan's mesh {'x'.join(map(str, mesh.shape))} has {mesh.size} devices "
+                f"the plan's mesh {mesh} has {mesh.size} devices "
                 f"but the {process.count} processes of this job have {total} in all; a job "
                 f"of several processes runs on all of its devices"
             )

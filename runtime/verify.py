@@ -186,6 +186,15 @@ class OutputCheck:
             text += f", {self.nonfinite_expected} NaN/inf expected"
         return text
 
+    def to_json(self) -> dict[str, Any]:
+        """Its place, verdict and largest errors (as `rhino run --json` reports them)."""
+        return {
+            "index": self.index,
+            "ok": self.ok,
+            "max_abs_error": self.max_abs_error,
+            "max_rel_error": self.max_rel_error,
+        }
+
 
 @dataclass(frozen=True)
 class VerifyReport:
@@ -220,15 +229,7 @@ class VerifyReport:
         return {
             "ok": self.ok,
             "summary": self.summary(),
-            "outputs": [
-                {
-                    "index": o.index,
-                    "ok": o.ok,
-                    "max_abs_error": o.max_abs_error,
-                    "max_rel_error": o.max_rel_error,
-                }
-                for o in self.outputs
-            ],
+            "outputs": [o.to_json() for o in self.outputs],
         }
 
     def raise_if_failed(self) -> None:
