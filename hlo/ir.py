@@ -9,7 +9,7 @@ printed back unchanged. `users` is kept right by the mutators of this module.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -371,6 +371,20 @@ class Computation:
     def get(self, name: str) -> Instruction | None:
         return self._by_name.get(name)
 
+    @property
+    def by_name(self) -> Mapping[str, Instruction]:
+        """The instructions by name (read-only: `add`, `insert_before`, `remove` and
+        `rename` keep it)."""
+        return self._by_name
+
+    def rename(self, inst: Instruction, name: str) -> None:
+        """Give `inst` (of this computation) the name `name`, which none here has."""
+        if name in self._by_name:
+            raise ValueError(f"computation {self.name} already has an instruction %{name}")
+        del self._by_name[inst.name]
+        inst.name = name
+        self._by_name[name] = inst
+
     def unused_name(self, base: str) -> str:
         """`base`, or `base.1`, `base.2`, ...: the first no instruction here has."""
         k, candidate = 0, base
@@ -433,6 +447,12 @@ class Module:
 
     def computation(self, name: str) -> Computation | None:
         return self._by_name.get(name)
+
+    def retain_computations(self, names: Collection[str]) -> None:
+        """Keep only the computations named in `names`, in their order (the caller makes
+        sure that none kept calls one dropped)."""
+        self.computations = [c for c in self.computations if c.name in names]
+        self._by_name = {c.name: c for c in self.computations}
 
     @property
     def entry(self) -> Computation:

@@ -29,6 +29,7 @@ import gc
 import gzip
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from rhino.hlo.errors import HloParseError, TextError
@@ -300,9 +301,10 @@ class _Parser:
         pos = brace + 1
         root: Instruction | None = None
         fast_line = INSTRUCTION_LINE.match if self.fast else None
+        by_name = comp.by_name
         while True:
             m = fast_line(text, pos) if fast_line is not None else None
-            fast_inst = self.build_fast(comp, m) if m is not None else None
+            fast_inst = self.build_fast(comp, by_name, m) if m is not None else None
             if fast_inst is not None:
                 inst, is_root, pos = fast_inst, m.group(1) is not None, m.end()  # type: ignore[union-attr]
             else:
@@ -385,7 +387,7 @@ class _Parser:
             attrs, attr_pos, pos = self.parse_attributes(pos)
             if attrs:
                 references = self.references(comp, attrs, attr_pos)
-        if name in comp._by_name:
+        if name in comp.by_name:
             raise self.error(
                 f"duplicate instruction name %{name} in computation {comp.name}", name_pos
             )
@@ -402,14 +404,15 @@ class _Parser:
             self.note_references(inst, references)
         return inst, is_root, pos
 
-    def build_fast(self, comp: Computation, m: re.Match[str]) -> Instruction | None:
-        """The instruction of a line INSTRUCTION_LINE matched, or None to leave the line to
-        the exact path.
+    def build_fast(
+        self, comp: Computation, by_name: Mapping[str, Instruction], m: re.Match[str]
+    ) -> Instruction | None:
+        """The instruction of a line INSTRUCTION_LINE matched (`by_name`: the instructions
+        of `comp`), or None to leave the line to the exact path.
 
         Nothing is changed before every check has passed, so a None costs only time.
         """
         is_root, name, shape_text, opcode_text, args, tail = m.groups()
-        by_name = comp._by_name
         if name in by_name:
             return None
         shape = self.shapes.get(shape_text)
@@ -491,7 +494,7 @@ class _Parser:
         if m is not None:
             names = m.group(1)
             if names:
-                by_name = comp._by_name
+                by_name = comp.by_name
                 for part in names.split(","):
                     ref = part.strip()
                     op = by_name.get(ref[1:] if ref[0] == "%" else ref)
@@ -708,23 +711,19 @@ def uniquify_names(module: Module) -> None:
     """
     used: set[str] = set()
     for comp in module.computations:
-        names = comp._by_name.keys()
+        names = comp.by_name.keys()
         if used.isdisjoint(names):  # the common case: nothing to rename, at C speed
             used.update(names)
             continue
-        renamed = False
         for inst in comp.instructions:
             name = inst.name
             if name in used:
                 base, _, suffix = name.rpartition(".")
                 stem, n = (base, int(suffix)) if base and suffix.isdigit() else (name, 0)
-                while f"{stem}.{n + 1}" in used or f"{stem}.{n + 1}" in comp._by_name:
+                while f"{stem}.{n + 1}" in used or f"{stem}.{n + 1}" in names:
                     n += 1
-                inst.name = f"{stem}.{n + 1}"
-                renamed = True
+                comp.rename(inst, f"{stem}.{n + 1}")
             used.add(inst.name)
-        if renamed:
-            comp._by_name = {i.name: i for i in comp.instructions}
 
 
 def _is_name_char(text: str, pos: int) -> bool:

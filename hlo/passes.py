@@ -146,6 +146,5 @@ def drop_unreachable(module: Module) -> Module:
         reached.add(comp.name)
         for inst in comp.instructions:
             stack.extend(inst.called)
-    module.computations = [c for c in module.computations if c.name in reached]
-    module._by_name = {c.name: c for c in module.computations}
+    module.retain_computations(reached)
     return module

@@ -245,6 +245,18 @@ ENTRY e {
     assert m.entry.get("t.2") is m.entry.instructions[0] and m.entry.get("t") is None
 
 
+def test_rename_keeps_the_names_index() -> None:
+    m = parse_module(MLP.read_text())
+    comp = m.entry
+    first, second = comp.instructions[0], comp.instructions[1]
+    old = first.name
+    comp.rename(first, "renamed")
+    assert first.name == "renamed" and comp.get("renamed") is first and comp.get(old) is None
+    with pytest.raises(ValueError, match="already has an instruction"):
+        comp.rename(first, second.name)
+    assert comp.by_name[second.name] is second and len(comp.by_name) == len(comp)
+
+
 def test_not_utf8(tmp_path: Path) -> None:
     p = tmp_path / "x.hlo"
     p.write_bytes(b"HloModule m\n\xff\xfe")
