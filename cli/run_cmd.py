@@ -192,15 +192,7 @@ def run_command(
     if (plan_file is None) == (mesh_text is None) and not staged:
         raise ConfigError("give either --plan FILE or --mesh (to plan first)")
     job = job_of(coordinator, num_processes, process_id)
-    if job is not None and job.num_processes > 1 and plan_file is None:
-        raise ConfigError(
-            "a job of several processes runs a plan made beforehand: give --plan FILE "
-            "(from `rhino plan FILE --mesh ... --out plan.json`), not --mesh"
-        )
-    if devices is not None and platform not in (None, "cpu"):
-        raise ConfigError(
-            "--devices simulates CPU devices; it cannot be combined with --platform gpu"
-        )
+    _check_options(plan_file, job, platform, devices)
     if not staged and (schedule is not None or microbatches is not None or gantt is not None):
         raise ConfigError(
             "--schedule, --microbatches and --gantt apply to a stage plan (from "
@@ -217,18 +209,18 @@ def run_command(
     request = RunRequest(
         module,
         plan,
-        parse_mesh(mesh_text) if mesh_text is not None else None,
-        cluster,
-        level,
-        platform,
-        devices,
-        seed,
-        verify,
-        steps,
-        warmup,
-        job,
-        schedule or "1f1b",
-        microbatches,
+        mesh=parse_mesh(mesh_text) if mesh_text is not None else None,
+        cluster=cluster,
+        level=level,
+        platform=platform,
+        devices=devices,
+        seed=seed,
+        verify=verify,
+        steps=steps,
+        warmup=warmup,
+        job=job,
+        schedule=schedule or "1f1b",
+        microbatches=microbatches,
     )
     setup = prepare_devices(request)
     if setup.implied is not None and not as_json:
@@ -249,6 +241,21 @@ def run_command(
     if not report.ok:
         raise VerificationFailed(
             report.verify.summary() if report.verify else "verification failed"
+        )
+
+
+def _check_options(
+    plan_file: str | None, job: Job | None, platform: str | None, devices: int | None
+) -> None:
+    """Refuse a job that plans first, and simulated devices on a GPU."""
+    if job is not None and job.num_processes > 1 and plan_file is None:
+        raise ConfigError(
+            "a job of several processes runs a plan made beforehand: give --plan FILE "
+            "(from `rhino plan FILE --mesh ... --out plan.json`), not --mesh"
+        )
+    if devices is not None and platform not in (None, "cpu"):
+        raise ConfigError(
+            "--devices simulates CPU devices; it cannot be combined with --platform gpu"
         )
 
 
