@@ -10,6 +10,7 @@ from rhino.cli.common import (
     cluster_option,
     debug_option,
     emit_json,
+    gantt_option,
     handle_errors,
     json_option,
     mesh_option,
@@ -84,12 +85,7 @@ Examples:
     callback=prepare_output,
     help="Write the stage plan (versioned JSON) here.",
 )
-@click.option(
-    "--gantt",
-    type=click.Path(dir_okay=False, writable=True),
-    callback=prepare_output,
-    help="Draw the 1F1B schedule (stages x time) to this .svg (or .png) file.",
-)
+@gantt_option("Draw the 1F1B schedule (stages x time) to this .svg (or .png) file.")
 @click.option(
     "--dot",
     type=click.Path(dir_okay=False, writable=True),
