@@ -182,7 +182,7 @@ def run_command(
     and each process verifies and times its own partitions and prints its own report."""
     # the runtime is imported here, not with the CLI: every other command starts faster
     from rhino.cli.run_pipeline import show_stage_run
-    from rhino.runtime.pipeline_run import PipelineReport
+    from rhino.runtime.pipeline_report import PipelineReport
     from rhino.runtime.request import RunRequest, execute, prepare_devices
     from rhino.runtime.stage_programs import StagePlan, is_stage_plan
 

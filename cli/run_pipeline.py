@@ -4,15 +4,13 @@ prediction."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.table import Table
 
 from rhino.cli.common import emit_json, stdout
 from rhino.cli.pipeline_draw import write_charts
 from rhino.hlo.errors import VerificationFailed
 from rhino.runtime import xla_bridge as xb
-from rhino.runtime.pipeline_run import PipelineReport
+from rhino.runtime.pipeline_report import PipelineReport
 from rhino.search.pipeline.schedule import Timeline
 from rhino.search.units import format_bytes, format_seconds
 
@@ -59,18 +57,18 @@ def render(report: PipelineReport) -> None:
             )
     out.print(_task_table(report))
     out.print(_bytes_table(report))
-    same = "yes" if report.order["same"] else "[red]NO[/]"
+    same = "yes" if report.order.same else "[red]NO[/]"
     out.print(f"task order as planned on every stage: {same}")
     b = report.bubble
     out.print(
-        f"bubble: simulated {b['simulated']:.1%} (on the measured task times), measured "
-        f"{b['measured']:.1%}; (p-1)/(m+p-1) = {b['formula']:.1%}"
+        f"bubble: simulated {b.simulated:.1%} (on the measured task times), measured "
+        f"{b.measured:.1%}; (p-1)/(m+p-1) = {b.formula:.1%}"
     )
     p, step = report.predicted_step_s, report.step
     line = (
-        f"step: measured median {format_seconds(step['median_s'])} over {int(step['steps'])} "
-        f"steps; simulated on the measured task times {format_seconds(p['simulated'])}; "
-        f"the stage plan's prediction for its cluster {format_seconds(p['plan'])}"
+        f"step: measured median {format_seconds(step.median_s)} over {step.steps} "
+        f"steps; simulated on the measured task times {format_seconds(p.simulated)}; "
+        f"the stage plan's prediction for its cluster {format_seconds(p.plan)}"
     )
     if report.single_device_step_s is not None:
         line += f"; single device {format_seconds(report.single_device_step_s)}"
@@ -97,7 +95,7 @@ def _task_table(report: PipelineReport) -> Table:
     for col in ("stage", *kinds, "compile"):
         t.add_column(col, justify="right")
     for s, row in report.task_seconds.items():
-        compile_s = sum(p["compile_s"] for p in report.programs if str(p["stage"]) == s)
+        compile_s = sum(p.compile_s for p in report.programs if str(p.stage) == s)
         t.add_row(
             s,
             *(format_seconds(row[k]) if k in row else "-" for k in kinds),
@@ -114,15 +112,12 @@ def _bytes_table(report: PipelineReport) -> Table:
     )
     for col in ("from->to", "predicted", "planned", "measured"):
         t.add_column(col, justify="right")
-    b: dict[str, Any] = report.bytes
-    pairs = sorted(set(b["predicted"]) | set(b["planned"]) | set(b["measured"]))
-    for pair in pairs:
-        t.add_row(
-            pair, *(format_bytes(b[k].get(pair, 0)) for k in ("predicted", "planned", "measured"))
-        )
-    t.add_row(
-        "total", *(format_bytes(b[f"{k}_total"]) for k in ("predicted", "planned", "measured"))
-    )
+    b = report.bytes
+    for pair in sorted(set(b.predicted) | set(b.planned) | set(b.measured)):
+        sides = (b.predicted, b.planned, b.measured)
+        t.add_row(pair, *(format_bytes(side.get(pair, 0)) for side in sides))
+    totals = (b.predicted_total, b.planned_total, b.measured_total)
+    t.add_row("total", *(format_bytes(n) for n in totals))
     return t
 
 

@@ -48,6 +48,15 @@ from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.apply import planned_module, realized_program
 from rhino.runtime.inputs import entry_inputs, numpy_dtype
+from rhino.runtime.pipeline_report import (
+    BubbleReport,
+    BytesReport,
+    OrderReport,
+    PipelineReport,
+    ProgramReport,
+    StepPrediction,
+    StepVerifyReport,
+)
 from rhino.runtime.pipeline_tasks import (
     STEP,
     Schedule,
@@ -58,14 +67,16 @@ from rhino.runtime.pipeline_tasks import (
     task_graph,
     transfer_order,
 )
+from rhino.runtime.runner import Timing
 from rhino.runtime.stage_programs import (
+    Program,
     StagePlan,
     StagePrograms,
     accumulate_program,
     is_update,
     stage_programs,
 )
-from rhino.runtime.verify import OutputCheck, compare_output, reduction_lengths, tolerance_for
+from rhino.runtime.verify import compare_output, reduction_lengths, tolerance_for
 from rhino.search.pipeline.schedule import Event, Timeline, simulate
 from rhino.search.spmd.planner import PlanRequest, make_plan
 
@@ -98,81 +109,6 @@ class StepRecord:
     """(from, to) -> seconds spent sending (per step)."""
     outputs: tuple[np.ndarray | None, ...] = field(default=(), repr=False)
     """The step's results; None for one made by another process."""
-
-
-@dataclass(frozen=True)
-class StepVerifyReport:
-    """The outputs of a pipelined step this process made, against the single-device
-    step's on the same inputs."""
-
-    outputs: tuple[OutputCheck, ...]
-    seed: int
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.outputs)
-
-    def summary(self) -> str:
-        bad = [c for c in self.outputs if not c.ok]
-        head = (
-            f"{len(self.outputs) - len(bad)}/{len(self.outputs)} outputs match the "
-            f"single-device step (seed {self.seed})"
-        )
-        return "\n  ".join([head, *(c.describe() for c in bad)])
-
-    def to_json(self) -> dict[str, Any]:
-        """ok, the summary and per output its errors (as `rhino run` reports a plan's)."""
-        return {
-            "ok": self.ok,
-            "summary": self.summary(),
-            "outputs": [c.to_json() for c in self.outputs],
-        }
-
-
-@dataclass(frozen=True)
-class PipelineReport:
-    module: str
-    stages: int
-    microbatches: int
-    schedule: str
-    devices: tuple[str, ...]
-    programs: list[dict[str, Any]]
-    """Per program: stage, kind, instructions, inputs, outputs, compile seconds."""
-    verify: StepVerifyReport | None
-    step: dict[str, float]
-    """median, min, max seconds and the step count."""
-    single_device_step_s: float | None
-    task_seconds: dict[str, dict[str, float]]
-    """Per stage ("0", ...), per task kind: the median seconds of one task."""
-    bytes: dict[str, Any]
-    """predicted (the stage plan), planned (this task graph) and measured bytes per
-    (from, to) pair ("0->1")."""
-    order: dict[str, Any]
-    """planned (the schedule) and measured task order per stage, and whether they agree."""
-    bubble: dict[str, float]
-    """simulated (the simulator on the measured task times) vs measured, and (p-1)/(m+p-1)."""
-    predicted_step_s: dict[str, float]
-    """The stage plan's prediction (its cluster) and the simulator's on measured task times."""
-    peak_activation_bytes: list[float]
-    """Per stage, the simulator's peak for this schedule."""
-    measured: Timeline = field(repr=False)
-    simulated: Timeline = field(repr=False)
-    notes: tuple[str, ...] = ()
-    process_index: int = 0
-    process_count: int = 1
-    local_stages: tuple[int, ...] = ()
-    """The stages this process ran; verification, times, order and bytes are theirs."""
-
-    @property
-    def ok(self) -> bool:
-        return self.verify is None or self.verify.ok
-
-    def to_json(self) -> dict[str, Any]:
-        doc = dict(self.__dict__)
-        doc["verify"] = None if self.verify is None else self.verify.to_json()
-        doc["measured_timeline"] = _timeline_doc(doc.pop("measured"))
-        doc["simulated_timeline"] = _timeline_doc(doc.pop("simulated"))
-        return doc
 
 
 @dataclass(frozen=True)
@@ -625,33 +561,28 @@ def _report(
         process_index=xb.process_info().index,
         process_count=xb.process_info().count,
         local_stages=tuple(sorted(pipeline.local)),
-        programs=[
-            _program_doc(prog, pipeline.compile_s)
+        programs=tuple(
+            _program_report(prog, pipeline.compile_s)
             for prog in programs.programs.values()
             if prog.stage in pipeline.local
-        ],
+        ),
         verify=verify,
-        step={
-            "median_s": statistics.median(steps),
-            "min_s": min(steps),
-            "max_s": max(steps),
-            "steps": len(steps),
-        },
+        step=Timing.of(tuple(steps)),
         single_device_step_s=single,
         task_seconds=_task_seconds(per_task, p),
-        bytes=_bytes_doc(plan, graph, median, pipeline.local),
-        order=_order_doc(table, median, pipeline.local),
-        bubble={
-            "simulated": 1 - simulated.busy_fraction,
-            "measured": 1 - measured.busy_fraction,
-            "formula": (p - 1) / (m + p - 1),
-        },
-        predicted_step_s={
-            "plan": plan.schedules[table.name].step_s if table.name in plan.schedules else 0.0,
-            "simulated": simulated.step_s,
-            "measured": median.seconds,
-        },
-        peak_activation_bytes=list(simulated.peak_activation_bytes),
+        bytes=_bytes_report(plan, graph, median, pipeline.local),
+        order=_order_report(table, median, pipeline.local),
+        bubble=BubbleReport(
+            simulated=1 - simulated.busy_fraction,
+            measured=1 - measured.busy_fraction,
+            formula=(p - 1) / (m + p - 1),
+        ),
+        predicted_step_s=StepPrediction(
+            plan=plan.schedules[table.name].step_s if table.name in plan.schedules else 0.0,
+            simulated=simulated.step_s,
+            measured=median.seconds,
+        ),
+        peak_activation_bytes=tuple(simulated.peak_activation_bytes),
         measured=measured,
         simulated=simulated,
     )
@@ -696,57 +627,42 @@ def _pairs(sent: dict[tuple[int, int], int]) -> dict[str, int]:
     return {f"{a}->{b}": n for (a, b), n in sorted(sent.items())}
 
 
-def _bytes_doc(
+def _bytes_report(
     plan: StagePlan, graph: TaskGraph, record: StepRecord, local: frozenset[int]
-) -> dict[str, Any]:
+) -> BytesReport:
     """Bytes per (from, to) pair; in a job of several processes, those this process
     sends (from its stages)."""
     predicted = {k: v for k, v in plan.sent_bytes.items() if k[0] in local}
     planned = {k: v for k, v in graph.sent_bytes().items() if k[0] in local}
     measured = record.sent
-    return {
-        "predicted": _pairs(predicted),
-        "planned": _pairs(planned),
-        "measured": _pairs(measured),
-        "predicted_total": sum(predicted.values()),
-        "planned_total": sum(planned.values()),
-        "measured_total": sum(measured.values()),
-    }
+    return BytesReport(
+        predicted=_pairs(predicted),
+        planned=_pairs(planned),
+        measured=_pairs(measured),
+        predicted_total=sum(predicted.values()),
+        planned_total=sum(planned.values()),
+        measured_total=sum(measured.values()),
+    )
 
 
-def _order_doc(table: Schedule, record: StepRecord, local: frozenset[int]) -> dict[str, Any]:
+def _order_report(table: Schedule, record: StepRecord, local: frozenset[int]) -> OrderReport:
     """Per stage of this process, its tasks in the planned and in the measured order."""
     planned = {
-        str(s): [str(t) for t in tasks] for s, tasks in enumerate(table.actions) if s in local
+        str(s): tuple(str(t) for t in tasks) for s, tasks in enumerate(table.actions) if s in local
     }
     measured: dict[str, list[str]] = {str(s): [] for s in sorted(local)}
     for task, _, _ in record.events:
         measured[str(task.stage)].append(str(task))
-    return {"planned": planned, "measured": measured, "same": planned == measured}
+    ran = {s: tuple(tasks) for s, tasks in measured.items()}
+    return OrderReport(planned=planned, measured=ran, same=planned == ran)
 
 
-def _program_doc(program: Any, compile_s: dict[str, float]) -> dict[str, Any]:
-    return {
-        "stage": program.stage,
-        "kind": program.kind,
-        "instructions": program.instructions,
-        "inputs": len(program.inputs),
-        "outputs": len(program.outputs),
-        "compile_s": compile_s[f"{program.kind}{program.stage}"],
-    }
-
-
-def _timeline_doc(t: Timeline) -> dict[str, Any]:
-    return {
-        "step_s": t.step_s,
-        "events": [
-            {
-                "stage": e.stage,
-                "kind": e.kind,
-                "microbatch": e.microbatch,
-                "start_s": e.start_s,
-                "end_s": e.end_s,
-            }
-            for e in t.events
-        ],
-    }
+def _program_report(program: Program, compile_s: dict[str, float]) -> ProgramReport:
+    return ProgramReport(
+        stage=program.stage,
+        kind=program.kind,
+        instructions=program.instructions,
+        inputs=len(program.inputs),
+        outputs=len(program.outputs),
+        compile_s=compile_s[f"{program.kind}{program.stage}"],
+    )

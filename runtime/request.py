@@ -28,7 +28,8 @@ from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.job import Job
-from rhino.runtime.pipeline_run import PipelineOptions, PipelineReport, run_pipeline
+from rhino.runtime.pipeline_report import PipelineReport
+from rhino.runtime.pipeline_run import PipelineOptions, run_pipeline
 from rhino.runtime.runner import RunOptions, RunReport, run_plan
 from rhino.runtime.stage_programs import StagePlan
 from rhino.search.cluster import load_cluster
