@@ -36,7 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -151,17 +151,17 @@ def run_one(module: Any, plan: Any, s: Settings) -> dict[str, Any]:
     except Exception as e:  # XLA rejected it: keep the row
         doc["error"] = _error(e)
         return doc
-    f = report.fidelity
+    f = report.fidelity.to_dict()
     doc.update(
         verify_ok=report.ok,
-        verify=report.verify["summary"] if report.verify else None,
+        verify=report.verify.summary() if report.verify else None,
         predicted_bytes=f["predicted_bytes"],
         measured_bytes=f["measured_bytes"],
         bytes_ratio=f["ratio"],
         fidelity_ok=f["ok"],
         by_kind_axes=f["by_kind_axes"],
         fidelity_messages=f["messages"][:20],
-        memory=dict(report.memory),
+        memory=asdict(report.memory),
         notes=list(report.notes),
     )
     return doc
