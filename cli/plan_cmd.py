@@ -193,6 +193,7 @@ def plan_command(
                 stderr.print(f"note: {note}")
     if as_json:
         doc = {f.name: getattr(plan, f.name) for f in fields(plan)}  # emit_json makes it JSON
+        doc["solver"] = plan.solver.to_json()  # as in the plan file
         if emitted is not None:
             doc["emitted_hlo"] = emitted
         doc["meshes_tried"] = [
@@ -237,43 +238,41 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
     t.add_row("memory per device", format_bytes(plan.peak_memory_bytes) + budget)
     t.add_row("useful work", f"{mesh_use(plan).share:.0%} of the devices' compute")
     solver = plan.solver
-    gap = "no bound" if solver.get("merge_level") == 3 else f"gap {solver['gap']:.2%}"
+    gap = "no bound" if solver.merge_level == 3 else f"gap {solver.gap:.2%}"
     t.add_row(
         "search",
-        f"{plan.search_time_s:.1f} s, solver {solver['status']}, {gap}, "
+        f"{plan.search_time_s:.1f} s, solver {solver.status.value}, {gap}, "
         f"{plan.problem.get('nodes', 0)} nodes, {plan.problem.get('edges', 0)} edges",
     )
-    if "merge_level" in solver:
-        counts = solver["sizes"]
+    if solver.merge_level is not None:
+        counts = solver.sizes.measured() if solver.sizes is not None else {}
         sizes = ", ".join(
             f"{v} {k.replace('_', ' ')}"
             + (f" ({v / counts['nodes']:.1%})" if k == "critical" and counts.get("nodes") else "")
             for k, v in counts.items()
         )
-        t.add_row(
-            "  merging",
-            f"level {solver['merge_level']} ({MERGE_LEVELS.get(solver['merge_level'], '?')}): {sizes}",
-        )
-        phases = ", ".join(f"{k} {v:.2f} s" for k, v in solver["phases_s"].items())
+        level = solver.merge_level
+        t.add_row("  merging", f"level {level} ({MERGE_LEVELS.get(level, '?')}): {sizes}")
+        phases = ", ".join(f"{k} {v:.2f} s" for k, v in (solver.phases_s or {}).items())
         t.add_row("  phases", phases)
-    combined = solver.get("combined")
+    combined = solver.combined
     if combined and plan.combined_latency_s:
         groups = len({c.group for c in plan.collectives if c.group >= 0})
-        closed = ", ".join(combined["closed"]) or "none"
+        closed = ", ".join(combined.closed) or "none"
         t.add_row(
             "  combined",
             f"{groups} groups of collectives XLA merges, {format_seconds(plan.combined_latency_s)} "
-            f"of latency; {combined['plans']} plans made, not combined: {closed}",
+            f"of latency; {combined.plans} plans made, not combined: {closed}",
         )
-    found = solver.get("budget_search")
+    found = solver.budget_search
     if found:
-        if found.get("solves", 1) <= 1:
-            text = f"did not bind (the plan without it peaks at {format_bytes(found['free_peak'])})"
+        if found.solves <= 1:
+            text = f"did not bind (the plan without it peaks at {format_bytes(found.free_peak)})"
         else:
             text = (
-                f"binds (the plan without it peaks at {format_bytes(found['free_peak'])}); "
-                f"{int(found['solves'])} O2 solves with memory priced in"
-                + (", none fit: the smallest layouts, improved" if found.get("fallback") else "")
+                f"binds (the plan without it peaks at {format_bytes(found.free_peak)}); "
+                f"{found.solves} O2 solves with memory priced in"
+                + (", none fit: the smallest layouts, improved" if found.fallback else "")
             )
         t.add_row("  budget", text)
     out.print(t)

@@ -370,8 +370,8 @@ def run_entry(entry: SweepEntry, tracebacks: bool = False) -> SweepRow:
         comm_ms=plan.comm_s * 1e3,
         peak_memory_bytes=plan.peak_memory_bytes,
         search_s=plan.search_time_s,
-        solver_status=str(plan.solver.get("status")),
-        solver_gap=plan.solver.get("gap"),
+        solver_status=plan.solver.status.value,
+        solver_gap=plan.solver.gap,
         nodes=plan.problem.get("nodes"),
         warnings=len(plan.warnings),
     )

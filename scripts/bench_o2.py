@@ -128,21 +128,22 @@ def plan_once(
         solve=SolveOptions(time_limit_s=time_limit),
     )
     plan = make_plan(module, request)
+    solver = plan.solver.to_json()  # as in the plan file
     return {
         "budget_bytes": budget,
         "free_peak_bytes": free_peak,
         "peak_memory_bytes": plan.peak_memory_bytes,
-        "budget_search": plan.solver.get("budget_search"),
+        "budget_search": solver.get("budget_search"),
         "instructions": sum(1 for _ in module.instructions()),
         "wall_s": time.perf_counter() - start,
         "parse_s": parsed,
         "objective_s": plan.objective_s,
-        "solver_objective_s": plan.solver["objective_s"],
-        "status": plan.solver["status"],
-        "gap": plan.solver["gap"],
-        "merge_level": plan.solver["merge_level"],
-        "sizes": plan.solver["sizes"],
-        "phases_s": plan.solver["phases_s"],
+        "solver_objective_s": solver["objective_s"],
+        "status": solver["status"],
+        "gap": solver["gap"],
+        "merge_level": solver["merge_level"],
+        "sizes": solver["sizes"],
+        "phases_s": solver["phases_s"],
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 

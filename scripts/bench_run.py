@@ -138,8 +138,8 @@ def run_one(module: Any, plan: Any, s: Settings) -> dict[str, Any]:
         "compute_s": plan.compute_s,
         "comm_s": plan.comm_s,
         "search_s": plan.search_time_s,
-        "status": plan.solver.get("status"),
-        "gap": plan.solver.get("gap"),
+        "status": plan.solver.status.value,
+        "gap": plan.solver.gap,
         "warnings": list(plan.warnings),
     }
     try:

@@ -83,7 +83,7 @@ def _solve_wrapper(fn: Callable[..., Any], timers: Timers) -> Callable[..., Any]
             solution = fn(*args, **kwargs)
         finally:
             timers.add("solve_ilp", time.perf_counter() - start)
-        timers.cpsat["stats"] = dict(getattr(solution, "stats", {}) or {})
+        timers.cpsat["stats"] = solution.stats.to_json()
         return solution
 
     return solve
@@ -262,11 +262,11 @@ def run_case(
         cpsat_s=cpsat,
         plan_s=t.get("plan"),
         search_s=plan.search_time_s,
-        variables=plan.solver.get("variables"),
-        constraints=plan.solver.get("constraints"),
+        variables=plan.solver.variables,
+        constraints=plan.solver.constraints,
         linear_terms=timers.cpsat.get("linear_terms"),
-        status=plan.solver.get("status"),
-        gap=plan.solver.get("gap"),
+        status=plan.solver.status.value,
+        gap=plan.solver.gap,
         objective_s=plan.objective_s,
         compute_s=plan.compute_s,
         comm_s=plan.comm_s,

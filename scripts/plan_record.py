@@ -93,7 +93,7 @@ def record_model(path: Path, time_limit_s: float) -> dict[str, Any]:
                 "compute_s": plan.compute_s,
                 "comm_s": plan.comm_s,
                 "peak_memory_bytes": plan.peak_memory_bytes,
-                "status": plan.solver["status"],
+                "status": plan.solver.status.value,
                 "strategies": _digest([(i.name, i.strategy) for i in plan.instructions]),
             }
         except Exception as e:  # recorded, and compared as such

@@ -182,6 +182,43 @@ class SolveStatus(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """The searches' tuning knobs, at the values they were measured best with (the
+    figures: scripts/bench_search.py, bench_o2.py, bench_iopddl.py, bench_pipeline.py).
+    Tests set them to reach paths a small problem does not take."""
+
+    whole_core_pairs: int = 1_000_000
+    """O2 (`rhino.search.spmd.merge`): a core with at most this many strategy pairs on
+    its edges is first tried as one ILP (level 2, seconds); a larger one, or one whose
+    ILP is not proven optimal in its share of the time, goes by segments (level 3), the
+    ILP's plan among the starts."""
+    segment_nodes: int = 80
+    """O2: core nodes per segment, roughly: segments between critical nodes are merged up
+    to this size, and larger ones split."""
+    cpsat_max_variables: int = 400_000
+    """`rhino.search.spmd.solver`: above this many LP variables, CP-SAT is not tried when
+    the LP gives no integral optimum (the start is the plan)."""
+    lp_first_order_variables: int = 400_000
+    """`rhino.search.spmd.solver`: an LP with at least this many variables runs on HiGHS'
+    first-order method (PDLP, "hipdlp") instead of the simplex: on the largest models the
+    simplex and the interior point did not finish in minutes where PDLP converged. Its
+    point is not exact, so its value is never taken as the optimum: the bound comes from
+    its prices, the plan from rounding its point."""
+    small_nodes: int = 5_000
+    """`rhino.search.iopddl`: up to this many nodes, the exact solver (reductions, LP,
+    CP-SAT) runs on the whole problem after the group search (its LP gives the lower
+    bound), then the windows of `rhino.search.iopddl.window` until the deadline; above,
+    the group search has all the time."""
+    light_share: float = 0.1
+    """`rhino.search.pipeline.receipts`: the lightest candidates of a stage, whose compute
+    together stays under this share of the floor, are not flowed (taken as cut off by
+    sep(s, F(s)) alone). On the zoo models (18 problems: UNets, encoder-decoders, GPTs
+    at 2, 4 and 8 stages) the bounds equal those of flowing every candidate but on one
+    (the DDPM UNet at 4 stages: 40.03 MiB against 44.02), in less time
+    (scripts/bench_pipeline.py times it)."""
+
+
+@dataclass(frozen=True)
 class SolveOptions:
     time_limit_s: float = 60.0
     """Wall time for the whole search, every phase (LP, CP-SAT, segments) included."""
@@ -195,6 +232,8 @@ class SolveOptions:
     """CP-SAT also stops after this much of its deterministic time (its own measure of
     work, the same on any machine): a limit that does not make the plan depend on how
     fast or busy the machine is."""
+    tuning: Tuning = Tuning()
+    """The searches' knobs."""
 
     def started(self) -> SolveOptions:
         """These options with the deadline set (kept if already set)."""
@@ -207,6 +246,92 @@ class SolveOptions:
         if self.deadline is None:
             return self.time_limit_s
         return max(0.0, self.deadline - time.perf_counter())
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Sizes of the graphs a search worked on; None where it did not measure one."""
+
+    nodes: int | None = None
+    backbone: int | None = None
+    """Nodes on the critical path of the forward program."""
+    critical: int | None = None
+    """Heavy backbone nodes (O2's segment boundaries)."""
+    cones: int | None = None
+    core_nodes: int | None = None
+    """Nodes left after the exact reductions."""
+    core_edges: int | None = None
+    memory_rows: int | None = None
+    """Memory rows the core's ILP kept."""
+    segments: int | None = None
+    passes: int | None = None
+    """O2's refinement passes."""
+    windows_solved: int | None = None
+    windows_reused: int | None = None
+    merged: int | None = None
+    """Nodes the reductions folded into others (leaves and chain links)."""
+    core_pairs: int | None = None
+    """Strategy pairs on the core's edges."""
+
+    def measured(self) -> dict[str, int]:
+        """The sizes measured, by name, in field order."""
+        found = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: v for k, v in found.items() if v is not None}
+
+    def updated(self, other: Sizes) -> Sizes:
+        """These sizes with those `other` measured instead."""
+        return dataclasses.replace(self, **other.measured())
+
+
+@dataclass(frozen=True)
+class BudgetStats:
+    """How O2 met a memory budget (`rhino.search.spmd.budget`)."""
+
+    free_peak: float
+    """Peak bytes per device of the plan without the budget."""
+    solves: int
+    """O2 solves, the one without the budget included (1: the budget did not bind)."""
+    lam: float | None = None
+    """The smallest multiplier whose plan fit (0.0 if none did); None where the budget
+    did not bind."""
+    fallback: bool | None = None
+    """Did no relaxed plan fit (the smallest layouts, improved, are the plan)? None where
+    the budget did not bind."""
+
+
+@dataclass(frozen=True)
+class SolveStats:
+    """What the solvers on a solution's way measured."""
+
+    level: int | None = None
+    """The merging level O2 reached (1 cones only, 2 one ILP over the merged graph, 3
+    segments), 0 for O3's whole-graph ILP; None where neither set it."""
+    sizes: Sizes = Sizes()
+    phases_s: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase, in the order they ran ("total": the whole of O2)."""
+    lp_integral: bool = False
+    """The LP relaxation's optimum was integral: the plan, proven optimal by the LP."""
+    cpsat_skipped: bool = False
+    """The model was too large for CP-SAT: the start (or the LP's rounding) is the plan."""
+    plan_costs: dict[str, float] = field(default_factory=dict)
+    """O2's core cost of its plans along the way: `start_<name>` each first plan,
+    `first_pass_<name>` after one refinement pass, `refined_<name>` the best refined."""
+    budget: BudgetStats | None = None
+    warm_start_cost: float | None = None
+    """O3: the objective of the plan it started from (O2's)."""
+    unbudgeted_bound: float | None = None
+    """O3 under a budget that binds: the lower bound of the problem without it."""
+
+    def to_json(self) -> dict[str, object]:
+        """The fields set, as JSON (for benchmark rows)."""
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                value = {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
+            if value is not None:
+                out[f.name] = value
+        return out
 
 
 @dataclass(frozen=True)
@@ -223,7 +348,7 @@ class Solution:
     peak_memory: float
     variables: int = 0
     constraints: int = 0
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: SolveStats = SolveStats()
 
     @property
     def gap(self) -> float:

@@ -45,7 +45,8 @@ from rhino.search.spmd.plan import Plan, PlannedCollective
 
 GROUP_SEARCH_SHARE = 0.005
 """Close keys only while the best plan's group latency is above this share of its cost
-(each try is a whole solve: on the 72-layer GPT on 2x8, 16 s for at most 0.14%)."""
+(each try is a whole solve, for little left to gain; scripts/bench_search.py times the
+search)."""
 MAX_GROUP_PLANS = 8
 """At most this many plans besides the first."""
 

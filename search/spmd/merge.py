@@ -8,12 +8,13 @@ exact reductions of `rhino.search.spmd.reduce` are that dynamic programming wher
 nothing: a leaf folds into its neighbour with c_u[k] += min_l C[k, l] + c_v[l] for every
 k, a chain link into an edge. A member that also talks to nodes outside its cone (a
 value read again in the backward pass) is not merged blindly: it stays in the core.
-(Merging every cone by its own tree alone was measured 13-31% worse than O3 on the
-scanned GPT and DNABERT examples: the members' outside edges decide their layouts.)
+(Merging every cone by its own tree alone was measured well behind O3 on the scanned GPT
+and DNABERT examples: the members' outside edges decide their layouts.)
 
-Level 2, the ILP between the merged nodes: when the core is small, one ILP over all of
-it (`solve_ilp`), and O2 is O3 when that ILP proves its plan optimal within WHOLE_SHARE
-of the time; otherwise level 3 goes on from its plan.
+Level 2, the ILP between the merged nodes: when the core is small
+(`Tuning.whole_core_pairs`), one ILP over all of it (`solve_ilp`), and O2 is O3 when
+that ILP proves its plan optimal within WHOLE_SHARE of the time; otherwise level 3 goes
+on from its plan.
 
 Level 3, segments (§4.3.3). The critical path of the forward program (unit cost per
 node, backward edges left out) gives each node an earliest and a latest time; the
@@ -22,39 +23,39 @@ ones (`ProblemNode.heavy`: dots, convolutions, large compute). A core node belon
 the segment between the critical nodes around its time: its earliest time, or its
 latest for a node with no inputs (a parameter belongs where it is first read, its
 optimizer state where it is updated). Segments are then merged or split to
-`SEGMENT_NODES` core nodes.
+`Tuning.segment_nodes` core nodes.
 
 First plans. The segments are solved one by one along the backbone, each by the ILP,
 with the edges into segments already solved charged at the strategies those took and
 the edges into segments not yet solved left out (TePDist's conditioning on the prefix):
 once in program order, once in reverse; and, a third first plan, every node in its
 largest (replicated) layout. (Charging the unsolved side at its best case instead was
-measured 2-12x worse than O3 on the examples: every neighbour's best case at once is not
-a plan.)
+measured several times worse than O3 on the examples: every neighbour's best case at
+once is not a plan.)
 
 Refinement. Windows are solved again by the ILP with every strategy outside them fixed:
-each segment joined with the segment (then, wider, the two) its edges weigh most on (a layer's
-forward, its backward and its optimizer update lie far apart in program order but make
-one decision: greedy in program order, data parallelism is chosen in the forward pass
-before the backward pass can object), each segment alone, and windows straddling two
-segments' halves. A window's answer (its optimum, or CP-SAT's best within SEGMENT_WORK
-where its LP is fractional) replaces the window's strategies only when cheaper, so a pass
-never makes the plan worse; passes over the narrow windows stop when one gains nothing, then WIDE_PASSES
-passes over the wide ones. Every start within START_SLACK of the best
-first plan gets one pass; the best after it gets the passes to convergence (first plans
-rank their refined outcomes poorly: on the 12-layer GPT on 2x8 the second-best first
-plan ends best). Repeated layers give identical windows: a window's answer is
-remembered by a fingerprint of its costs and the strategies around it (its nodes in a
-canonical order, see `_window`), so each distinct window is solved once. Last, the whole core gets the node-by-node local search of
+each segment joined with the segment (then, wider, the two) its edges weigh most on (a
+layer's forward, its backward and its optimizer update lie far apart in program order
+but make one decision: greedy in program order, data parallelism is chosen in the
+forward pass before the backward pass can object), each segment alone, and windows
+straddling two segments' halves. A window's answer (its optimum, or CP-SAT's best within
+SEGMENT_WORK where its LP is fractional) replaces the window's strategies only when
+cheaper, so a pass never makes the plan worse; passes over the narrow windows stop when
+one gains nothing, then WIDE_PASSES passes over the wide ones. Every start within
+START_SLACK of the best first plan gets one pass; the best after it gets the passes to
+convergence (first plans rank their refined outcomes poorly: on the 12-layer GPT on 2x8
+the second-best first plan ends best). Repeated layers give identical windows: a
+window's answer is remembered by a fingerprint of its costs and the strategies around
+it (its nodes in a canonical order, see `_window`), so each distinct window is solved
+once. Last, the whole core gets the node-by-node local search of
 `rhino.search.spmd.solver.improve`.
 
 What this is not: Rhino stitches its segments by dynamic programming over the strategies
 of the critical nodes between them. Here the stitching is by the refinement's
-overlapping windows. Measured (scripts/bench_o2.py) against O3 where O3 proves
-optimality, by the plans' estimated step times: the GPT with hidden size 512 on 2x4,
-12 layers 0.10% worse, 24 layers 0.08% worse; on 2x8, 12 layers 0.35% better (the plan
-shares conversions the ILP charges per reader); 12 to 72 layers on 1x8, the examples,
-UNet base on 2x8: level 2, equal. The examples forced to level 3: 0-5.5% worse.
+overlapping windows. scripts/bench_o2.py measures O2 against O3 where O3 proves
+optimality, by the plans' estimated step times: on the GPTs and the examples O2 comes
+within a fraction of a percent of O3 (sometimes below it, as the plan shares
+conversions the ILP charges per reader), or reaches level 2 and equals it.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from rhino.search.problem import (
     ProblemEdge,
     ProblemNode,
     ShardingProblem,
+    Sizes,
     Solution,
     SolveOptions,
     SolveStatus,
@@ -86,15 +88,8 @@ from rhino.search.spmd.solver import (
     tie_broken,
 )
 
-WHOLE_CORE_PAIRS = 1_000_000
-"""A core with at most this many strategy pairs on its edges is first tried as one ILP
-(level 2: seconds, e.g. the 12-layer GPT on 1x8, 77k pairs, in 2.7 s); a larger one, or
-one whose ILP is not proven optimal in WHOLE_SHARE of the time, goes by segments
-(level 3), the ILP's plan among the starts."""
 WHOLE_SHARE = 0.4
-SEGMENT_NODES = 80
-"""Core nodes per segment, roughly: segments between critical nodes are merged up to
-this size, and larger ones split."""
+"""The whole-core ILP's share of the time: proven optimal within it, its plan is O2's."""
 MAX_PASSES = 6
 """Refinement passes over the segments at most."""
 STARTS = ("forward", "backward", "replicated")
@@ -108,16 +103,15 @@ plan (above it by at most START_SLACK - 1 times its size: a core's costs are rel
 what the reductions folded away, and may be negative)."""
 WIDE_PASSES = 1
 """Passes over the wide windows (a segment and its two most coupled) after the narrow
-ones (a segment and its most coupled) have converged: one gains what more would (on
-the 12-layer GPT, 1x8 to 2x8), at a third of the time."""
+ones (a segment and its most coupled) have converged: one gains what more would on the
+GPTs (scripts/bench_o2.py), in less time."""
 SEGMENT_TIME_S = 5.0
 """Wall time limit of one window's ILP (it usually needs milliseconds), a guard: the
 limit that acts is SEGMENT_WORK."""
 SEGMENT_WORK = 0.2
-"""CP-SAT's deterministic time for one window whose LP optimum is fractional (about
-0.3 s here): the same on any machine, so the plan does not depend on its speed. Longer
-finds no better plans: the 24-layer GPT on 2x4 gets 161.133 ms with 5 s per window in
-217 s, and the same with this in 38 s."""
+"""CP-SAT's deterministic time for one window whose LP optimum is fractional: the same
+on any machine, so the plan does not depend on its speed. Longer finds no better plans
+on the GPTs, in several times the time (scripts/bench_o2.py)."""
 
 
 @dataclass(frozen=True)
@@ -177,32 +171,31 @@ def count_cones(problem: ShardingProblem) -> int:
     return int((users != 1).sum())
 
 
-def structure(problem: ShardingProblem) -> tuple[Critical, dict[str, float]]:
+def structure(problem: ShardingProblem) -> tuple[Critical, Sizes]:
     """The critical path, and the sizes every level reports: nodes, backbone, critical
     nodes, cones."""
     crit = critical_nodes(problem)
-    return crit, {
-        "nodes": float(len(problem.nodes)),
-        "backbone": float(len(crit.backbone)),
-        "critical": float(len(crit.critical)),
-        "cones": float(count_cones(problem)),
-    }
+    return crit, Sizes(
+        nodes=len(problem.nodes),
+        backbone=len(crit.backbone),
+        critical=len(crit.critical),
+        cones=count_cones(problem),
+    )
 
 
 @dataclass
 class Report:
-    """What O2 did: the level it reached, sizes, time per phase (for `Solution.stats`)."""
+    """What O2 did, gathered as it goes (for `Solution.stats`)."""
 
     level: int = 2
-    sizes: dict[str, float] = field(default_factory=dict)
+    sizes: Sizes = Sizes()
     phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase, in the order they ran."""
+    plan_costs: dict[str, float] = field(default_factory=dict)
+    """As `SolveStats.plan_costs`."""
 
-    def stats(self) -> dict[str, float]:
-        return {
-            "level": float(self.level),
-            **self.sizes,
-            **{f"{k}_s": v for k, v in self.phases.items()},
-        }
+    def measured(self, **sizes: int) -> None:
+        self.sizes = dataclasses.replace(self.sizes, **sizes)
 
 
 def solve_merged(
@@ -224,25 +217,27 @@ def solve_merged(
     begin = time.perf_counter()
     report = Report()
     clock = time.perf_counter()
-    crit, sizes = structure(problem)
-    report.sizes.update(sizes)
+    crit, report.sizes = structure(problem)
     report.phases["critical"] = time.perf_counter() - clock
     clock = time.perf_counter()
     # dominated strategies stay: the refinement's windows settle them themselves, and
     # finding them on a 40k-node graph takes as long as the rest of the reductions
     reduced = reduce_problem(tie_broken(problem), dominance=False)
     pairs = sum(m.size for m in reduced.edges.values())
-    if pairs <= 2 * WHOLE_CORE_PAIRS:  # the whole-core ILP's: as small a core as can be
+    whole_core_pairs = options.tuning.whole_core_pairs
+    if pairs <= 2 * whole_core_pairs:  # the whole-core ILP's: as small a core as can be
         reduce_further(reduced)
         pairs = sum(m.size for m in reduced.edges.values())
     report.phases["merge"] = time.perf_counter() - clock
     core_ids = sorted(reduced.alive)
-    report.sizes["core_nodes"] = float(len(core_ids))
-    report.sizes["merged"] = float(reduced.counts["leaf"] + reduced.counts["series"])
-    report.sizes["core_pairs"] = float(pairs)
+    report.measured(
+        core_nodes=len(core_ids),
+        merged=reduced.counts["leaf"] + reduced.counts["series"],
+        core_pairs=int(pairs),
+    )
     clock = time.perf_counter()
     whole = None
-    if pairs <= WHOLE_CORE_PAIRS:
+    if pairs <= whole_core_pairs:
         share = dataclasses.replace(
             options, deadline=time.perf_counter() + options.left() * WHOLE_SHARE
         )
@@ -254,8 +249,8 @@ def solve_merged(
             return _with_stats(whole, report)
         clock = time.perf_counter()
     report.level = 3
-    segments = _segments(reduced, core_ids, crit)
-    report.sizes["segments"] = float(len(segments))
+    segments = _segments(reduced, core_ids, crit, options.tuning.segment_nodes)
+    report.measured(segments=len(segments))
     search = _SegmentSearch(problem, reduced, options, {} if memo is None else memo)
     report.phases["segments"] = report.phases["refine"] = 0.0
     passes = 0
@@ -265,14 +260,14 @@ def solve_merged(
     for name in STARTS if start is None else ():
         search.start(name, segments)
         starts.append((search.core_cost(), name, dict(search.choice)))
-        report.sizes[f"start_{name}"] = starts[-1][0]
+        report.plan_costs[f"start_{name}"] = starts[-1][0]
     if whole is not None:  # the whole-core ILP's unproven plan is a start too
         firsts.append(("ilp", core_choice(reduced, whole.choice)))
     for name, picks in firsts:
         if picks is not None:
             search.restart(picks)
             starts.append((search.core_cost(), name, dict(search.choice)))
-            report.sizes[f"start_{name}"] = starts[-1][0]
+            report.plan_costs[f"start_{name}"] = starts[-1][0]
     report.phases["segments"] += time.perf_counter() - clock
     clock = time.perf_counter()
     narrow, wide = search.coupled(segments, 1), search.coupled(segments, 2)
@@ -286,19 +281,18 @@ def solve_merged(
         search.restart(first)
         passes += search.refine(segments, narrow, 1, 1)
         tried.append((search.core_cost(), name, dict(search.choice)))
-        report.sizes[f"first_pass_{name}"] = tried[-1][0]
+        report.plan_costs[f"first_pass_{name}"] = tried[-1][0]
     _, name, refined = min(tried, key=lambda t: (t[0], t[1]))
     search.restart(refined)
     passes += search.refine(segments, narrow, 2, MAX_PASSES)
     passes += search.refine(segments, wide, 1, WIDE_PASSES)
-    report.sizes[f"refined_{name}"] = search.core_cost()
+    report.plan_costs[f"refined_{name}"] = search.core_cost()
     report.phases["refine"] = time.perf_counter() - clock
-    report.sizes["passes"] = float(passes)
+    report.measured(passes=passes)
     clock = time.perf_counter()
     choice: tuple[int, ...] = reduced.expand(search.polish())
     report.phases["polish"] = time.perf_counter() - clock
-    report.sizes["windows_solved"] = float(search.solved)
-    report.sizes["windows_reused"] = float(search.reused)
+    report.measured(windows_solved=search.solved, windows_reused=search.reused)
     evaluation = problem.evaluate(choice)
     report.phases["total"] = time.perf_counter() - begin
     return _with_stats(
@@ -315,15 +309,25 @@ def solve_merged(
 
 
 def _with_stats(solution: Solution, report: Report) -> Solution:
+    stats = solution.stats
     return dataclasses.replace(
         solution,
         solve_time_s=report.phases["total"],
-        stats={**solution.stats, **report.stats()},
+        stats=dataclasses.replace(
+            stats,
+            level=report.level,
+            sizes=stats.sizes.updated(report.sizes),
+            phases_s={**stats.phases_s, **report.phases},
+            plan_costs={**stats.plan_costs, **report.plan_costs},
+        ),
     )
 
 
-def _segments(reduced: Reduced, core_ids: list[int], crit: Critical) -> list[list[int]]:
-    """Core nodes grouped between consecutive critical nodes (see module doc)."""
+def _segments(
+    reduced: Reduced, core_ids: list[int], crit: Critical, segment_nodes: int
+) -> list[list[int]]:
+    """Core nodes grouped between consecutive critical nodes, merged or split to about
+    `segment_nodes` (see module doc)."""
     cuts = sorted(int(crit.earliest[v]) for v in crit.critical)
 
     def time_of(v: int) -> int:
@@ -340,11 +344,11 @@ def _segments(reduced: Reduced, core_ids: list[int], crit: Critical) -> list[lis
         groups[-1].append(v)
     segments: list[list[int]] = []
     for group in groups:  # merge small groups, split large ones
-        if segments and len(segments[-1]) + len(group) <= SEGMENT_NODES:
+        if segments and len(segments[-1]) + len(group) <= segment_nodes:
             segments[-1].extend(group)
             continue
-        for i in range(0, len(group), SEGMENT_NODES):
-            segments.append(group[i : i + SEGMENT_NODES])
+        for i in range(0, len(group), segment_nodes):
+            segments.append(group[i : i + segment_nodes])
     return segments
 
 
@@ -490,6 +494,7 @@ class _SegmentSearch:
                 threads=self.options.threads,
                 seed=self.options.seed,
                 work_limit=SEGMENT_WORK,
+                tuning=self.options.tuning,
             )
             reduced = reduce_problem(tie_broken(sub), dominance=False)
             solution = solve_ilp(sub, options, reduced=reduced)

@@ -15,6 +15,7 @@ from typing import Any
 
 from rhino.hlo.errors import ConfigError
 from rhino.search.mesh import DeviceMesh
+from rhino.search.problem import BudgetStats, Sizes, SolveStatus
 
 LEVELS = ("O2", "O3")
 """The search levels (`--opt`): O2 subgraph merging, O3 the whole-graph ILP."""
@@ -85,6 +86,100 @@ class PlannedReshard:
 
 
 @dataclass(frozen=True)
+class CombinedSearch:
+    """The search over the collectives XLA combines (`rhino.search.spmd.combine`)."""
+
+    plans: int
+    """Plans made, the first included."""
+    closed: tuple[str, ...]
+    """The keys (`<kind> axis <a,b>`) whose collectives the plan's problem charged whole."""
+    bound_s: float
+    """A lower bound on every plan's `objective_s`."""
+
+
+@dataclass(frozen=True)
+class SolverReport:
+    """What the search reports of the plan it found (`Plan.solver`)."""
+
+    status: SolveStatus
+    objective_s: float
+    """The solver's objective: the plan's cost as the problem charges it."""
+    bound_s: float
+    gap: float
+    time_s: float
+    variables: int
+    constraints: int
+    budget_search: BudgetStats | None = None
+    """How O2 met the memory budget; None where it did not search for it."""
+    merge_level: int | None = None
+    """O2: 1 cones only, 2 one ILP over the merged graph, 3 segments; O3: 0."""
+    sizes: Sizes | None = None
+    """The sizes of the coarsened graphs."""
+    phases_s: dict[str, float] | None = None
+    """Seconds per phase, in the order they ran."""
+    combined: CombinedSearch | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan file's "solver" object: the fields set (counts of the budget search
+        as numbers like the others)."""
+        out: dict[str, Any] = {
+            "status": self.status.value,
+            "objective_s": self.objective_s,
+            "bound_s": self.bound_s,
+            "gap": self.gap,
+            "time_s": self.time_s,
+            "variables": self.variables,
+            "constraints": self.constraints,
+        }
+        found = self.budget_search
+        if found is not None:
+            out["budget_search"] = {
+                "free_peak": found.free_peak,
+                "solves": float(found.solves),
+                **({"lambda": found.lam} if found.lam is not None else {}),
+                **({"fallback": float(found.fallback)} if found.fallback is not None else {}),
+            }
+        if self.merge_level is not None:
+            out["merge_level"] = self.merge_level
+        if self.sizes is not None:
+            out["sizes"] = self.sizes.measured()
+        if self.phases_s is not None:
+            out["phases_s"] = self.phases_s
+        if self.combined is not None:
+            out["combined"] = self.combined
+        return dict(jsonable(out))
+
+    @staticmethod
+    def from_json(doc: dict[str, Any]) -> SolverReport:
+        """The inverse of `to_json`."""
+        found = doc.get("budget_search")
+        combined = doc.get("combined")
+        return SolverReport(
+            status=SolveStatus(doc["status"]),
+            objective_s=doc["objective_s"],
+            bound_s=doc["bound_s"],
+            gap=doc["gap"],
+            time_s=doc["time_s"],
+            variables=doc["variables"],
+            constraints=doc["constraints"],
+            budget_search=None
+            if found is None
+            else BudgetStats(
+                free_peak=found["free_peak"],
+                solves=int(found["solves"]),
+                lam=found.get("lambda"),
+                fallback=None if found.get("fallback") is None else bool(found["fallback"]),
+            ),
+            merge_level=doc.get("merge_level"),
+            sizes=None if doc.get("sizes") is None else Sizes(**doc["sizes"]),
+            phases_s=doc.get("phases_s"),
+            combined=None
+            if combined is None
+            else CombinedSearch(combined["plans"], tuple(combined["closed"]), combined["bound_s"]),
+        )
+
+
+@dataclass(frozen=True)
 class Plan:
     module: str
     module_hash: str
@@ -95,14 +190,14 @@ class Plan:
     objective_s: float
     """Predicted step time: compute plus communication (no overlap assumed). Readers
     that want the same conversion of one value share it here, as in XLA; the solver's
-    objective (`solver["objective_s"]`) charges each reader, so it can be higher."""
+    objective (`solver.objective_s`) charges each reader, so it can be higher."""
     compute_s: float
     comm_s: float
     comm_by_kind: dict[str, float]
     """Seconds per `<kind> axis <a,b>`."""
     peak_memory_bytes: float
     budget_bytes: float | None
-    solver: dict[str, Any]
+    solver: SolverReport
     search_time_s: float
     instructions: tuple[InstructionPlan, ...]
     collectives: tuple[PlannedCollective, ...]
@@ -126,7 +221,9 @@ class Plan:
         return next((i for i in self.instructions if i.name == name), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": f"rhino.plan/{self.version}", **jsonable(self)}
+        doc = {"schema": f"rhino.plan/{self.version}", **jsonable(self)}
+        doc["solver"] = self.solver.to_json()
+        return doc
 
     def text(self) -> str:
         """The plan file's text (what `write` writes)."""
@@ -149,6 +246,7 @@ class Plan:
         try:
             fields = {k: v for k, v in doc.items() if k != "schema"}
             fields["mesh"] = DeviceMesh.from_json(fields["mesh"])
+            fields["solver"] = SolverReport.from_json(fields["solver"])
             fields["instructions"] = tuple(
                 InstructionPlan(**{**i, "outs": tuple(i["outs"]), "ins": tuple(i["ins"])})
                 for i in fields["instructions"]
@@ -163,7 +261,7 @@ class Plan:
                 for r in fields.get("reshards", ())
             )
             return Plan(**fields)
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{source}: malformed plan: {e}") from None
 
     @staticmethod

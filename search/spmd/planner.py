@@ -36,10 +36,12 @@ from rhino.search.spmd.comm import COMBINE_THRESHOLD_BYTES, GroupKey
 from rhino.search.spmd.merge import WindowMemo, solve_merged, structure
 from rhino.search.spmd.plan import (
     LEVELS,
+    CombinedSearch,
     InstructionPlan,
     Plan,
     PlannedCollective,
     PlannedReshard,
+    SolverReport,
     mesh_use_warnings,
     module_hash,
 )
@@ -116,11 +118,11 @@ def make_plan(
 
 def limit_warnings(plan: Plan, options: SolveOptions) -> tuple[str, ...]:
     """What to say when the time limit cut the search short."""
-    if options.left() > 0 or plan.solver.get("status") == SolveStatus.OPTIMAL.value:
+    if options.left() > 0 or plan.solver.status is SolveStatus.OPTIMAL:
         return ()
     return (
         f"the time limit ({options.time_limit_s:g} s) was hit: this is the best plan found "
-        f"by then (solver {plan.solver.get('status')}), not a proven one; a longer "
+        f"by then (solver {plan.solver.status.value}), not a proven one; a longer "
         "--time-limit may find a better one",
     )
 
@@ -153,30 +155,29 @@ def plan_combined(
         say("writing the plan")
         plan = to_plan(graph, problem, solution, request, 0.0)
         spent.extend((solved - clock, time.perf_counter() - solved))
-        return dataclasses.replace(plan, solver={**plan.solver, **search_report(solution, {})})
+        return dataclasses.replace(plan, solver=search_report(plan.solver, solution))
 
     first = plan_with(frozenset())
     plan, closed, made = search_groups(first, plan_with, options.left)
     phases.update(solve=spent[0], plan=spent[1], combine=sum(spent[2:]))
     # the first problem leaves out the latency of every combined collective: its bound
     # is below every plan's objective_s, whichever problem found the plan
-    combined = {
-        "plans": made + 1,
-        "closed": [f"{k} axis {','.join(map(str, a))}" for k, a in sorted(closed)],
-        "bound_s": min(float(first.solver["bound_s"]), plan.objective_s),
-    }
-    inner = first.solver["phases_s"]
-    solver = {
-        **plan.solver,
-        "combined": combined,
-        "phases_s": {
+    combined = CombinedSearch(
+        plans=made + 1,
+        closed=tuple(f"{k} axis {','.join(map(str, a))}" for k, a in sorted(closed)),
+        bound_s=min(float(first.solver.bound_s), plan.objective_s),
+    )
+    solver = dataclasses.replace(
+        plan.solver,
+        combined=combined,
+        phases_s={
             **({"build": phases["build"]} if "build" in phases else {}),
             "solve": phases["solve"],
-            **inner,
+            **(first.solver.phases_s or {}),
             "combine": phases["combine"],
             "plan": phases["plan"],
         },
-    }
+    )
     return dataclasses.replace(plan, solver=solver)
 
 
@@ -199,40 +200,27 @@ def _solve(
         solution = solve_whole(problem, options, memo)
     else:
         solution = solve(problem, options)
-    if "nodes" not in solution.stats:  # the sizes O2 reports, for every path
-        solution = dataclasses.replace(solution, stats={**structure(problem)[1], **solution.stats})
+    stats = solution.stats
+    if stats.sizes.nodes is None:  # the sizes O2 reports, for every path
+        sizes = structure(problem)[1].updated(stats.sizes)
+        solution = dataclasses.replace(solution, stats=dataclasses.replace(stats, sizes=sizes))
     return solution
 
 
-REPORTED_SIZES = (
-    "nodes",
-    "backbone",
-    "critical",
-    "cones",
-    "core_nodes",
-    "core_edges",
-    "memory_rows",
-    "segments",
-    "passes",
-    "windows_solved",
-    "windows_reused",
-)
-
-
-def search_report(solution: Solution, phases: dict[str, float]) -> dict[str, object]:
-    """What the search did, for `Plan.solver`: the level of merging it reached (O2: 1
-    cones only, 2 one ILP over the merged graph, 3 segments; O3: 0, the whole graph),
-    the sizes of the coarsened graphs, and seconds per phase."""
+def search_report(report: SolverReport, solution: Solution) -> SolverReport:
+    """`report` with what the search did: the level of merging it reached (O2: 1 cones
+    only, 2 one ILP over the merged graph, 3 segments; O3: 0, the whole graph), the
+    sizes of the coarsened graphs (not the merged nodes and core pairs), seconds per
+    phase of the solver (as "solve.<phase>", its total left out), and how it met the
+    budget."""
     stats = solution.stats
-    sizes = {k: int(stats[k]) for k in REPORTED_SIZES if k in stats}
-    detail = {k[: -len("_s")]: v for k, v in stats.items() if k.endswith("_s")}
-    budget = {k.removeprefix("budget_"): v for k, v in stats.items() if k.startswith("budget_")}
-    return {
-        **({"budget_search": budget} if budget else {}),
-        "merge_level": int(stats.get("level", 0)),
-        "sizes": sizes,
-        "phases_s": {**phases, **{f"solve.{k}": v for k, v in detail.items() if k != "total"}},
-    }
+    return dataclasses.replace(
+        report,
+        budget_search=stats.budget,
+        merge_level=stats.level or 0,
+        sizes=dataclasses.replace(stats.sizes, merged=None, core_pairs=None),
+        phases_s={f"solve.{k}": v for k, v in stats.phases_s.items() if k != "total"},
+    )
 
 
 def solve_whole(
@@ -249,13 +237,13 @@ def solve_whole(
     - O3 without the budget (half the time left). Its bound is the budget's, and its
       plan is the answer where it fits and is proven optimal. The ILP with the rows
       proves little on large graphs (its core keeps what the budget bars the reductions
-      from: the 24-layer GPT on 2x8 at 2.4 GiB, 2.4M LP variables, no convergence in
-      450 s, bound 1e-10; without the budget the LP converged in 57 s, bound 116.29 ms
-      against the plan's 118.24 ms).
+      from: on the 24-layer GPT on 2x8 under a tight budget its LP did not converge and
+      bounded nothing, where the LP without the budget converged and bounded the plan
+      closely; scripts/bench_o2.py measures it).
     - O2 within the budget (`solve_within_budget`, half the time left).
     - The ILP with the rows, from the cheaper of those two plans that fit. (From the
-      smallest layouts, as before, O3 came out 19% dearer than O2: 12-layer GPT on 2x4
-      at 2.9 GiB, 104.2 ms against 87.6 ms.)"""
+      smallest layouts, as before, O3 came out well behind O2 on the GPTs under a
+      budget.)"""
     if problem.budget is not None:
         check_budget(problem)  # the clear message, before anything else
     budget = np.inf if problem.budget is None else float(problem.budget)
@@ -265,14 +253,7 @@ def solve_whole(
         unbound = solve_ilp(free, share_of(options, 0.5), start=warm.choice)
         fits = unbound.peak_memory <= budget
         if fits and unbound.status is SolveStatus.OPTIMAL:
-            return dataclasses.replace(
-                unbound,
-                stats={
-                    **unbound.stats,
-                    "warm_start_s": warm.solve_time_s,
-                    "warm_start_cost": warm.objective,
-                },
-            )
+            return _warm_started(unbound, warm.solve_time_s, warm.objective)
         fitted = solve_within_budget(
             problem, share_of(options, 0.5), functools.partial(solve_merged, memo=memo), first=warm
         )
@@ -280,28 +261,33 @@ def solve_whole(
         found = solve_ilp(problem, options, start=start.choice)
         bound = min(max(found.bound, unbound.bound), found.objective)
         proven = found.objective - bound <= PROVEN_GAP * abs(found.objective)
-        return dataclasses.replace(
-            found,
-            bound=bound,
-            status=SolveStatus.OPTIMAL if proven else found.status,
-            stats={
-                **found.stats,
-                "warm_start_s": warm.solve_time_s + fitted.solve_time_s,
-                "warm_start_cost": start.objective,
-                "unbudgeted_bound": unbound.bound,
-            },
+        found = dataclasses.replace(
+            found, bound=bound, status=SolveStatus.OPTIMAL if proven else found.status
         )
-    if warm.stats.get("level", 0.0) < 3 and warm.status is SolveStatus.OPTIMAL:
-        return dataclasses.replace(warm, stats={**warm.stats, "level": 0.0})
+        spent = warm.solve_time_s + fitted.solve_time_s
+        return _warm_started(found, spent, start.objective, unbound.bound)
+    if (warm.stats.level or 0) < 3 and warm.status is SolveStatus.OPTIMAL:
+        return dataclasses.replace(warm, stats=dataclasses.replace(warm.stats, level=0))
     found = solve_ilp(free, options, start=warm.choice)
     if found.peak_memory > budget:  # O3's plan does not fit: the rows, from O2's plan
         found = solve_ilp(problem, options, start=warm.choice)
     if found.objective > warm.objective:  # the limit stopped the ILP before it caught up
         found = dataclasses.replace(warm, bound=max(warm.bound, found.bound))
-    return dataclasses.replace(
-        found,
-        stats={**found.stats, "warm_start_s": warm.solve_time_s, "warm_start_cost": warm.objective},
+    return _warm_started(found, warm.solve_time_s, warm.objective)
+
+
+def _warm_started(
+    found: Solution, seconds: float, cost: float, unbudgeted_bound: float | None = None
+) -> Solution:
+    """O3's `found` with its warm start in the stats: the seconds it took (a phase,
+    "warm_start") and its objective `cost`."""
+    stats = dataclasses.replace(
+        found.stats,
+        phases_s={**found.stats.phases_s, "warm_start": seconds},
+        warm_start_cost=cost,
+        unbudgeted_bound=unbudgeted_bound,
     )
+    return dataclasses.replace(found, stats=stats)
 
 
 def solve_largest_sharded(
@@ -535,15 +521,15 @@ def to_plan(
         comm_by_kind=dict(sorted(by_kind.items())),
         peak_memory_bytes=solution.peak_memory,
         budget_bytes=request.budget_bytes,
-        solver={
-            "status": solution.status.value,
-            "objective_s": solution.objective,
-            "bound_s": solution.bound,
-            "gap": solution.gap,
-            "time_s": solution.solve_time_s,
-            "variables": solution.variables,
-            "constraints": solution.constraints,
-        },
+        solver=SolverReport(
+            status=solution.status,
+            objective_s=solution.objective,
+            bound_s=solution.bound,
+            gap=solution.gap,
+            time_s=solution.solve_time_s,
+            variables=solution.variables,
+            constraints=solution.constraints,
+        ),
         search_time_s=search_time,
         instructions=tuple(instructions),
         collectives=tuple(collectives),

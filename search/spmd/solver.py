@@ -26,10 +26,10 @@ totals); the reported objective is always the float `evaluate` of the chosen pla
 
 Before CP-SAT, the LP relaxation of the same model runs on HiGHS (costs in microseconds).
 The row/column form is tight: on the problems measured so far its optimum was integral,
-and then it is an optimal plan, proven by the LP (the 4-layer GPT on 1x8: 1.6 s, where
-CP-SAT alone reached a 4% gap in 60 s). Otherwise the rounded LP optimum is CP-SAT's
+and then it is an optimal plan, proven by the LP (where CP-SAT alone may stop at a gap;
+scripts/bench_search.py measures both). Otherwise the rounded LP optimum is CP-SAT's
 starting point, and CP-SAT gets the time that remains. An LP too large for the simplex
-(`LP_FIRST_ORDER_VARIABLES`) runs on PDLP; its row prices give a Lagrangian bound
+(`Tuning.lp_first_order_variables`) runs on PDLP; its row prices give a Lagrangian bound
 whether or not it converged (`_lagrangian_bound`), and CP-SAT, too large to build, is
 skipped: the start (or the rounding) is the plan, optimal when that bound meets it.
 The LP holds (memory) as a running sum over the rows, a node where it enters and where
@@ -59,53 +59,46 @@ from rhino.search.problem import (
     ProblemEdge,
     ProblemNode,
     ShardingProblem,
+    Sizes,
     Solution,
     SolveOptions,
+    SolveStats,
     SolveStatus,
+    Tuning,
     Usage,
 )
 from rhino.search.spmd.reduce import Reduced, memory_rows, reduce_problem
 from rhino.search.units import format_bytes
 
 TIE_BREAK_S_PER_BYTE = 1e-17
+"""Seconds each byte a plan holds weighs besides its cost, so ties go to less memory."""
 MIN_CPSAT_S = 0.2
+"""CP-SAT and the LP get at least this long, even past the deadline, so there is a plan."""
 COST_SCALE = 1e12
 """CP-SAT takes integer costs: seconds times this (picoseconds)..."""
 COST_SUM_MAX = 1e15
 """...unless their sum would pass this, where the scale shrinks to keep it there."""
 MEMORY_COEFFICIENT_MAX = 2**40
 """Memory rows' coefficients are bytes divided down to at most this (int64 room to spare)."""
-"""CP-SAT and the LP get at least this long, even past the deadline, so there is a plan."""
-CPSAT_MAX_VARIABLES = 400_000
-"""Above this many LP variables, CP-SAT is not tried when the LP gives no integral
-optimum (see `_solve`)."""
 LP_SHARE = 0.9
 """Of the time left, the LP may take this much: on large cores its optimum is the
-integral answer (the 24-layer GPT on 2x4: 1.9M variables, integral after 185 s on one
-machine, more than 340 s on a slower one), and CP-SAT alone would not come near it in
-the rest."""
+integral answer after minutes (the 24-layer GPT on 2x4: 1.9M variables), and CP-SAT
+alone would not come near it in the rest."""
 LP_SOLVER: Literal["choose", "simplex", "ipm"] = "choose"
-"""HiGHS' LP method ("choose" lets it choose) below `LP_FIRST_ORDER_VARIABLES`."""
-LP_FIRST_ORDER_VARIABLES = CPSAT_MAX_VARIABLES
-"""An LP with at least this many variables runs on HiGHS' first-order method (PDLP,
-"hipdlp") instead: the 24-layer GPT on 2x4 (1.86M variables) did not finish in 340 s of
-dual simplex, nor in 500 s of interior point; PDLP converged in 72-143 s (load), and its
-row prices bound the optimum to within 4e-10 of O2's plan. Its point is not exact, so
-its value is never taken as the optimum: the bound comes from its prices
-(`_lagrangian_bound`), the plan from rounding its point."""
+"""HiGHS' LP method ("choose" lets it choose) below `Tuning.lp_first_order_variables`."""
 PDLP_TOLERANCE = 1e-9
 """PDLP's optimality tolerance: at HiGHS' default (1e-7) its prices bounded the 24-layer
-GPT only to within 4e-6."""
+GPT's optimum a hundred times more loosely."""
 PROVEN_GAP = 1e-7
 """A plan within this share of a lower bound counts as proven optimal (the LP solvers'
 own tolerance is 1e-7)."""
-LP_PRESOLVE_VARIABLES = LP_FIRST_ORDER_VARIABLES
-"""HiGHS presolves an LP with at least this many variables (those run on PDLP); the
-simplex solves the others faster without. 40 windows of O2's refinement on the 24-layer
-GPT on 2x8: 1.8 s, 3.7 s with presolve. The whole-graph LPs of the example models at O2
-on 2x8 (69k-316k variables, 12 of them): 18.8 s, 33.2 s with presolve; 2-3x faster on
-the MoE, UNet, Wide-ResNet, VGG and the GPT on 2x4, 1.2-1.4x slower on the DNABERT. Same
-optima, all integral."""
+INTEGRAL_TOLERANCE = 1e-6
+"""An LP value this close to 0 or 1 counts as integral."""
+LP_PRESOLVE_VARIABLES = Tuning().lp_first_order_variables
+"""HiGHS presolves an LP with at least this many variables (by default, those that run
+on PDLP); the simplex solves the others faster without: O2's refinement windows and the
+whole-graph LPs of most example models solve faster without it, the largest ones
+faster with it (scripts/bench_search.py measures it)."""
 LP_UNIT = 1e6
 """The LP counts microseconds: HiGHS' tolerances (~1e-7) would swallow costs in seconds."""
 
@@ -148,7 +141,7 @@ def solve_ilp(
             evaluation.peak_memory,
             0,
             0,
-            stats={"core_nodes": 0.0},
+            stats=SolveStats(sizes=Sizes(core_nodes=0)),
         )
     position = {v: i for i, v in enumerate(core_ids)}
     core = core_problem(problem, reduced)
@@ -186,12 +179,14 @@ def solve_ilp(
         peak_memory=evaluation.peak_memory,
         variables=solved.variables,
         constraints=solved.constraints,
-        stats={
-            **solved.stats,
-            "core_nodes": float(len(core_ids)),
-            "core_edges": float(len(core.edges)),
-            **({"memory_rows": float(len(rows.rows))} if rows is not None else {}),
-        },
+        stats=dataclasses.replace(
+            solved.stats,
+            sizes=Sizes(
+                core_nodes=len(core_ids),
+                core_edges=len(core.edges),
+                memory_rows=len(rows.rows) if rows is not None else None,
+            ),
+        ),
     )
 
 
@@ -267,6 +262,30 @@ class _Rows:
         return bool(np.all(usage <= np.array([rhs for _, rhs in self.rows])))
 
 
+@dataclass(frozen=True)
+class LpResult:
+    """The LP relaxation's answer (`_solve_lp`)."""
+
+    choice: tuple[int, ...] | None
+    """The plan, where the LP optimum is integral (a proven optimum); else None."""
+    bound: float
+    """A lower bound on the optimum (0.0 where the LP gave none)."""
+    rounded: tuple[int, ...] | None
+    """Each node's largest LP value (a plan to start from); None where the LP had no point."""
+    variables: int
+    constraints: int
+
+
+@dataclass(frozen=True)
+class _Starts:
+    """Where CP-SAT starts (`_starts`)."""
+
+    fallback: tuple[int, ...] | None
+    """The best plan known before CP-SAT (the answer when it finds none better)."""
+    hint: tuple[int, ...]
+    """CP-SAT's hint: a strategy per node."""
+
+
 def _solve(
     problem: ShardingProblem,
     options: SolveOptions,
@@ -282,54 +301,112 @@ def _solve(
     # objective do not include it
     node_cost = [n.cost.astype(float) + TIE_BREAK_S_PER_BYTE * n.memory for n in problem.nodes]
     pair_edges = fold_single_edges(problem, node_cost)
-    lp_choice, lp_value, lp_hint, lp_size = _solve_lp(
-        problem, node_cost, pair_edges, options, memory
-    )
-    if lp_choice is not None:  # the relaxation's optimum is integral: a proven optimum
-        return _answer(
-            problem, lp_choice, SolveStatus.OPTIMAL, lp_value, start, lp_size, "lp_integral"
+    lp = _solve_lp(problem, node_cost, pair_edges, options, memory)
+    if lp.choice is not None:  # the relaxation's optimum is integral: a proven optimum
+        flag = SolveStats(lp_integral=True)
+        return _answer(problem, lp.choice, SolveStatus.OPTIMAL, start, lp, flag)
+    starts = _starts(problem, node_cost, lp, memory, start_choice)
+    if lp.variables > options.tuning.cpsat_max_variables and starts.fallback is not None:
+        # CP-SAT would spend minutes and gigabytes building the model and not come near
+        # the start it is given (on the largest GPTs it reached a gap of a fifth, or ran
+        # out of memory under a budget): the start is the answer, with a budget the
+        # smallest layouts; it is proven optimal when the LP's bound meets it
+        gap = problem.evaluate(starts.fallback).objective - lp.bound
+        within = gap <= PROVEN_GAP * abs(lp.bound)
+        proven = SolveStatus.OPTIMAL if within else SolveStatus.FEASIBLE
+        flag = SolveStats(cpsat_skipped=True)
+        return _answer(problem, starts.fallback, proven, start, lp, flag)
+    model, s, scale = _cpsat_model(problem, node_cost, pair_edges, memory)
+    for v, row in enumerate(s):
+        for k, var in enumerate(row):
+            model.add_hint(var, k == starts.hint[v])
+    solver = cpsat_solver(options, max(MIN_CPSAT_S, options.left()))
+    status = solver.solve(model)
+    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    if status == cp_model.INFEASIBLE:  # proven: a fallback here breaks a forbidden pair
+        raise InfeasibleError("no plan fits the memory budget and avoids every forbidden choice")
+    if not found and starts.fallback is None:
+        raise InfeasibleError(
+            f"the solver found no plan within {options.time_limit_s:g} s (status {solver.status_name(status)})"
         )
-    # a plan to start from, so the solver always has one: without a budget any choice is
-    # valid (the rounded LP optimum, improved node by node); with one, the smallest
-    # layouts fit (check_budget)
-    fallback = smallest = None
-    if memory is None:  # the LP's rounding, or each node's cheapest when it had no time
-        rounded = lp_hint if lp_hint is not None else [int(np.argmin(c)) for c in node_cost]
-        lp_hint = improve(problem, node_cost, rounded)
+    bound = max(lp.bound, solver.best_objective_bound / scale if found else 0.0)
+    choice = starts.fallback
+    if found:
+        choice = tuple(
+            next(k for k, var in enumerate(row) if solver.boolean_value(var)) for row in s
+        )
+        if (
+            starts.fallback is not None
+            and problem.evaluate(starts.fallback).objective < problem.evaluate(choice).objective
+        ):
+            choice = starts.fallback
+    assert choice is not None
+    evaluation = problem.evaluate(choice)
+    proto = model.proto
+    return Solution(
+        choice=choice,
+        objective=evaluation.objective,
+        bound=min(evaluation.objective, bound),
+        status=SolveStatus.OPTIMAL if status == cp_model.OPTIMAL else SolveStatus.FEASIBLE,
+        solve_time_s=time.perf_counter() - start,
+        peak_memory=evaluation.peak_memory,
+        variables=len(proto.variables),
+        constraints=len(proto.constraints),
+    )
+
+
+def _starts(
+    problem: ShardingProblem,
+    node_cost: list[np.ndarray],
+    lp: LpResult,
+    memory: _Rows | None,
+    start_choice: tuple[int, ...] | None,
+) -> _Starts:
+    """A plan to fall back on, so the solver always has one, and CP-SAT's hint. Without
+    a budget any choice is valid: the LP's rounding (each node's cheapest where the LP
+    had no time), improved node by node, or the given plan improved where it beats that.
+    With one, the smallest layouts fit (check_budget): a plan, if a poor one; then the
+    LP's rounding and the given plan, where they fit and cost less."""
+    if memory is None:
+        rounded = (
+            list(lp.rounded) if lp.rounded is not None else [int(np.argmin(c)) for c in node_cost]
+        )
+        improved = improve(problem, node_cost, rounded)
         if start_choice is not None:
             given = improve(problem, node_cost, list(start_choice))
-            if problem.evaluate(given).objective < problem.evaluate(lp_hint).objective:
-                lp_hint = given
-        fallback = tuple(lp_hint)
-    else:  # the smallest layouts everywhere fit (check_budget): a plan, if a poor one
-        smallest = tuple(
-            int(np.argmin(np.where(np.isfinite(c), n.memory, np.inf)))
-            for n, c in zip(problem.nodes, node_cost, strict=True)
-        )
-        # then the LP's rounding and the given plan, where they fit and cost less
-        for candidate in (smallest, lp_hint, start_choice):
-            if (
-                candidate is not None
-                and memory.fits(candidate)
-                and (
-                    fallback is None
-                    or problem.evaluate(candidate).objective < problem.evaluate(fallback).objective
-                )
-            ):
-                fallback = tuple(candidate)
-    if lp_size[0] > CPSAT_MAX_VARIABLES and fallback is not None:
-        # CP-SAT would spend minutes and gigabytes building the model and not come near
-        # the start it is given (the 12-layer GPT on 2x8, 836k variables: 21% gap after
-        # 300 s, 11 GiB; with a budget, the 72-layer GPT on 2x8 went past 24 GiB and was
-        # killed): the start is the answer, with a budget the smallest layouts; it is
-        # proven optimal when the LP's bound meets it
-        gap = problem.evaluate(fallback).objective - lp_value
-        within = gap <= PROVEN_GAP * abs(lp_value)
-        proven = SolveStatus.OPTIMAL if within else SolveStatus.FEASIBLE
-        return _answer(problem, fallback, proven, lp_value, start, lp_size, "cpsat_skipped")
+            if problem.evaluate(given).objective < problem.evaluate(improved).objective:
+                improved = given
+        return _Starts(tuple(improved), tuple(improved))
+    smallest = tuple(
+        int(np.argmin(np.where(np.isfinite(c), n.memory, np.inf)))
+        for n, c in zip(problem.nodes, node_cost, strict=True)
+    )
+    fallback: tuple[int, ...] | None = None
+    for candidate in (smallest, lp.rounded, start_choice):
+        if (
+            candidate is not None
+            and memory.fits(candidate)
+            and (
+                fallback is None
+                or problem.evaluate(candidate).objective < problem.evaluate(fallback).objective
+            )
+        ):
+            fallback = tuple(candidate)
+    if lp.rounded is not None:
+        return _Starts(fallback, lp.rounded)
+    return _Starts(fallback, fallback if fallback is not None else smallest)
+
+
+def _cpsat_model(
+    problem: ShardingProblem,
+    node_cost: list[np.ndarray],
+    pair_edges: list[ProblemEdge],
+    memory: _Rows | None,
+) -> tuple[cp_model.CpModel, list[list[cp_model.IntVar]], float]:
+    """The model of the module doc on CP-SAT: (the model, s[v][k], the scale of its
+    integer costs per second)."""
     total = sum(_finite_max(c) for c in node_cost) + sum(_finite_max(e.cost) for e in pair_edges)
     scale = COST_SCALE if total * COST_SCALE < COST_SUM_MAX else COST_SUM_MAX / max(total, 1e-30)
-
     model = cp_model.CpModel()
     # s[v][k]
     s = [
@@ -344,8 +421,8 @@ def _solve(
             _price(model, objective, c, scale, s[v][k])
     # (rows), (cols) on grouped layouts
     for e in pair_edges:
-        rows, row_of = _groups(e.cost)
-        cols, col_of = _groups(e.cost.T)
+        rows, _ = _groups(e.cost)
+        cols, _ = _groups(e.cost.T)
         if len(rows) == 1 or len(cols) == 1:  # the cost depends on one side only: fold it
             if len(rows) == 1:
                 for l in range(e.cost.shape[1]):
@@ -369,51 +446,7 @@ def _solve(
     if memory is not None:
         _add_memory(model, memory, s)
     model.minimize(sum(objective))
-    for v, cost in enumerate(node_cost):
-        if lp_hint is not None:
-            start_k = lp_hint[v]
-        elif fallback is not None:
-            start_k = fallback[v]
-        elif smallest is not None:  # with a budget: the smallest allowed layout
-            start_k = smallest[v]
-        else:
-            start_k = int(np.argmin(cost))
-        for k, var in enumerate(s[v]):
-            model.add_hint(var, k == start_k)
-
-    solver = cpsat_solver(options, max(MIN_CPSAT_S, options.left()))
-    status = solver.solve(model)
-    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    if status == cp_model.INFEASIBLE:  # proven: a fallback here breaks a forbidden pair
-        raise InfeasibleError("no plan fits the memory budget and avoids every forbidden choice")
-    if not found and fallback is None:
-        raise InfeasibleError(
-            f"the solver found no plan within {options.time_limit_s:g} s (status {solver.status_name(status)})"
-        )
-    bound = max(lp_value, solver.best_objective_bound / scale if found else 0.0)
-    choice = fallback
-    if found:
-        choice = tuple(
-            next(k for k, var in enumerate(row) if solver.boolean_value(var)) for row in s
-        )
-        if (
-            fallback is not None
-            and problem.evaluate(fallback).objective < problem.evaluate(choice).objective
-        ):
-            choice = fallback
-    assert choice is not None
-    evaluation = problem.evaluate(choice)
-    proto = model.proto
-    return Solution(
-        choice=choice,
-        objective=evaluation.objective,
-        bound=min(evaluation.objective, bound),
-        status=SolveStatus.OPTIMAL if status == cp_model.OPTIMAL else SolveStatus.FEASIBLE,
-        solve_time_s=time.perf_counter() - start,
-        peak_memory=evaluation.peak_memory,
-        variables=len(proto.variables),
-        constraints=len(proto.constraints),
-    )
+    return model, s, scale
 
 
 def _finite_max(costs: np.ndarray) -> float:
@@ -450,40 +483,38 @@ def _answer(
     problem: ShardingProblem,
     choice: tuple[int, ...],
     status: SolveStatus,
-    bound: float,
     start: float,
-    size: tuple[int, int],
-    flag: str,
+    lp: LpResult,
+    stats: SolveStats,
 ) -> Solution:
-    """`choice` as the solution, before CP-SAT ran; `flag` names why (a stat set to 1)."""
+    """`choice` as the solution, before CP-SAT ran (`stats` say why), with the LP's
+    bound and size."""
     evaluation = problem.evaluate(choice)
     return Solution(
         choice=choice,
         objective=evaluation.objective,
-        bound=min(evaluation.objective, bound),
+        bound=min(evaluation.objective, lp.bound),
         status=status,
         solve_time_s=time.perf_counter() - start,
         peak_memory=evaluation.peak_memory,
-        variables=size[0],
-        constraints=size[1],
-        stats={flag: 1.0},
+        variables=lp.variables,
+        constraints=lp.constraints,
+        stats=stats,
     )
 
 
 def _solve_lp(
     problem: ShardingProblem,
     node_cost: list[np.ndarray],
-    pair_edges: list,
+    pair_edges: list[ProblemEdge],
     options: SolveOptions,
     memory: _Rows | None = None,
-) -> tuple[tuple[int, ...] | None, float, list[int] | None, tuple[int, int]]:
+) -> LpResult:
     """The LP relaxation of the model (same variables in [0, 1]) on HiGHS (the
     constraint matrix built as sparse arrays).
 
     The row/column linearization is tight: on these problems the LP optimum is usually
-    integral, and then it is an optimal plan, proven by the LP itself. Returns (the plan
-    if integral, the LP value as a lower bound, the rounded LP choice as a hint, and the
-    LP's (variables, constraints)).
+    integral, and then it is an optimal plan, proven by the LP itself.
     """
     from scipy.sparse import coo_array
 
@@ -531,8 +562,7 @@ def _solve_lp(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_rows, n_vars)
     ).tocsc()  # HiGHS takes the matrix by columns
     lower = upper = rhs
-    size = (n_vars, n_rows)
-    first_order = n_vars >= LP_FIRST_ORDER_VARIABLES
+    first_order = n_vars >= options.tuning.lp_first_order_variables
     run = _run_highs(
         cost,
         matrix,
@@ -544,22 +574,22 @@ def _solve_lp(
         first_order=first_order,
     )
     if run is None:
-        return None, 0.0, None, size
+        return LpResult(None, 0.0, None, n_vars, n_rows)
     x, prices, optimum = run
-    hint = [int(np.argmax(x[first[v] : first[v + 1]])) for v in range(len(sizes))]
+    hint = tuple(int(np.argmax(x[first[v] : first[v + 1]])) for v in range(len(sizes)))
     s = x[: first[len(sizes)]]
     if optimum is not None and not first_order:  # exact: the bound, and the plan if integral
-        integral = bool(np.all(np.abs(s - np.round(s)) <= 1e-6))
-        return (tuple(hint) if integral else None), optimum / LP_UNIT, hint, size
+        integral = bool(np.all(np.abs(s - np.round(s)) <= INTEGRAL_TOLERANCE))
+        return LpResult(hint if integral else None, optimum / LP_UNIT, hint, n_vars, n_rows)
     if prices is None:
-        return None, 0.0, hint, size
+        return LpResult(None, 0.0, hint, n_vars, n_rows)
     # the bound is on the plan's own objective, without the tie break
     pure = cost.copy()
     pure[: len(s)] -= (
         LP_UNIT * TIE_BREAK_S_PER_BYTE * np.concatenate([n.memory for n in problem.nodes])
     )
     bound = _lagrangian_bound(pure, matrix, lower, upper, col_upper, prices)
-    return None, (bound / LP_UNIT if np.isfinite(bound) else 0.0), hint, size
+    return LpResult(None, bound / LP_UNIT if np.isfinite(bound) else 0.0, hint, n_vars, n_rows)
 
 
 def _memory_unit(memory: _Rows) -> float:

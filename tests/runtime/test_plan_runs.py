@@ -11,6 +11,7 @@ from rhino.runtime.apply import apply_plan, planned_module
 from rhino.runtime.verify import run_and_compare
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
+from rhino.search.problem import SolveOptions, Tuning
 from rhino.search.spmd.planner import PlanRequest, make_plan
 from tests.hlo.corpus import ROOT
 
@@ -44,17 +45,15 @@ def test_a_strided_plan_runs_and_the_report_says_where_xla_chose_its_own_layout(
     assert notes and "non-maximal stride" in notes[0], report.notes
 
 
-def test_an_o2_plan_from_segments_compiles_runs_and_matches(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_an_o2_plan_from_segments_compiles_runs_and_matches() -> None:
     """O2's level 3 (segments solved apart, then refined) still yields a plan XLA runs
     and that computes what the single-device program computes."""
-    from rhino.search.spmd import merge
-
-    monkeypatch.setattr(merge, "WHOLE_CORE_PAIRS", 0)  # segments even on a small model
     module = parse_file(ROOT / "examples/gpt_tiny.hlo")
-    plan = make_plan(module, PlanRequest(parse_mesh("2x4"), load_cluster("m8"), "O2"))
-    assert plan.solver["merge_level"] == 3 and plan.solver["sizes"]["segments"] > 1
+    segments = SolveOptions(tuning=Tuning(whole_core_pairs=0))  # even on a small model
+    request = PlanRequest(parse_mesh("2x4"), load_cluster("m8"), "O2", solve=segments)
+    plan = make_plan(module, request)
+    sizes = plan.solver.sizes
+    assert plan.solver.merge_level == 3 and sizes is not None and (sizes.segments or 0) > 1
     report = run_and_compare(
         print_module(planned_module(module)), print_module(apply_plan(module, plan)), 8, seed=0
     )

@@ -71,7 +71,7 @@ def test_o3_is_never_worse_than_data_parallel(path: Path, mesh: str) -> None:
     module = parse_file(path)
     dp = data_parallel_plan(module, parse_mesh(mesh), load_cluster("m8"), solve=TO_THE_END)
     o3 = make_plan(module, PlanRequest(parse_mesh(mesh), load_cluster("m8"), solve=TO_THE_END))
-    assert (dp.solver["status"], o3.solver["status"]) == ("optimal", "optimal")
+    assert (dp.solver.status.value, o3.solver.status.value) == ("optimal", "optimal")
     assert o3.objective_s <= dp.objective_s * (1 + 1e-9)
 
 

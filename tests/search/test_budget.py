@@ -75,7 +75,7 @@ def test_a_budget_that_does_not_bind_gives_the_plan_without_one() -> None:
     found = budget.solve_within_budget(roomy, OPTIONS, solve_merged)
     assert found.choice == free.choice
     assert found.status is free.status is SolveStatus.OPTIMAL
-    assert found.stats["budget_solves"] == 1
+    assert found.stats.budget is not None and found.stats.budget.solves == 1
 
 
 def test_improve_within_never_leaves_the_budget_nor_gets_worse() -> None:
@@ -120,7 +120,7 @@ def test_o2_meets_a_binding_budget_without_building_a_memory_row(
     plan = make_plan(module, PlanRequest(parse_mesh("1x8"), load_cluster("m8"), "O2", limit))
     assert plan.peak_memory_bytes <= limit
     assert plan.objective_s >= free.objective_s
-    assert plan.solver["budget_search"]["solves"] >= 2
+    assert plan.solver.budget_search is not None and plan.solver.budget_search.solves >= 2
 
 
 def binding_problems() -> Iterator[tuple[ShardingProblem, ShardingProblem]]:

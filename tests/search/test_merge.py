@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from rhino.hlo.parser import parse_file
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
-from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
+from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions, Tuning
 from rhino.search.spmd import merge
 from rhino.search.spmd.builder import build_graph
 from rhino.search.spmd.planner import PlanRequest, make_plan, to_problem
@@ -18,6 +20,8 @@ from tests.search.test_solver import random_problem
 from tests.solving import TO_THE_END
 
 EXAMPLES = ROOT / "examples"
+BY_SEGMENTS = dataclasses.replace(TO_THE_END, tuning=Tuning(whole_core_pairs=0, segment_nodes=12))
+"""O2 forced to level 3 (no whole-core ILP), with small segments."""
 
 
 def node(name: str, k: int, rng: np.random.Generator, heavy: bool = False) -> ProblemNode:
@@ -110,27 +114,23 @@ def test_o2_equals_brute_force_on_small_random_problems(seed: int) -> None:
     problem = random_problem(seed)
     o2 = merge.solve_merged(problem)
     assert o2.objective == pytest.approx(solve_brute_force(problem).objective, rel=1e-9, abs=1e-12)
-    assert o2.stats["level"] in (1.0, 2.0)
+    assert o2.stats.level in (1, 2)
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_segments_come_close_to_o3_on_series_parallel_problems(
-    seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_segments_come_close_to_o3_on_series_parallel_problems(seed: int) -> None:
     problem = series_parallel(seed)
     o3 = solve_ilp(problem, TO_THE_END)
-    monkeypatch.setattr(merge, "WHOLE_CORE_PAIRS", 0)  # force level 3
-    monkeypatch.setattr(merge, "SEGMENT_NODES", 12)
-    o2 = merge.solve_merged(problem, TO_THE_END)
-    assert o2.stats["level"] == 3.0
-    assert o2.stats["segments"] > 4
-    assert o2.stats["critical"] == 2 * 24  # every dot and grad lies on the one long path
+    o2 = merge.solve_merged(problem, BY_SEGMENTS)
+    assert o2.stats.level == 3
+    assert (o2.stats.sizes.segments or 0) > 4
+    assert o2.stats.sizes.critical == 2 * 24  # every dot and grad lies on the one long path
     ratio = o2.objective / o3.objective
     print(f"series-parallel seed {seed}: O2/O3 = {ratio:.4f}")
     assert ratio >= 1 - 1e-9  # O3 is optimal here
     assert ratio <= 1.05
     assert problem.evaluate(o2.choice).objective == o2.objective
-    again = merge.solve_merged(problem, TO_THE_END)
+    again = merge.solve_merged(problem, BY_SEGMENTS)
     assert again.choice == o2.choice  # deterministic
 
 
@@ -145,16 +145,16 @@ def plan(name: str, mesh: str, level: str, **kw):  # type: ignore[no-untyped-def
 def test_o2_equals_o3_on_the_examples(name: str) -> None:
     o3 = plan(name, "1x8", "O3")
     o2 = plan(name, "1x8", "O2")
-    assert o3.solver["status"] == "optimal"
-    assert o2.solver["objective_s"] == pytest.approx(o3.solver["objective_s"], rel=1e-9)
-    assert o2.solver["merge_level"] in (1, 2)
-    assert o3.solver["merge_level"] == 0
+    assert o3.solver.status.value == "optimal"
+    assert o2.solver.objective_s == pytest.approx(o3.solver.objective_s, rel=1e-9)
+    assert o2.solver.merge_level in (1, 2)
+    assert o3.solver.merge_level == 0
     for p in (o2, o3):
-        assert set(p.solver["phases_s"]) >= {"build", "solve", "plan"}
+        assert set(p.solver.phases_s or {}) >= {"build", "solve", "plan"}
         # one objective: what the plan reports never exceeds what the ILP optimized plus
         # the latency of the ops XLA combines collectives into, which the ILP leaves out
         # (readers wanting the same conversion of a value share it in the plan)
-        assert p.objective_s <= (p.solver["objective_s"] + p.combined_latency_s) * (1 + 1e-9)
+        assert p.objective_s <= (p.solver.objective_s + p.combined_latency_s) * (1 + 1e-9)
 
 
 def test_o2_meets_a_budget_by_sharding_the_largest_parameters() -> None:
@@ -184,14 +184,12 @@ def test_one_deadline_is_shared_by_every_phase() -> None:
         assert problem.evaluate(found.choice).objective == found.objective
 
 
-def test_o3_starts_from_o2_and_is_never_worse(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_o3_starts_from_o2_and_is_never_worse() -> None:
     from rhino.search.spmd.planner import solve_whole
 
-    monkeypatch.setattr(merge, "WHOLE_CORE_PAIRS", 0)  # O2 by segments
-    monkeypatch.setattr(merge, "SEGMENT_NODES", 12)
     problem = series_parallel(2)
-    o2 = merge.solve_merged(problem, TO_THE_END)
-    o3 = solve_whole(problem, TO_THE_END)
+    o2 = merge.solve_merged(problem, BY_SEGMENTS)
+    o3 = solve_whole(problem, BY_SEGMENTS)
     assert o3.objective <= o2.objective * (1 + 1e-12)
-    assert o3.stats["warm_start_cost"] == pytest.approx(o2.objective)
+    assert o3.stats.warm_start_cost == pytest.approx(o2.objective)
     assert o3.status.value == "optimal"

@@ -162,7 +162,7 @@ def test_scanned_gpt_plans_with_its_loop_carries() -> None:
     # ... reported with their layouts: one per carried leaf of the scan's while loop
     assert plan.carried and all("#" in k and v for k, v in plan.carried.items())
     # shared conversions; the latency of combined collectives is the plan's, not the ILP's
-    assert plan.objective_s <= (plan.solver["objective_s"] + plan.combined_latency_s) * (1 + 1e-9)
+    assert plan.objective_s <= (plan.solver.objective_s + plan.combined_latency_s) * (1 + 1e-9)
 
 
 def test_gpt_block_shards_attention_by_heads_and_the_mlp_megatron_style() -> None:

@@ -35,7 +35,7 @@ def test_reductions_alone_solve_a_tree(seed: int) -> None:
     assert not reduced.alive
     choice = reduced.expand({})
     assert problem.evaluate(choice).objective == pytest.approx(solve_brute_force(problem).objective)
-    assert solve_ilp(problem).stats["core_nodes"] == 0
+    assert solve_ilp(problem).stats.sizes.core_nodes == 0
 
 
 @pytest.mark.parametrize("seed", range(20))

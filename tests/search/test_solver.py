@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rhino.hlo.errors import InfeasibleError
-from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
+from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions, Tuning
 from rhino.search.spmd.solver import min_peak_memory, solve_brute_force, solve_ilp
 from tests.solving import TO_THE_END
 
@@ -95,7 +95,8 @@ def test_a_search_out_of_time_still_returns_a_plan(
 
     import rhino.search.spmd.solver as solver
 
-    monkeypatch.setattr(solver, "_solve_lp", lambda *_args: (None, 0.0, None, (0, 0)))
+    no_point = solver.LpResult(choice=None, bound=0.0, rounded=None, variables=0, constraints=0)
+    monkeypatch.setattr(solver, "_solve_lp", lambda *_args: no_point)
     monkeypatch.setattr(cp_model.CpSolver, "solve", lambda *_args, **_kw: cp_model.UNKNOWN)
     problem = _dense(5, 3, budget)
     found = solve_ilp(problem, SolveOptions(time_limit_s=1))
@@ -145,8 +146,8 @@ def test_with_a_budget_the_reductions_apply_and_only_rows_that_can_bind_are_kept
     edges = tuple(ProblemEdge(v, v + 1, rng.random((k, k))) for v in range(29))
     problem = ShardingProblem(tuple(nodes), edges, budget=250.0)
     found = solve_ilp(problem)
-    assert found.stats["core_nodes"] <= 1
-    assert found.stats.get("memory_rows", 0.0) <= 1
+    assert found.stats.sizes.core_nodes is not None and found.stats.sizes.core_nodes <= 1
+    assert (found.stats.sizes.memory_rows or 0) <= 1
     assert found.peak_memory <= 250.0
     assert found.objective == pytest.approx(solve_brute_force_chain(problem), rel=1e-9)
 
@@ -168,7 +169,7 @@ def solve_brute_force_chain(problem: ShardingProblem) -> float:
 
 
 def test_a_model_too_large_for_cpsat_returns_its_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Above CPSAT_MAX_VARIABLES, when the LP gives no integral optimum, the answer is the
+    """Above `Tuning.cpsat_max_variables`, when the LP gives no integral optimum, the answer is the
     better of the LP's rounding and the given start, improved node by node; CP-SAT is
     not built."""
     from ortools.sat.python import cp_model
@@ -178,15 +179,16 @@ def test_a_model_too_large_for_cpsat_returns_its_start(monkeypatch: pytest.Monke
     def no_cpsat(*_args, **_kw):  # type: ignore[no-untyped-def]
         raise AssertionError("CP-SAT ran")
 
-    monkeypatch.setattr(solver, "CPSAT_MAX_VARIABLES", 0)
-    monkeypatch.setattr(solver, "_solve_lp", lambda *_args: (None, 0.0, None, (10, 10)))
+    no_point = solver.LpResult(choice=None, bound=0.0, rounded=None, variables=10, constraints=10)
+    monkeypatch.setattr(solver, "_solve_lp", lambda *_args: no_point)
     monkeypatch.setattr(cp_model.CpSolver, "solve", no_cpsat)
     problem = _dense(5, 3)
     best = solve_brute_force(problem)
-    found = solve_ilp(problem, start=best.choice)
+    options = SolveOptions(tuning=Tuning(cpsat_max_variables=0))
+    found = solve_ilp(problem, options, start=best.choice)
     assert found.status.value == "feasible"
     assert found.objective == pytest.approx(best.objective)
-    assert found.stats["cpsat_skipped"] == 1.0
+    assert found.stats.cpsat_skipped
 
 
 @pytest.mark.parametrize("bad", [-1, 99])
@@ -234,18 +236,15 @@ def test_lagrangian_bound_is_below_the_lp_optimum_for_any_prices(seed: int) -> N
 @pytest.mark.parametrize("budget", [False, True])
 @pytest.mark.parametrize(("n", "k"), [(4, 3), (5, 3), (6, 2), (5, 4)])
 def test_the_first_order_lp_bounds_the_optimum_and_proves_a_start(
-    n: int, k: int, budget: bool, monkeypatch: pytest.MonkeyPatch
+    n: int, k: int, budget: bool
 ) -> None:
     """Large LPs run on PDLP (here every LP): its prices give a bound that is never above
     the optimum, and a start at the optimum is reported optimal when the bound meets it."""
-    import rhino.search.spmd.solver as solver
-
-    monkeypatch.setattr(solver, "CPSAT_MAX_VARIABLES", 0)
-    monkeypatch.setattr(solver, "LP_FIRST_ORDER_VARIABLES", 0)
     problem = _dense(n, k, budget)
     best = solve_brute_force(problem)
-    found = solve_ilp(problem, SolveOptions(time_limit_s=20), start=best.choice)
-    assert found.stats["cpsat_skipped"] == 1.0
+    tuning = Tuning(cpsat_max_variables=0, lp_first_order_variables=0)
+    found = solve_ilp(problem, SolveOptions(time_limit_s=20, tuning=tuning), start=best.choice)
+    assert found.stats.cpsat_skipped
     assert found.objective == pytest.approx(best.objective)
     assert found.bound <= best.objective + 1e-9
     if found.status.value == "optimal":

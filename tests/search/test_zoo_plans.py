@@ -38,7 +38,7 @@ def zoo_module(family: str, config: str = "small") -> Module:
 def plan_on_m8(module: Module, pins: tuple[tuple[str, ShardingSpec], ...] = ()) -> Plan:
     request = PlanRequest(parse_mesh("1x8"), load_cluster("m8"), pins=pins, solve=TO_THE_END)
     plan = make_plan(module, request)
-    assert plan.solver["status"] == "optimal", plan.solver
+    assert plan.solver.status.value == "optimal", plan.solver
     return plan
 
 
