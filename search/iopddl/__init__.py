@@ -238,10 +238,6 @@ def answer_line(choice: list[int] | tuple[int, ...]) -> str:
     return "[" + ", ".join(str(int(k)) for k in choice) + "]"
 
 
-SMALL_NODES = 5_000
-"""Up to this many nodes, the exact solver (reductions, LP, CP-SAT) runs on the whole
-problem after the group search (its LP gives the lower bound), then the windows of
-`rhino.search.iopddl.window` until the deadline; above, the group search has all the time."""
 GROUP_SHARE = 0.25
 """The group search's share of the time after the model is built (small or large)."""
 PASSING_SHARE = 0.5
@@ -448,7 +444,7 @@ def solve(instance: Instance, options: SolveOptions) -> Solved:
     lap("model")
     x = local.legal_start(g)
     lap("start")
-    small = g.size <= SMALL_NODES
+    small = g.size <= options.tuning.small_nodes
     y = merged.contract(x)
     helped = False
     if y is not None:

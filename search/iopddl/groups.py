@@ -56,6 +56,8 @@ WINDOW_GROUPS = 30
 """Groups in a window move."""
 WINDOW_TIME_S = 1.0
 """Time limit of one window's solve."""
+MIN_WINDOW_S = 0.05
+"""A window's solve gets at least this long, even past the deadline."""
 WINDOW_PAIRS = 20_000
 """Pairs of strategies (the LP's edge variables) in a window move at most."""
 WHOLE_GROUPS = 1_000
@@ -500,7 +502,7 @@ class GroupSearch:
                 ),
                 tuple(ProblemEdge(i, j, m) for i, j, m in edges),
             )
-            limit = max(0.05, min(time_limit, self.deadline - time.perf_counter()))
+            limit = max(MIN_WINDOW_S, min(time_limit, self.deadline - time.perf_counter()))
             options = SolveOptions(time_limit_s=limit, seed=self.moves)
             return list(
                 solve_ilp(problem, options, start=tuple(int(self.y[a]) for a in nodes)).choice

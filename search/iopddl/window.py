@@ -38,6 +38,8 @@ WINDOW_NODES = 300
 """Nodes in a window."""
 WINDOW_TIME_S = 2.0
 """Time limit of one window's solve."""
+MIN_WINDOW_S = 0.1
+"""A window's solve gets at least this long, even past the deadline."""
 FIRST_WINDOW_S = 0.5
 """What a window is taken to last before one has been timed (a first window started
 just before the deadline would otherwise end well past it)."""
@@ -182,7 +184,7 @@ def lns(
         before = tuple(int(s.x[v]) for v in nodes) + (0,) * (len(problem.nodes) - len(nodes))
         left = deadline - time.perf_counter()
         options = SolveOptions(
-            time_limit_s=max(0.1, min(WINDOW_TIME_S, left)), threads=threads, seed=windows
+            time_limit_s=max(MIN_WINDOW_S, min(WINDOW_TIME_S, left)), threads=threads, seed=windows
         )
         try:
             solved = solve_ilp(problem, options, start=before)

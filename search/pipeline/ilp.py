@@ -338,7 +338,11 @@ def solve_stages(
     reduction = reduce_stages(problem)
     work = reduction.problem
     windows = tighten(work) if tightening else full_windows(work)
-    receipts = least_receipts(work, windows.lo, windows.hi) if tightening else (0,) * work.stages
+    receipts = (
+        least_receipts(work, windows.lo, windows.hi, options.tuning.light_share)
+        if tightening
+        else (0,) * work.stages
+    )
     tightened_s = time.perf_counter() - start
     first = _restricted_hint(reduction, hint)  # (plan, cut bytes) on the reduced problem
     least = sum(receipts)

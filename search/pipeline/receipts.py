@@ -31,7 +31,7 @@ to every instruction of before(s), and from the `in` of every instruction of X t
 sink. Every candidate's cut is at least sep(s, F(s)), and exactly that where the residual
 graph of the flow to F(s) does not reach the candidate (it adds no path to the sink):
 those are not flowed. The others are flowed heaviest first; the lightest ones, that
-together compute less than `LIGHT_SHARE` of the floor, are taken as cut off by
+together compute less than `Tuning.light_share` of the floor, are taken as cut off by
 sep(s, F(s)) alone (a lower bound, so least(s) stays valid). Before the first flow and
 after 1, 2, 4, ..., the candidates not flowed yet are taken at sep(s, F(s)) (a lower
 bound on t(s)) and left out (an upper bound); where the two meet, that is t(s) and the
@@ -52,32 +52,38 @@ import numpy as np
 from ortools.graph.python import max_flow  # type: ignore[import-untyped]
 
 from rhino.search.pipeline.problem import StageProblem
-
-LIGHT_SHARE = 0.1
-"""The lightest candidates of a stage, whose compute together stays under this share of
-the floor, are not flowed (taken as cut off by sep(s, F(s)) alone). On the zoo models
-(18 problems: UNets, encoder-decoders, GPTs at 2, 4 and 8 stages) the bounds equal those
-of flowing every candidate but on one (the DDPM UNet at 4 stages: 40.03 MiB against
-44.02), in 4-9x less time."""
+from rhino.search.problem import Tuning
 
 _SLACK = 1e-6
 """A stage may hold a little less than `floor` (the float tolerance `evaluate` allows)."""
 
 
 def least_receipts(
-    problem: StageProblem, lo: tuple[int, ...], hi: tuple[int, ...]
+    problem: StageProblem,
+    lo: tuple[int, ...],
+    hi: tuple[int, ...],
+    light_share: float = Tuning().light_share,
 ) -> tuple[int, ...]:
     """least(s) of the module docstring for s = 0 .. d-1 (least(0) = 0), for windows
-    [lo, hi] that hold every plan meeting (order) and (balance)."""
+    [lo, hi] that hold every plan meeting (order) and (balance); candidates lighter
+    together than `light_share` of the floor are not flowed."""
     edges = np.array(
         [(i, j) for i, cs in enumerate(problem.consumers) for j in cs], dtype=np.int64
     ).reshape(-1, 2)
     return (0,) + tuple(
-        _least(problem, np.array(lo), np.array(hi), s, edges) for s in range(1, problem.stages)
+        _least(problem, np.array(lo), np.array(hi), s, edges, light_share)
+        for s in range(1, problem.stages)
     )
 
 
-def _least(problem: StageProblem, lo: np.ndarray, hi: np.ndarray, s: int, edges: np.ndarray) -> int:
+def _least(
+    problem: StageProblem,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    s: int,
+    edges: np.ndarray,
+    light_share: float,
+) -> int:
     floor = problem.floor * (1 - _SLACK)
     before = hi < s
     if not before.any() or floor <= 0:
@@ -141,7 +147,7 @@ def _least(problem: StageProblem, lo: np.ndarray, hi: np.ndarray, s: int, edges:
     pending = sum(compute[j] for j in candidates)  # not flowed yet
     separated: list[tuple[int, float]] = []
     for k, j in enumerate(candidates):
-        if pending < LIGHT_SHARE * floor:
+        if pending < light_share * floor:
             break
         if k & (k - 1) == 0:  # after 0, 1, 2, 4, ... flows: do the bounds on t(s) meet?
             low = _threshold(held + pending, floor, together, separated)

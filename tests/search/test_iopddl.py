@@ -17,7 +17,7 @@ from rhino.cli.main import cli
 from rhino.hlo.errors import InfeasibleError
 from rhino.search import iopddl
 from rhino.search.iopddl import local, window
-from rhino.search.problem import SolveOptions
+from rhino.search.problem import SolveOptions, Tuning
 from tests.hlo.corpus import ROOT
 
 EXAMPLE = ROOT.parent / "shared" / "iopddl" / "example.json"
@@ -225,9 +225,7 @@ calls JAX, and `rhino solve` does not load it."""
 
 @FORK_UNDER_JAX
 @pytest.mark.parametrize("seed", [1, 3])
-def test_the_helper_runs_beside_the_search_and_ends(
-    seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_helper_runs_beside_the_search_and_ends(seed: int) -> None:
     """A large problem with two threads: the rounds with toulbar2 run in a helper process
     beside the search; the answer fits and costs no more than the start, the bound (the
     helper's Lagrangian bounds among it) is below the optimum, and the helper is gone.
@@ -237,8 +235,8 @@ def test_the_helper_runs_beside_the_search_and_ends(
 
     instance = iopddl.parse(random_doc(seed, n=8))
     start = local.legal_start(local.build(iopddl.to_problem(instance)))
-    monkeypatch.setattr(iopddl, "SMALL_NODES", 0)  # "large"
-    solved = iopddl.solve(instance, SolveOptions(time_limit_s=4, threads=2))
+    large = Tuning(small_nodes=0)
+    solved = iopddl.solve(instance, SolveOptions(time_limit_s=4, threads=2, tuning=large))
     assert solved.check.feasible
     assert solved.check.cost <= iopddl.check(instance, start.tolist()).cost
     assert solved.bound <= iopddl.check(instance, optimum(instance)).cost
@@ -262,20 +260,22 @@ def test_the_helpers_plan_is_taken_where_it_is_cheaper(monkeypatch: pytest.Monke
     def held(gr, y, deadline, **_):  # type: ignore[no-untyped-def]
         return lagrange.Best(y.copy(), gr.total(y))
 
-    monkeypatch.setattr(iopddl, "SMALL_NODES", 0)
     monkeypatch.setattr(iopddl, "_help", helper)
     monkeypatch.setattr(groups.GroupSearch, "run", lambda self: None)
     monkeypatch.setattr(lagrange, "rounds", held)
     monkeypatch.setattr(window, "lns", lambda g, x, *a, **k: window.LnsResult(x, 0.0, 0, 0, []))
-    solved = iopddl.solve(instance, SolveOptions(time_limit_s=3, threads=2))
+    large = Tuning(small_nodes=0)
+    solved = iopddl.solve(instance, SolveOptions(time_limit_s=3, threads=2, tuning=large))
     assert solved.choice == tuple(best.tolist()) and solved.helped
     assert solved.bound >= 7.0  # the helper's bound is taken too
-    one = iopddl.solve(instance, SolveOptions(time_limit_s=3, threads=1))  # no helper
+    # one thread: no helper
+    one = iopddl.solve(instance, SolveOptions(time_limit_s=3, threads=1, tuning=large))
     assert one.choice == tuple(start.tolist()) and not one.helped
     import multiprocessing
 
     monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
-    nofork = iopddl.solve(instance, SolveOptions(time_limit_s=3, threads=2))  # no helper either
+    # no fork: no helper either
+    nofork = iopddl.solve(instance, SolveOptions(time_limit_s=3, threads=2, tuning=large))
     assert nofork.choice == tuple(start.tolist()) and not nofork.helped
 
 
