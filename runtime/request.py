@@ -72,9 +72,15 @@ class RunRequest:
     microbatches: int | None = None
     """A stage plan's micro-batches per step; None: the plan's."""
 
-    @property
-    def staged(self) -> bool:
-        return isinstance(self.plan, StagePlan)
+    def __post_init__(self) -> None:
+        if self.plan is None and self.mesh is None:
+            raise ConfigError("mesh: a run without a plan needs a mesh to plan on", "mesh")
+        if isinstance(self.plan, Plan) and self.mesh not in (None, self.plan.mesh):
+            raise ConfigError(
+                f"mesh {self.mesh}: the plan is for mesh {self.plan.mesh}; a plan runs on "
+                "its own mesh",
+                "mesh",
+            )
 
 
 @dataclass(frozen=True)
@@ -110,7 +116,7 @@ def devices_needed(request: RunRequest) -> int:
     plan = request.plan
     if isinstance(plan, Plan):
         return plan.mesh.size
-    assert plan is not None, "a request without a plan has a mesh to plan on"
+    assert plan is not None, "RunRequest refuses a request without a plan or a mesh"
     return plan.mesh.size if plan.mesh else plan.stages
 
 
@@ -151,7 +157,7 @@ def _run_spmd(
 ) -> RunReport:
     plan = request.plan
     if plan is None:
-        assert request.mesh is not None, "a request without a plan has a mesh to plan on"
+        assert request.mesh is not None, "RunRequest refuses a request without a plan or a mesh"
         wanted = PlanRequest(request.mesh, load_cluster(request.cluster), request.level)
         plan = make_plan(request.module, wanted, say)
         for warning in plan.warnings:  # what `rhino plan` would have said of the plan

@@ -53,6 +53,15 @@ def test_the_devices_a_request_needs() -> None:
     assert devices_needed(RunRequest(module, stage_plan(2), DeviceMesh((2, 2)))) == 4
 
 
+def test_a_request_names_a_plan_or_a_mesh_to_plan_on() -> None:
+    module = parse_file(MLP)
+    with pytest.raises(ConfigError, match="without a plan needs a mesh"):
+        RunRequest(module, None)
+    with pytest.raises(ConfigError, match="mesh 2x2: the plan is for mesh 1x4"):
+        RunRequest(module, plan_1x4(), DeviceMesh((2, 2)))
+    assert RunRequest(module, plan_1x4(), DeviceMesh((1, 4))).mesh == DeviceMesh((1, 4))
+
+
 @pytest.mark.parametrize(
     ("before", "n", "exactly", "after"),
     [
