@@ -261,7 +261,7 @@ class Plan:
                 for r in fields.get("reshards", ())
             )
             return Plan(**fields)
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, ConfigError) as e:
             raise ConfigError(f"{source}: malformed plan: {e}") from None
 
     @staticmethod

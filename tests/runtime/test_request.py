@@ -39,8 +39,10 @@ def test_a_plan_file_keeps_the_mesh_as_its_sizes() -> None:
     doc = plan.to_dict()
     assert doc["mesh"] == [1, 4]
     assert Plan.from_dict(doc) == plan
-    with pytest.raises(ConfigError, match="mesh '1x4': expected a list"):
+    with pytest.raises(ConfigError, match="<plan>: malformed plan: mesh '1x4': expected a list"):
         Plan.from_dict({**doc, "mesh": "1x4"})
+    with pytest.raises(ConfigError, match="malformed plan: mesh shape must be one or more"):
+        Plan.from_dict({**doc, "mesh": [2, 0]})
 
 
 def test_the_devices_a_request_needs() -> None:
