@@ -314,7 +314,7 @@ def _unbalanced(problem: StageProblem, why: str) -> str:
         f"no {problem.stages}-stage plan keeps every stage within epsilon {problem.epsilon:g} of "
         f"the average ({max(0.0, 1 - problem.epsilon) / problem.stages:.1%} to "
         f"{(1 + problem.epsilon) / problem.stages:.1%} of the compute a stage): {why} "
-        f"({largest}raise --epsilon or use fewer stages)"
+        f"({largest}raise `epsilon` or use fewer stages)"
     )
 
 
@@ -384,7 +384,7 @@ def solve_stages(
     if not found and hint is None:
         raise InfeasibleError(
             f"the stage ILP found no plan within {options.time_limit_s:g} s "
-            f"(status {solver.status_name(status)}); raise --time-limit"
+            f"(status {solver.status_name(status)}); raise `time_limit_s`"
         )
     bound = max(float(least), solver.best_objective_bound if found else 0.0)
     plans = [(reduction.expand(tuple(_value(solver, row) for row in y)), "ilp")] if found else []

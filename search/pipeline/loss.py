@@ -124,7 +124,7 @@ def find_loss(
         listed = ", ".join(f"%{order[t[2]].name}" for t in best[:LISTED])
         raise RhinoError(
             f"cannot tell the loss of the step: {len(best)} scalars are equally "
-            f"likely ({listed}); name it with --loss"
+            f"likely ({listed}); name it with `loss`"
         )
     return LossChoice(order[chosen].name, shares[chosen], names)
 
@@ -202,7 +202,7 @@ def _none_found(root: Instruction, shares: dict[int, float], order: Sequence[Ins
     )
     return (
         f"cannot find the loss of %{root.name}: no scalar is differentiated by the step "
-        f"({why}); name it with --loss"
+        f"({why}); name it with `loss`"
     )
 
 

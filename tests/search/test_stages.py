@@ -293,7 +293,7 @@ def test_two_objectives_are_refused_with_the_candidates() -> None:
     with pytest.raises(
         RhinoError,
         match=r"2 scalars are equally likely \(%l[12], %l[12]\); "
-        "name it with --loss",
+        "name it with `loss`",
     ):
         split_step(module)
     assert split_step(module, "l2").loss == "l2"

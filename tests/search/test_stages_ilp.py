@@ -177,7 +177,7 @@ def test_a_nearly_empty_stage_is_below_the_floor() -> None:
 def test_an_instruction_larger_than_a_stage_is_refused_with_numbers() -> None:
     problem = StageProblem(("a", "b", "c"), (8.0, 1.0, 1.0), (1, 1, 1), ((1,), (2,), ()), 2, 0.1)
     with pytest.raises(
-        InfeasibleError, match=r"%a alone is 80.0% of the compute \(raise --epsilon"
+        InfeasibleError, match=r"%a alone is 80.0% of the compute \(raise `epsilon`"
     ):
         solve_stages(problem, OPTIONS)
 
