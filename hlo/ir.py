@@ -473,4 +473,7 @@ class Module:
         return sum(len(c.instructions) for c in self.computations)
 
     def __repr__(self) -> str:
-        return f"<HloModule {self.name}: {len(self.computations)} computations, {self.instruction_count} instructions>"
+        return (
+            f"<HloModule {self.name}: {len(self.computations)} computations, "
+            f"{self.instruction_count} instructions>"
+        )

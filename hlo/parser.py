@@ -305,8 +305,8 @@ class _Parser:
         while True:
             m = fast_line(text, pos) if fast_line is not None else None
             fast_inst = self.build_fast(comp, by_name, m) if m is not None else None
-            if fast_inst is not None:
-                inst, is_root, pos = fast_inst, m.group(1) is not None, m.end()  # type: ignore[union-attr]
+            if fast_inst is not None and m is not None:
+                inst, is_root, pos = fast_inst, m.group(1) is not None, m.end()
             else:
                 pos = self.skip(pos)
                 if pos >= len(text):

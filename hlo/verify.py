@@ -132,7 +132,10 @@ def _broadcast(inst: Instruction) -> str | None:
         return f"dimensions={list(dims)} has {len(dims)} entries for a rank-{src.rank} operand"
     for i, d in enumerate(dims):
         if d >= inst.shape.rank or inst.shape.dims[d] != src.dims[i]:
-            return f"operand dim {i} (size {src.dims[i]}) does not map to result dim {d} of {inst.shape}"
+            return (
+                f"operand dim {i} (size {src.dims[i]}) does not map to result dim {d} "
+                f"of {inst.shape}"
+            )
     return None
 
 
@@ -147,7 +150,10 @@ def _transpose(inst: Instruction) -> str | None:
 def _reshape(inst: Instruction) -> str | None:
     src = inst.operands[0].shape
     if src.numel != inst.shape.numel and not inst.shape.dynamic and not src.dynamic:
-        return f"reshape from {src} ({src.numel} elements) to {inst.shape} ({inst.shape.numel} elements)"
+        return (
+            f"reshape from {src} ({src.numel} elements) to {inst.shape} "
+            f"({inst.shape.numel} elements)"
+        )
     return None
 
 

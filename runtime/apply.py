@@ -13,7 +13,8 @@ from rhino.search.spmd.plan import Plan, module_hash
 
 
 def planned_module(module: Module) -> Module:
-    """The module as the planner sees it (calls and fusions inlined); plan names refer to this one."""
+    """The module as the planner sees it (calls and fusions inlined); plan names refer to
+    this one."""
     return flatten(module)
 
 
@@ -42,7 +43,8 @@ def apply_plan(
     flat = planned_module(module)
     if check_hash and module_hash(print_module(flat)) != plan.module_hash:
         raise ConfigError(
-            f"the plan was made for another module (plan for {plan.module!r}, hash {plan.module_hash}; "
+            f"the plan was made for another module (plan for {plan.module!r}, "
+            f"hash {plan.module_hash}; "
             f"this module {flat.name!r} hashes to {module_hash(print_module(flat))})"
         )
     if check_hash:

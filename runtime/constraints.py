@@ -69,7 +69,8 @@ class _Writer:
             if sharding is None:
                 if not value.shape.is_tuple:
                     self.notes.append(
-                        f"%{reader}: layout {layout} of %{value.name} cannot be written as a sharding; XLA converts it its own way"
+                        f"%{reader}: layout {layout} of %{value.name} cannot be written as "
+                        "a sharding; XLA converts it its own way"
                     )
                 continue
             name = self.fresh(f"{value.name}.as")

@@ -117,7 +117,8 @@ class MeasuredCollective:
         times = f" x{self.count}" if self.count != 1 else ""
         sliced = " (+ partition-id dynamic-slice)" if self.sliced else ""
         where = _where(self.instruction, self.attribution, self.name)
-        return f"{self.kind}{sliced} of {format_bytes(self.nbytes)}{times} over {_axes_text(self.axes)} {where}"
+        amount = f"{format_bytes(self.nbytes)}{times}"
+        return f"{self.kind}{sliced} of {amount} over {_axes_text(self.axes)} {where}"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -558,7 +559,8 @@ class PredictedCollective:
         """`all-gather of 64 KiB over mesh axis 0 at %dot.3`."""
         times = f" x{self.count}" if self.count != 1 else ""
         where = f"at %{self.instruction}" if self.instruction else "(no instruction)"
-        return f"{self.kind} of {format_bytes(self.nbytes)}{times} over {_axes_text(self.axes)} {where}"
+        amount = f"{format_bytes(self.nbytes)}{times}"
+        return f"{self.kind} of {amount} over {_axes_text(self.axes)} {where}"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -677,7 +679,8 @@ class FidelityReport:
                 p, m = match.predicted, match.measured
                 lines.append(
                     f"{p.kind} over {_axes_text(p.axes)} at %{p.instruction}: predicted "
-                    f"{format_bytes(match.predicted_bytes)}, XLA moves {format_bytes(m.total_bytes)} ({m.name})"
+                    f"{format_bytes(match.predicted_bytes)}, "
+                    f"XLA moves {format_bytes(m.total_bytes)} ({m.name})"
                 )
         return lines
 
@@ -827,7 +830,7 @@ def _totals(
     )
 
 
-# -- text -------------------------------------------------------------------------------------------
+# -- text ------------------------------------------------------------------------------
 
 
 def _axes_text(axes: tuple[int, ...] | None) -> str:

@@ -507,8 +507,9 @@ def compile_spmd(
     Sharding annotations in the text drive XLA's (GSPMD) partitioner; unannotated
     instructions get shardings by XLA's propagation. Instructions of the partitioned
     module, collectives included, carry `metadata={op_name="<original name>"}` naming the
-    instruction they came from (an instruction with its own metadata op_name keeps that). num_partitions=1 compiles the plain
-    single-device program. Devices may belong to several processes (`global_devices`).
+    instruction they came from (an instruction with its own metadata op_name keeps that).
+    num_partitions=1 compiles the plain single-device program. Devices may belong to
+    several processes (`global_devices`).
     Raises `XlaRejected` when the text does not parse, `ExecutionError` on any compile
     failure (XLA's message included) or on a program rhino cannot feed (tuple-shaped
     parameters, uneven shards). `optimize=False` turns the backend's (LLVM's)

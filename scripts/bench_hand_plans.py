@@ -21,7 +21,8 @@ Checks per case (the "ok" column): rhino's estimate is at or below every hand pl
 XLA moves what rhino's plan predicts, within 5%; rhino's measured bytes are no more than
 the best hand plan's (the lowest estimate), or rhino's estimate is lower (the column
 says which). Bytes are compared as sent per device (`WIRE`: an all-reduce of a buffer
-sends as much as a reduce-scatter and an all-gather of it). Prints a table and writes JSON. Runs on 4 simulated CPU devices.
+sends as much as a reduce-scatter and an all-gather of it). Prints a table and writes
+JSON. Runs on 4 simulated CPU devices.
 """
 
 from __future__ import annotations
@@ -209,7 +210,8 @@ def checks(row: dict[str, Any]) -> dict[str, Any]:
 def main(cases: tuple[str, ...], out: str) -> None:
     rows = [run_case(name) for name in cases or CASES]
     table = Table(
-        title=f"rhino vs hand plans on {MESH} (4 CPU devices): XLA's collectives per step, bytes per device"
+        title=f"rhino vs hand plans on {MESH} (4 CPU devices): "
+        "XLA's collectives per step, bytes per device"
     )
     for col in ("case", "plan", "collectives", "bytes", "sent", "by kind", "estimate", "check"):
         table.add_column(

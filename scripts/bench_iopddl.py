@@ -155,7 +155,8 @@ def main(data: str, only: tuple[str, ...], threads: int, out: str) -> None:
     console.print(
         f"mean points {mean:.3f} over {len(results)} instances; "
         f"feasible {sum(r['feasible'] for r in results)}/{len(results)}; "
-        f"within the halved limit {sum(r['wall_s'] <= r['limit_s'] for r in results)}/{len(results)}"
+        f"within the halved limit "
+        f"{sum(r['wall_s'] <= r['limit_s'] for r in results)}/{len(results)}"
     )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(

@@ -364,7 +364,8 @@ def render(rows: list[dict[str, Any]], title: str) -> list[Table]:
     )
     times = Table(title=f"{title}: communication per device per step, step time")
     memory = Table(
-        title="memory per device, MiB (XLA: arguments + outputs + temporaries, reported peak, arguments, temporaries; the plan's estimate) and search"
+        title="memory per device, MiB (XLA: arguments + outputs + temporaries, reported "
+        "peak, arguments, temporaries; the plan's estimate) and search"
     )
     for table, cols in ((times, time_cols), (memory, mem_cols)):
         for col in cols:
@@ -465,7 +466,8 @@ Examples:
     "--models",
     "models",
     multiple=True,
-    help="Models (examples/<name>.hlo or a path), comma-separated or repeated; default: every example.",
+    help="Models (examples/<name>.hlo or a path), comma-separated or repeated; "
+    "default: every example.",
 )
 @click.option(
     "--meshes",

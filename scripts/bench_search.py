@@ -256,7 +256,9 @@ def run_case(
         build_s=build,
         strategies_s=strat,
         edges_s=edges,
-        build_other_s=None if None in (build, strat, edges) else build - strat - edges,  # type: ignore[operator]
+        build_other_s=(
+            None if build is None or strat is None or edges is None else build - strat - edges
+        ),
         problem_s=t.get("problem"),
         model_s=None if solve_ilp is None or cpsat is None else solve_ilp - cpsat,
         cpsat_s=cpsat,

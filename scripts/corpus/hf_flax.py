@@ -220,7 +220,8 @@ def mlm_loss(logits: jax.Array, batch: Batch) -> tuple[jax.Array, jax.Array]:
 
 
 def seq2seq_loss(logits: jax.Array, batch: Batch) -> tuple[jax.Array, jax.Array]:
-    """Label-smoothed cross-entropy over the non-padded target tokens (run_summarization_flax.py)."""
+    """Label-smoothed cross-entropy over the non-padded target tokens
+    (run_summarization_flax.py)."""
     labels, padding_mask = batch["labels"], batch["decoder_attention_mask"]
     vocab_size = logits.shape[-1]
     confidence = 1.0 - LABEL_SMOOTHING
@@ -236,7 +237,8 @@ def seq2seq_loss(logits: jax.Array, batch: Batch) -> tuple[jax.Array, jax.Array]
 
 
 def image_loss(logits: jax.Array, batch: Batch) -> tuple[jax.Array, jax.Array]:
-    """Cross-entropy against one-hot labels, averaged over the batch (run_image_classification.py)."""
+    """Cross-entropy against one-hot labels, averaged over the batch
+    (run_image_classification.py)."""
     loss = optax.softmax_cross_entropy(logits, onehot(batch["labels"], logits.shape[-1]))
     return loss.sum(), jnp.asarray(loss.shape[0], jnp.float32)
 
@@ -331,7 +333,10 @@ def build_vit(config: StepConfig) -> Built:
 
 
 _LIB = "transformers (Flax) + optax"
-_COMMON = "TrainState with dropout_rng, adamw on warm-up+linear-decay (join_schedules), decay mask, state donated"
+_COMMON = (
+    "TrainState with dropout_rng, adamw on warm-up+linear-decay (join_schedules), "
+    "decay mask, state donated"
+)
 
 STEPS: dict[str, Step] = {
     s.name: s
@@ -353,14 +358,16 @@ STEPS: dict[str, Step] = {
         Step(
             "hf_t5",
             _LIB,
-            f"FlaxT5ForConditionalGeneration seq2seq, label smoothing 0.1 over decoder_attention_mask; {_COMMON}",
+            "FlaxT5ForConditionalGeneration seq2seq, label smoothing 0.1 over "
+            f"decoder_attention_mask; {_COMMON}",
             build_t5,
             StepConfig(batch=8, layers=2, hidden=64, seq=64),
         ),
         Step(
             "hf_vit",
             _LIB,
-            f"FlaxViTForImageClassification 32x32 patch 8, one-hot cross-entropy, dropout 0.1; {_COMMON}",
+            "FlaxViTForImageClassification 32x32 patch 8, one-hot cross-entropy, "
+            f"dropout 0.1; {_COMMON}",
             build_vit,
             StepConfig(batch=8, layers=2, hidden=64, seq=32),
         ),

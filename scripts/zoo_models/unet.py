@@ -6,8 +6,8 @@ block is two (3x3 conv, group norm, silu) steps, or with ``residual`` DDPM's res
 group norm, silu, 3x3 conv; added to the block's input, through a 1x1 conv where the
 channels change. The time embedding is sinusoidal features of each image's noise level
 through a two-layer silu MLP, computed once and read by every block (a branch beside
-the image path, as the 1x1 shortcut is beside the block). Going down: the block's output is kept as a
-skip, then a stride-2 3x3 conv halves the resolution. Going up: nearest-neighbour 2x
+the image path, as the 1x1 shortcut is beside the block). Going down: the block's output
+is kept as a skip, then a stride-2 3x3 conv halves the resolution. Going up: nearest-neighbour 2x
 upsampling (broadcast + reshape) and a 3x3 conv, then concatenation with the skip on the
 channel axis and a block. A final 3x3 conv maps back to the input channels; the loss is the
 mean squared error against a target image (the denoising objective).

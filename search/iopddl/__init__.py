@@ -156,7 +156,8 @@ def parse(doc: Any, where: str = "<problem>") -> Instance:
         expected = len(costs[u]) * len(costs[v])
         need(
             edge_costs[i].shape == (expected,),
-            f"edge {i} ({u}, {v}): {edge_costs[i].size} costs, expected {len(costs[u])} x {len(costs[v])} = {expected}",
+            f"edge {i} ({u}, {v}): {edge_costs[i].size} costs, "
+            f"expected {len(costs[u])} x {len(costs[v])} = {expected}",
         )
     for array in (*costs, *edge_costs):
         need(bool((array >= 0).all()), "a negative cost")

@@ -174,7 +174,8 @@ def lns(
     movable = np.flatnonzero([1 < len(c) <= WINDOW_MAX_STRATEGIES for c in g.cost])
     windows = improved = 0
     ties = tied(g)
-    longest = FIRST_WINDOW_S  # the longest window so far: none is started that would end past the deadline
+    # the longest window so far: none is started that would end past the deadline
+    longest = FIRST_WINDOW_S
     while deadline - time.perf_counter() > longest and len(movable) and windows != most:
         opened = time.perf_counter()
         nodes = grow(g, _seed(g, s, rng, movable), size, rng, ties)

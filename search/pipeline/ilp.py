@@ -257,10 +257,12 @@ def tighten(problem: StageProblem) -> Windows:
     )[:d]
     for t in range(d):
         if fixed[t] > cap * (1 + FEASIBILITY):
-            why = f"the instructions that can only go to stage {t} are {fixed[t] / total:.1%} of the compute"
+            share = fixed[t] / total
+            why = f"the instructions that can only go to stage {t} are {share:.1%} of the compute"
             raise InfeasibleError(_unbalanced(problem, why))
         if possible[t] < problem.floor * (1 - FEASIBILITY):
-            why = f"the instructions that can go to stage {t} are {possible[t] / total:.1%} of the compute"
+            share = possible[t] / total
+            why = f"the instructions that can go to stage {t} are {share:.1%} of the compute"
             raise InfeasibleError(_unbalanced(problem, why))
     return Windows(tuple(lo), tuple(hi))
 

@@ -156,7 +156,8 @@ def build_graph(
         builder.state_edges(pairs)
         if pairs and "input_output_alias" not in flat.attrs:
             graph.notes.append(
-                f"the module has no input_output_alias: {len(pairs)} outputs were taken for updated "
+                f"the module has no input_output_alias: {len(pairs)} outputs were taken for "
+                "updated "
                 "state by equal shape and order, each kept in its parameter's layout (donate the "
                 "state when lowering, e.g. jax.jit(..., donate_argnums=...), to say which)"
             )
@@ -333,7 +334,8 @@ class _Builder:
         if unmodelled(inst) and inst.opcode_text not in self.warned:
             self.warned.add(inst.opcode_text)
             self.graph.warnings.append(
-                f"opcode {inst.opcode_text} is not modelled: %{inst.name} and others like it are planned replicated"
+                f"opcode {inst.opcode_text} is not modelled: %{inst.name} and others like it "
+                "are planned replicated"
             )
         leaves = inst.shape.leaves()
         quiet = id(inst) in self.heavy and not any(self.heavy.get(id(u), True) for u in inst.users)
@@ -423,7 +425,8 @@ class _Builder:
         return prices[pick], {group: m[pick] for group, m in latencies.items()}
 
     def state_edges(self, pairs: list[tuple[int, int]]) -> None:
-        """Output leaf -> parameter edges: the next step reads the update in the parameter's layout."""
+        """Output leaf -> parameter edges: the next step reads the update in the parameter's
+        layout."""
         entry = self.graph.module.entry
         params = {p.parameter_number: p for p in entry.parameters}
         outputs = self.leaves.get(id(entry.root), []) if entry.root is not None else []

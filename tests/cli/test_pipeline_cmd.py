@@ -109,7 +109,10 @@ def test_gantt_svg_is_the_same_bytes_every_time_and_png_is_the_same_chart(tmp_pa
         (["--stages", "2", "--microbatches", "0"], "--microbatches 0: need at least 1"),
         (["--stages", "2", "--gantt", "g.pdf"], "expected a .svg or .png"),
         (["--stages", "2", "--loss", "nope"], "no instruction %nope"),
-        (["--stages", "2", "--epsilon", "0.1"], "%dot_general.5 alone is 78.5% of the compute (raise --epsilon"),
+        (
+            ["--stages", "2", "--epsilon", "0.1"],
+            "%dot_general.5 alone is 78.5% of the compute (raise --epsilon",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_a_message(args: list[str], message: str) -> None:
