@@ -77,10 +77,9 @@ from rhino.search.problem import (
     SolveOptions,
     SolveStatus,
 )
+from rhino.search.spmd.lp import MIN_CPSAT_S, TIE_BREAK_S_PER_BYTE
 from rhino.search.spmd.reduce import Reduced, reduce_further, reduce_problem
 from rhino.search.spmd.solver import (
-    MIN_CPSAT_S,
-    TIE_BREAK_S_PER_BYTE,
     core_choice,
     core_problem,
     improve,

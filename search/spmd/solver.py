@@ -24,32 +24,27 @@ pair variables, not 64 x 64. Edges from or to a node with one strategy fold into
 other node's costs. Costs are scaled to integers (picoseconds, or coarser for huge
 totals); the reported objective is always the float `evaluate` of the chosen plan.
 
-Before CP-SAT, the LP relaxation of the same model runs on HiGHS (costs in microseconds).
-The row/column form is tight: on the problems measured so far its optimum was integral,
-and then it is an optimal plan, proven by the LP (where CP-SAT alone may stop at a gap;
-scripts/bench_search.py measures both). Otherwise the rounded LP optimum is CP-SAT's
-starting point, and CP-SAT gets the time that remains. An LP too large for the simplex
-(`Tuning.lp_first_order_variables`) runs on PDLP; its row prices give a Lagrangian bound
-whether or not it converged (`_lagrangian_bound`), and CP-SAT, too large to build, is
-skipped: the start (or the rounding) is the plan, optimal when that bound meets it.
-The LP holds (memory) as a running sum over the rows, a node where it enters and where
-it leaves (`_running_usage`), not once per row it is live at.
+Before CP-SAT, the LP relaxation of the same model runs on HiGHS (`rhino.search.spmd.lp`).
+Its optimum is usually integral, and then it is an optimal plan, proven by the LP (where
+CP-SAT alone may stop at a gap; scripts/bench_search.py measures both). Otherwise the
+rounded LP optimum is CP-SAT's starting point, and CP-SAT gets the time that remains.
+Where the LP is too large for the simplex (`Tuning.lp_first_order_variables`), CP-SAT,
+too large to build (`Tuning.cpsat_max_variables`), is skipped: the start (or the
+rounding) is the plan, optimal when the LP's bound meets it.
+
+`_solve` goes in named steps: `solve_lp`; where the LP is not integral, `_starts` (the
+plan to fall back on and CP-SAT's hint); `_cpsat_model`; `_run_cpsat` (the solve and the
+read-back).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
-import math
-import os
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-import highspy
 import numpy as np
 from ortools.sat.python import cp_model
 
@@ -64,43 +59,28 @@ from rhino.search.problem import (
     SolveOptions,
     SolveStats,
     SolveStatus,
-    Tuning,
     Usage,
+)
+from rhino.search.spmd.lp import (
+    MIN_CPSAT_S,
+    TIE_BREAK_S_PER_BYTE,
+    LpResult,
+    MemoryRows,
+    groups,
+    solve_lp,
 )
 from rhino.search.spmd.reduce import Reduced, memory_rows, reduce_problem
 from rhino.search.units import format_bytes
 
-TIE_BREAK_S_PER_BYTE = 1e-17
-"""Seconds each byte a plan holds weighs besides its cost, so ties go to less memory."""
-MIN_CPSAT_S = 0.2
-"""CP-SAT and the LP get at least this long, even past the deadline, so there is a plan."""
 COST_SCALE = 1e12
 """CP-SAT takes integer costs: seconds times this (picoseconds)..."""
 COST_SUM_MAX = 1e15
 """...unless their sum would pass this, where the scale shrinks to keep it there."""
 MEMORY_COEFFICIENT_MAX = 2**40
 """Memory rows' coefficients are bytes divided down to at most this (int64 room to spare)."""
-LP_SHARE = 0.9
-"""Of the time left, the LP may take this much: on large cores its optimum is the
-integral answer after minutes (the 24-layer GPT on 2x4: 1.9M variables), and CP-SAT
-alone would not come near it in the rest."""
-LP_SOLVER: Literal["choose", "simplex", "ipm"] = "choose"
-"""HiGHS' LP method ("choose" lets it choose) below `Tuning.lp_first_order_variables`."""
-PDLP_TOLERANCE = 1e-9
-"""PDLP's optimality tolerance: at HiGHS' default (1e-7) its prices bounded the 24-layer
-GPT's optimum a hundred times more loosely."""
 PROVEN_GAP = 1e-7
 """A plan within this share of a lower bound counts as proven optimal (the LP solvers'
 own tolerance is 1e-7)."""
-INTEGRAL_TOLERANCE = 1e-6
-"""An LP value this close to 0 or 1 counts as integral."""
-LP_PRESOLVE_VARIABLES = Tuning().lp_first_order_variables
-"""HiGHS presolves an LP with at least this many variables (by default, those that run
-on PDLP); the simplex solves the others faster without: O2's refinement windows and the
-whole-graph LPs of most example models solve faster without it, the largest ones
-faster with it (scripts/bench_search.py measures it)."""
-LP_UNIT = 1e6
-"""The LP counts microseconds: HiGHS' tolerances (~1e-7) would swallow costs in seconds."""
 
 
 def solve_ilp(
@@ -148,7 +128,7 @@ def solve_ilp(
     rows = None
     if problem.budget is not None:
         found = memory_rows(reduced)
-        rows = _Rows(
+        rows = MemoryRows(
             {position[v]: t for v, t in found.terms.items()},
             [
                 (
@@ -243,40 +223,6 @@ def tie_broken(problem: ShardingProblem) -> ShardingProblem:
 
 
 @dataclass(frozen=True)
-class _Rows:
-    """Memory rows over a core's nodes: for each row, sum over its members v of
-    terms[v][k_v] <= rhs (bytes above what the members hold whatever they choose)."""
-
-    terms: dict[int, np.ndarray]
-    rows: list[tuple[np.ndarray, int]]
-
-    def fits(self, choice: tuple[int, ...] | list[int]) -> bool:
-        if not self.rows:
-            return True
-        held = np.zeros(len(choice), dtype=np.int64)
-        for v, terms in self.terms.items():
-            held[v] = terms[choice[v]]
-        members = [m for m, _ in self.rows]
-        row = np.repeat(np.arange(len(members)), [len(m) for m in members])
-        usage = np.bincount(row, weights=held[np.concatenate(members)], minlength=len(members))
-        return bool(np.all(usage <= np.array([rhs for _, rhs in self.rows])))
-
-
-@dataclass(frozen=True)
-class LpResult:
-    """The LP relaxation's answer (`_solve_lp`)."""
-
-    choice: tuple[int, ...] | None
-    """The plan, where the LP optimum is integral (a proven optimum); else None."""
-    bound: float
-    """A lower bound on the optimum (0.0 where the LP gave none)."""
-    rounded: tuple[int, ...] | None
-    """Each node's largest LP value (a plan to start from); None where the LP had no point."""
-    variables: int
-    constraints: int
-
-
-@dataclass(frozen=True)
 class _Starts:
     """Where CP-SAT starts (`_starts`)."""
 
@@ -289,7 +235,7 @@ class _Starts:
 def _solve(
     problem: ShardingProblem,
     options: SolveOptions,
-    memory: _Rows | None = None,
+    memory: MemoryRows | None = None,
     start_choice: tuple[int, ...] | None = None,
 ) -> Solution:
     """The LP relaxation, then CP-SAT (see module doc), within `memory`'s rows, from
@@ -301,7 +247,7 @@ def _solve(
     # objective do not include it
     node_cost = [n.cost.astype(float) + TIE_BREAK_S_PER_BYTE * n.memory for n in problem.nodes]
     pair_edges = fold_single_edges(problem, node_cost)
-    lp = _solve_lp(problem, node_cost, pair_edges, options, memory)
+    lp = solve_lp(problem, node_cost, pair_edges, options, memory)
     if lp.choice is not None:  # the relaxation's optimum is integral: a proven optimum
         flag = SolveStats(lp_integral=True)
         return _answer(problem, lp.choice, SolveStatus.OPTIMAL, start, lp, flag)
@@ -316,12 +262,26 @@ def _solve(
         proven = SolveStatus.OPTIMAL if within else SolveStatus.FEASIBLE
         flag = SolveStats(cpsat_skipped=True)
         return _answer(problem, starts.fallback, proven, start, lp, flag)
-    model, s, scale = _cpsat_model(problem, node_cost, pair_edges, memory)
-    for v, row in enumerate(s):
+    built = _cpsat_model(problem, node_cost, pair_edges, memory)
+    return _run_cpsat(problem, built, options, lp.bound, starts, start)
+
+
+def _run_cpsat(
+    problem: ShardingProblem,
+    built: _CpsatModel,
+    options: SolveOptions,
+    lp_bound: float,
+    starts: _Starts,
+    start: float,
+) -> Solution:
+    """CP-SAT on the model from the hint, for the time left (at least MIN_CPSAT_S); the
+    plan it finds, or the fallback where that is cheaper or CP-SAT found none. The bound
+    is the better of CP-SAT's and the LP's (`lp_bound`); `start` is when `_solve` began."""
+    for v, row in enumerate(built.s):
         for k, var in enumerate(row):
-            model.add_hint(var, k == starts.hint[v])
+            built.model.add_hint(var, k == starts.hint[v])
     solver = cpsat_solver(options, max(MIN_CPSAT_S, options.left()))
-    status = solver.solve(model)
+    status = solver.solve(built.model)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     if status == cp_model.INFEASIBLE:  # proven: a fallback here breaks a forbidden pair
         raise InfeasibleError("no plan fits the memory budget and avoids every forbidden choice")
@@ -329,11 +289,11 @@ def _solve(
         raise InfeasibleError(
             f"the solver found no plan within {options.time_limit_s:g} s (status {solver.status_name(status)})"
         )
-    bound = max(lp.bound, solver.best_objective_bound / scale if found else 0.0)
+    bound = max(lp_bound, solver.best_objective_bound / built.scale if found else 0.0)
     choice = starts.fallback
     if found:
         choice = tuple(
-            next(k for k, var in enumerate(row) if solver.boolean_value(var)) for row in s
+            next(k for k, var in enumerate(row) if solver.boolean_value(var)) for row in built.s
         )
         if (
             starts.fallback is not None
@@ -342,7 +302,7 @@ def _solve(
             choice = starts.fallback
     assert choice is not None
     evaluation = problem.evaluate(choice)
-    proto = model.proto
+    proto = built.model.proto
     return Solution(
         choice=choice,
         objective=evaluation.objective,
@@ -359,7 +319,7 @@ def _starts(
     problem: ShardingProblem,
     node_cost: list[np.ndarray],
     lp: LpResult,
-    memory: _Rows | None,
+    memory: MemoryRows | None,
     start_choice: tuple[int, ...] | None,
 ) -> _Starts:
     """A plan to fall back on, so the solver always has one, and CP-SAT's hint. Without
@@ -397,14 +357,25 @@ def _starts(
     return _Starts(fallback, fallback if fallback is not None else smallest)
 
 
+@dataclass(frozen=True)
+class _CpsatModel:
+    """The model of the module doc on CP-SAT (`_cpsat_model`)."""
+
+    model: cp_model.CpModel
+    s: list[list[cp_model.IntVar]]
+    """s[v][k]."""
+    scale: float
+    """Integer cost per second."""
+
+
 def _cpsat_model(
     problem: ShardingProblem,
     node_cost: list[np.ndarray],
     pair_edges: list[ProblemEdge],
-    memory: _Rows | None,
-) -> tuple[cp_model.CpModel, list[list[cp_model.IntVar]], float]:
-    """The model of the module doc on CP-SAT: (the model, s[v][k], the scale of its
-    integer costs per second)."""
+    memory: MemoryRows | None,
+) -> _CpsatModel:
+    """The model of the module doc on CP-SAT, costs with the tie break (`node_cost`),
+    edges with one side of one strategy folded (`pair_edges` the others)."""
     total = sum(_finite_max(c) for c in node_cost) + sum(_finite_max(e.cost) for e in pair_edges)
     scale = COST_SCALE if total * COST_SCALE < COST_SUM_MAX else COST_SUM_MAX / max(total, 1e-30)
     model = cp_model.CpModel()
@@ -421,8 +392,8 @@ def _cpsat_model(
             _price(model, objective, c, scale, s[v][k])
     # (rows), (cols) on grouped layouts
     for e in pair_edges:
-        rows, _ = _groups(e.cost)
-        cols, _ = _groups(e.cost.T)
+        rows, _ = groups(e.cost)
+        cols, _ = groups(e.cost.T)
         if len(rows) == 1 or len(cols) == 1:  # the cost depends on one side only: fold it
             if len(rows) == 1:
                 for l in range(e.cost.shape[1]):
@@ -446,7 +417,7 @@ def _cpsat_model(
     if memory is not None:
         _add_memory(model, memory, s)
     model.minimize(sum(objective))
-    return model, s, scale
+    return _CpsatModel(model, s, scale)
 
 
 def _finite_max(costs: np.ndarray) -> float:
@@ -500,212 +471,6 @@ def _answer(
         variables=lp.variables,
         constraints=lp.constraints,
         stats=stats,
-    )
-
-
-def _solve_lp(
-    problem: ShardingProblem,
-    node_cost: list[np.ndarray],
-    pair_edges: list[ProblemEdge],
-    options: SolveOptions,
-    memory: _Rows | None = None,
-) -> LpResult:
-    """The LP relaxation of the model (same variables in [0, 1]) on HiGHS (the
-    constraint matrix built as sparse arrays).
-
-    The row/column linearization is tight: on these problems the LP optimum is usually
-    integral, and then it is an optimal plan, proven by the LP itself.
-    """
-    from scipy.sparse import coo_array
-
-    sizes = np.array([len(n.labels) for n in problem.nodes], dtype=np.int64)
-    first = np.concatenate(([0], np.cumsum(sizes)))  # node v's s variables: first[v]..
-    n_vars = int(first[-1])
-    objective = [np.concatenate(node_cost) * LP_UNIT]
-    rows: list[np.ndarray] = [np.repeat(np.arange(len(sizes)), sizes)]  # (one)
-    cols: list[np.ndarray] = [np.arange(n_vars)]
-    vals: list[np.ndarray] = [np.ones(n_vars)]
-    n_rows = len(sizes)
-    for e in pair_edges:
-        groups_u, of_u = _groups(e.cost)
-        groups_v, of_v = _groups(e.cost.T)
-        gu, gv = len(groups_u), len(groups_v)
-        pair = n_vars + np.arange(gu * gv).reshape(gu, gv)  # pair[g, h]
-        n_vars += gu * gv
-        rep_u = np.array([g[0] for g in groups_u])
-        rep_v = np.array([h[0] for h in groups_v])
-        objective.append(e.cost[np.ix_(rep_u, rep_v)].ravel() * LP_UNIT)
-        # (rows): sum_h pair[g, h] - sum_{k in g} s_u[k] = 0
-        rows += [n_rows + np.repeat(np.arange(gu), gv), n_rows + np.asarray(of_u)]
-        cols += [pair.ravel(), first[e.u] + np.arange(len(of_u))]
-        vals += [np.ones(gu * gv), -np.ones(len(of_u))]
-        n_rows += gu
-        # (cols): sum_g pair[g, h] - sum_{l in h} s_v[l] = 0
-        rows += [n_rows + np.tile(np.arange(gv), gu), n_rows + np.asarray(of_v)]
-        cols += [pair.ravel(), first[e.v] + np.arange(len(of_v))]
-        vals += [np.ones(gu * gv), -np.ones(len(of_v))]
-        n_rows += gv
-    cost = np.concatenate(objective)
-    forbidden = ~np.isfinite(cost)  # a forbidden choice or pair: the variable is 0
-    cost[forbidden] = 0.0
-    col_upper = np.where(forbidden, 0.0, 1.0)
-    rhs = np.zeros(n_rows)
-    rhs[: len(sizes)] = 1.0
-    if memory is not None and memory.rows:  # (memory) as a running sum, its own columns
-        more_rows, more_cols, more_vals, limits = _running_usage(memory, first, n_rows, n_vars)
-        rows, cols, vals = rows + more_rows, cols + more_cols, vals + more_vals
-        n_rows, n_vars = n_rows + len(limits), n_vars + len(limits)
-        cost = np.concatenate([cost, np.zeros(len(limits))])
-        col_upper = np.concatenate([col_upper, limits])
-        rhs = np.concatenate([rhs, np.zeros(len(limits))])
-    matrix = coo_array(
-        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_rows, n_vars)
-    ).tocsc()  # HiGHS takes the matrix by columns
-    lower = upper = rhs
-    first_order = n_vars >= options.tuning.lp_first_order_variables
-    run = _run_highs(
-        cost,
-        matrix,
-        lower,
-        upper,
-        col_upper,
-        time_limit=max(MIN_CPSAT_S, options.left() * LP_SHARE),
-        presolve=n_vars >= LP_PRESOLVE_VARIABLES,
-        first_order=first_order,
-    )
-    if run is None:
-        return LpResult(None, 0.0, None, n_vars, n_rows)
-    x, prices, optimum = run
-    hint = tuple(int(np.argmax(x[first[v] : first[v + 1]])) for v in range(len(sizes)))
-    s = x[: first[len(sizes)]]
-    if optimum is not None and not first_order:  # exact: the bound, and the plan if integral
-        integral = bool(np.all(np.abs(s - np.round(s)) <= INTEGRAL_TOLERANCE))
-        return LpResult(hint if integral else None, optimum / LP_UNIT, hint, n_vars, n_rows)
-    if prices is None:
-        return LpResult(None, 0.0, hint, n_vars, n_rows)
-    # the bound is on the plan's own objective, without the tie break
-    pure = cost.copy()
-    pure[: len(s)] -= (
-        LP_UNIT * TIE_BREAK_S_PER_BYTE * np.concatenate([n.memory for n in problem.nodes])
-    )
-    bound = _lagrangian_bound(pure, matrix, lower, upper, col_upper, prices)
-    return LpResult(None, bound / LP_UNIT if np.isfinite(bound) else 0.0, hint, n_vars, n_rows)
-
-
-def _memory_unit(memory: _Rows) -> float:
-    """The LP's unit of memory: the power of two at or above the largest right-hand
-    side, so usage is about 1 (GiB on a GPU). In bytes (up to 1e10) next to costs of ~1
-    they left PDLP far from converging on the 24-layer GPT's rows, and a unit far above
-    the usage (GiB for a budget of 50 B) drops its excess below HiGHS' tolerance."""
-    largest = max((abs(rhs) for _, rhs in memory.rows), default=1)
-    return 2.0 ** math.ceil(math.log2(max(largest, 1)))
-
-
-def _running_usage(
-    memory: _Rows, first: np.ndarray, row0: int, col0: int
-) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], np.ndarray]:
-    """The memory rows as a running sum: a column L_r per row r, in [0, rhs_r] (in
-    `_memory_unit`s), and the equality rows
-        L_r - L_{r-1} - sum_{v entering at r} sum_k m_v[k] s_v[k]
-                      + sum_{v leaving at r}  sum_k m_v[k] s_v[k] = 0      (L_{-1} = 0)
-    where v enters at r when it is a member of row r and not of r - 1, and leaves when
-    it is a member of r - 1 and not of r; L_r is then row r's usage exactly. The rows
-    lie in program order and a node is a member of consecutive rows, so each node is in
-    two of these rows, where the rows themselves held it once per row it is live at (on
-    the 24-layer GPT on 2x8 under a budget, 112M nonzeros, and PDLP's run reached 20 GB).
-    The rows are numbered from row0 and the L columns from col0; returns the matrix's
-    (rows, columns, values) and the L columns' upper bounds."""
-    rows: list[np.ndarray] = []
-    cols: list[np.ndarray] = []
-    vals: list[np.ndarray] = []
-    unit = _memory_unit(memory)
-
-    def add(r: int, nodes: np.ndarray, sign: float) -> None:
-        for v in nodes.tolist():
-            terms = memory.terms.get(v)
-            if terms is not None and terms.any():
-                rows.append(np.full(len(terms), row0 + r))
-                cols.append(first[v] + np.arange(len(terms)))
-                vals.append(sign * terms / unit)
-
-    before = np.zeros(0, dtype=np.int64)
-    for r, (members, _) in enumerate(memory.rows):
-        add(r, np.setdiff1d(members, before, assume_unique=True), -1.0)
-        add(r, np.setdiff1d(before, members, assume_unique=True), 1.0)
-        before = members
-    running = np.arange(len(memory.rows))
-    rows += [row0 + running, row0 + running[1:]]
-    cols += [col0 + running, col0 + running[:-1]]
-    vals += [np.ones(len(running)), -np.ones(len(running) - 1)]
-    return rows, cols, vals, np.array([rhs / unit for _, rhs in memory.rows])
-
-
-def _lagrangian_bound(
-    cost: np.ndarray,
-    matrix: Any,
-    lower: np.ndarray,
-    upper: np.ndarray,
-    col_upper: np.ndarray,
-    prices: np.ndarray,
-) -> float:
-    """A lower bound on min cost.x (lower <= matrix.x <= upper, 0 <= x <= col_upper) from
-    any row prices y, whether or not the LP finished: the Lagrangian
-        sum_i min_{z in [lower_i, upper_i]} y_i z + sum_j min_{x_j in [0, col_upper_j]} (cost_j - A_j.y) x_j
-    after y is made to respect each one-sided row's sign (a price that would make the
-    first term -inf is 0)."""
-    y = np.where(np.isneginf(lower), np.minimum(prices, 0.0), prices)
-    y = np.where(np.isposinf(upper), np.maximum(y, 0.0), y)
-    rows = np.where(
-        y > 0,
-        y * np.where(np.isfinite(lower), lower, 0.0),
-        y * np.where(np.isfinite(upper), upper, 0.0),
-    )
-    reduced = cost - matrix.T @ y
-    return float(rows.sum() + np.sum(col_upper * np.minimum(reduced, 0.0)))
-
-
-def _run_highs(
-    cost: np.ndarray,
-    matrix: Any,
-    lower: np.ndarray,
-    upper: np.ndarray,
-    col_upper: np.ndarray,
-    time_limit: float,
-    presolve: bool,
-    first_order: bool = False,
-) -> tuple[np.ndarray, np.ndarray | None, float | None] | None:
-    """min cost.x subject to lower <= matrix.x <= upper, 0 <= x <= col_upper (`matrix` a scipy
-    CSC array), on HiGHS (`first_order`: PDLP): (x, the row prices or None, the optimum
-    or None when HiGHS did not prove one), or None when it has no point at all."""
-    n, m = len(cost), len(lower)
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = n, m
-    lp.col_cost_ = cost
-    lp.col_lower_, lp.col_upper_ = np.zeros(n), col_upper
-    lp.row_lower_, lp.row_upper_ = lower, upper
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = n, m
-    lp.a_matrix_.start_ = matrix.indptr
-    lp.a_matrix_.index_ = matrix.indices
-    lp.a_matrix_.value_ = matrix.data
-    with _quiet_stdout():  # HiGHS may print on stdout, which must stay clean for --json
-        highs = highspy.Highs()
-        highs.setOptionValue("output_flag", False)
-        highs.setOptionValue("solver", "hipdlp" if first_order else LP_SOLVER)
-        if first_order:
-            highs.setOptionValue("pdlp_optimality_tolerance", PDLP_TOLERANCE)
-        highs.setOptionValue("presolve", "on" if presolve else "off")
-        highs.setOptionValue("time_limit", float(time_limit))
-        highs.passModel(lp)
-        highs.run()
-    solution = highs.getSolution()
-    if not solution.value_valid:
-        return None
-    optimal = highs.getModelStatus() == highspy.HighsModelStatus.kOptimal
-    return (
-        np.asarray(solution.col_value),
-        np.asarray(solution.row_dual) if solution.dual_valid else None,
-        float(highs.getInfo().objective_function_value) if optimal else None,
     )
 
 
@@ -780,36 +545,9 @@ def fold_single_edges(problem: ShardingProblem, node_cost: list[np.ndarray]) -> 
     return pair_edges
 
 
-@contextlib.contextmanager
-def _quiet_stdout() -> Iterator[None]:
-    """Silence what native code writes to file descriptor 1 (not only sys.stdout)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "wb") as devnull:
-            os.dup2(devnull.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def _groups(matrix: np.ndarray) -> tuple[list[list[int]], list[int]]:
-    """Rows of `matrix` grouped by equal content: (members of each group, group of each row)."""
-    seen: dict[bytes, int] = {}
-    groups: list[list[int]] = []
-    row_of = []
-    for k, row in enumerate(matrix):
-        key = row.tobytes()
-        g = seen.setdefault(key, len(groups))
-        if g == len(groups):
-            groups.append([])
-        groups[g].append(k)
-        row_of.append(g)
-    return groups, row_of
-
-
-def _add_memory(model: cp_model.CpModel, memory: _Rows, s: list[list[cp_model.IntVar]]) -> None:
+def _add_memory(
+    model: cp_model.CpModel, memory: MemoryRows, s: list[list[cp_model.IntVar]]
+) -> None:
     largest = max((abs(rhs) for _, rhs in memory.rows), default=1)
     unit = max(1, -(-largest // MEMORY_COEFFICIENT_MAX))
     for members, rhs in memory.rows:

@@ -7,6 +7,7 @@ import pytest
 
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions, Tuning
+from rhino.search.spmd.lp import LpResult
 from rhino.search.spmd.solver import min_peak_memory, solve_brute_force, solve_ilp
 from tests.solving import TO_THE_END
 
@@ -95,8 +96,8 @@ def test_a_search_out_of_time_still_returns_a_plan(
 
     import rhino.search.spmd.solver as solver
 
-    no_point = solver.LpResult(choice=None, bound=0.0, rounded=None, variables=0, constraints=0)
-    monkeypatch.setattr(solver, "_solve_lp", lambda *_args: no_point)
+    no_point = LpResult(choice=None, bound=0.0, rounded=None, variables=0, constraints=0)
+    monkeypatch.setattr(solver, "solve_lp", lambda *_args: no_point)
     monkeypatch.setattr(cp_model.CpSolver, "solve", lambda *_args, **_kw: cp_model.UNKNOWN)
     problem = _dense(5, 3, budget)
     found = solve_ilp(problem, SolveOptions(time_limit_s=1))
@@ -179,8 +180,8 @@ def test_a_model_too_large_for_cpsat_returns_its_start(monkeypatch: pytest.Monke
     def no_cpsat(*_args, **_kw):  # type: ignore[no-untyped-def]
         raise AssertionError("CP-SAT ran")
 
-    no_point = solver.LpResult(choice=None, bound=0.0, rounded=None, variables=10, constraints=10)
-    monkeypatch.setattr(solver, "_solve_lp", lambda *_args: no_point)
+    no_point = LpResult(choice=None, bound=0.0, rounded=None, variables=10, constraints=10)
+    monkeypatch.setattr(solver, "solve_lp", lambda *_args: no_point)
     monkeypatch.setattr(cp_model.CpSolver, "solve", no_cpsat)
     problem = _dense(5, 3)
     best = solve_brute_force(problem)
@@ -206,7 +207,7 @@ def test_lagrangian_bound_is_below_the_lp_optimum_for_any_prices(seed: int) -> N
     rows, boxes of 0 or 1), and the LP's own optimal prices make it tight."""
     from scipy.sparse import csc_array
 
-    import rhino.search.spmd.solver as solver
+    import rhino.search.spmd.lp as lp
 
     rng = np.random.default_rng(seed)
     m, n = 6, 12
@@ -221,15 +222,15 @@ def test_lagrangian_bound_is_below_the_lp_optimum_for_any_prices(seed: int) -> N
     col_upper = np.where(rng.random(n) < 0.2, 0.0, 1.0)
     col_upper[x0 > 0] = 1.0
     cost = rng.normal(size=n)
-    run = solver._run_highs(cost, matrix, lower, upper, col_upper, time_limit=10, presolve=False)
+    run = lp._run_highs(cost, matrix, lower, upper, col_upper, time_limit=10, presolve=False)
     assert run is not None and run[1] is not None and run[2] is not None
     _, prices, optimum = run
-    assert solver._lagrangian_bound(cost, matrix, lower, upper, col_upper, prices) == pytest.approx(
+    assert lp._lagrangian_bound(cost, matrix, lower, upper, col_upper, prices) == pytest.approx(
         optimum, abs=1e-7
     )
     for _ in range(20):
         any_prices = rng.normal(scale=3.0, size=m)
-        bound = solver._lagrangian_bound(cost, matrix, lower, upper, col_upper, any_prices)
+        bound = lp._lagrangian_bound(cost, matrix, lower, upper, col_upper, any_prices)
         assert bound <= optimum + 1e-9
 
 
@@ -258,7 +259,7 @@ def test_the_lps_running_usage_is_each_memory_rows_usage(seed: int) -> None:
     in consecutive rows (as `memory_rows` makes them) and for any others."""
     from scipy.sparse import coo_array
 
-    import rhino.search.spmd.solver as solver
+    import rhino.search.spmd.lp as lp
 
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 4, size=8)
@@ -274,15 +275,15 @@ def test_the_lps_running_usage_is_each_memory_rows_usage(seed: int) -> None:
         )
         for _ in range(5)
     ]
-    memory = solver._Rows(terms, rows)
-    at, cols, vals, limits = solver._running_usage(memory, first, 0, n_vars)
+    memory = lp.MemoryRows(terms, rows)
+    at, cols, vals, limits = lp._running_usage(memory, first, 0, n_vars)
     matrix = coo_array(
         (np.concatenate(vals), (np.concatenate(at), np.concatenate(cols))),
         shape=(len(rows), n_vars + len(rows)),
     ).toarray()
     s = rng.random(n_vars)
     usage = np.linalg.solve(matrix[:, n_vars:], -matrix[:, :n_vars] @ s)
-    unit = solver._memory_unit(memory)
+    unit = lp._memory_unit(memory)
     expected = [
         sum(terms[v] @ s[first[v] : first[v + 1]] for v in m if v in terms) / unit for m, _ in rows
     ]

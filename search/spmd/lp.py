@@ -1,0 +1,318 @@
+"""The LP relaxation of the ILP of `rhino.search.spmd.solver` on HiGHS, its bound and
+its rounding.
+
+Variables and rows are the ILP's (see that module's doc), the s and e variables in
+[0, 1] instead of {0, 1}; costs in microseconds (`LP_UNIT`). The row/column form is
+tight: on the problems measured so far its optimum was integral, and then it is an
+optimal plan, proven by the LP. An LP of at least `Tuning.lp_first_order_variables`
+variables runs on PDLP instead of the simplex; its point is not exact, so its value is
+never taken as the optimum: its row prices give a Lagrangian bound whether or not it
+converged (`_lagrangian_bound`), and the plan comes from rounding its point. The LP
+holds (memory) as a running sum over the rows, a node where it enters and where it
+leaves (`_running_usage`), not once per row it is live at.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import highspy
+import numpy as np
+
+from rhino.search.problem import ProblemEdge, ShardingProblem, SolveOptions, Tuning
+
+TIE_BREAK_S_PER_BYTE = 1e-17
+"""Seconds each byte a plan holds weighs besides its cost, so ties go to less memory."""
+MIN_CPSAT_S = 0.2
+"""CP-SAT and the LP get at least this long, even past the deadline, so there is a plan."""
+LP_SHARE = 0.9
+"""Of the time left, the LP may take this much: on large cores its optimum is the
+integral answer after minutes (the 24-layer GPT on 2x4: 1.9M variables), and CP-SAT
+alone would not come near it in the rest."""
+LP_SOLVER: Literal["choose", "simplex", "ipm"] = "choose"
+"""HiGHS' LP method ("choose" lets it choose) below `Tuning.lp_first_order_variables`."""
+PDLP_TOLERANCE = 1e-9
+"""PDLP's optimality tolerance: at HiGHS' default (1e-7) its prices bounded the 24-layer
+GPT's optimum a hundred times more loosely."""
+INTEGRAL_TOLERANCE = 1e-6
+"""An LP value this close to 0 or 1 counts as integral."""
+LP_PRESOLVE_VARIABLES = Tuning().lp_first_order_variables
+"""HiGHS presolves an LP with at least this many variables (by default, those that run
+on PDLP); the simplex solves the others faster without: O2's refinement windows and the
+whole-graph LPs of most example models solve faster without it, the largest ones
+faster with it (scripts/bench_search.py measures it)."""
+LP_UNIT = 1e6
+"""The LP counts microseconds: HiGHS' tolerances (~1e-7) would swallow costs in seconds."""
+
+
+@dataclass(frozen=True)
+class MemoryRows:
+    """Memory rows over a core's nodes: for each row, sum over its members v of
+    terms[v][k_v] <= rhs (bytes above what the members hold whatever they choose)."""
+
+    terms: dict[int, np.ndarray]
+    rows: list[tuple[np.ndarray, int]]
+
+    def fits(self, choice: tuple[int, ...] | list[int]) -> bool:
+        if not self.rows:
+            return True
+        held = np.zeros(len(choice), dtype=np.int64)
+        for v, terms in self.terms.items():
+            held[v] = terms[choice[v]]
+        members = [m for m, _ in self.rows]
+        row = np.repeat(np.arange(len(members)), [len(m) for m in members])
+        usage = np.bincount(row, weights=held[np.concatenate(members)], minlength=len(members))
+        return bool(np.all(usage <= np.array([rhs for _, rhs in self.rows])))
+
+
+@dataclass(frozen=True)
+class LpResult:
+    """The LP relaxation's answer (`solve_lp`)."""
+
+    choice: tuple[int, ...] | None
+    """The plan, where the LP optimum is integral (a proven optimum); else None."""
+    bound: float
+    """A lower bound on the optimum (0.0 where the LP gave none)."""
+    rounded: tuple[int, ...] | None
+    """Each node's largest LP value (a plan to start from); None where the LP had no point."""
+    variables: int
+    constraints: int
+
+
+def solve_lp(
+    problem: ShardingProblem,
+    node_cost: list[np.ndarray],
+    pair_edges: list[ProblemEdge],
+    options: SolveOptions,
+    memory: MemoryRows | None = None,
+) -> LpResult:
+    """The LP relaxation of the ILP (same variables in [0, 1]) on HiGHS, the constraint
+    matrix built as sparse arrays: `node_cost` the nodes' costs with the tie break,
+    `pair_edges` the edges left after `fold_single_edges`, `memory` the rows to hold.
+    The LP may take LP_SHARE of the time left (at least MIN_CPSAT_S)."""
+    from scipy.sparse import coo_array
+
+    sizes = np.array([len(n.labels) for n in problem.nodes], dtype=np.int64)
+    first = np.concatenate(([0], np.cumsum(sizes)))  # node v's s variables: first[v]..
+    n_vars = int(first[-1])
+    objective = [np.concatenate(node_cost) * LP_UNIT]
+    rows: list[np.ndarray] = [np.repeat(np.arange(len(sizes)), sizes)]  # (one)
+    cols: list[np.ndarray] = [np.arange(n_vars)]
+    vals: list[np.ndarray] = [np.ones(n_vars)]
+    n_rows = len(sizes)
+    for e in pair_edges:
+        groups_u, of_u = groups(e.cost)
+        groups_v, of_v = groups(e.cost.T)
+        gu, gv = len(groups_u), len(groups_v)
+        pair = n_vars + np.arange(gu * gv).reshape(gu, gv)  # pair[g, h]
+        n_vars += gu * gv
+        rep_u = np.array([g[0] for g in groups_u])
+        rep_v = np.array([h[0] for h in groups_v])
+        objective.append(e.cost[np.ix_(rep_u, rep_v)].ravel() * LP_UNIT)
+        # (rows): sum_h pair[g, h] - sum_{k in g} s_u[k] = 0
+        rows += [n_rows + np.repeat(np.arange(gu), gv), n_rows + np.asarray(of_u)]
+        cols += [pair.ravel(), first[e.u] + np.arange(len(of_u))]
+        vals += [np.ones(gu * gv), -np.ones(len(of_u))]
+        n_rows += gu
+        # (cols): sum_g pair[g, h] - sum_{l in h} s_v[l] = 0
+        rows += [n_rows + np.tile(np.arange(gv), gu), n_rows + np.asarray(of_v)]
+        cols += [pair.ravel(), first[e.v] + np.arange(len(of_v))]
+        vals += [np.ones(gu * gv), -np.ones(len(of_v))]
+        n_rows += gv
+    cost = np.concatenate(objective)
+    forbidden = ~np.isfinite(cost)  # a forbidden choice or pair: the variable is 0
+    cost[forbidden] = 0.0
+    col_upper = np.where(forbidden, 0.0, 1.0)
+    rhs = np.zeros(n_rows)
+    rhs[: len(sizes)] = 1.0
+    if memory is not None and memory.rows:  # (memory) as a running sum, its own columns
+        more_rows, more_cols, more_vals, limits = _running_usage(memory, first, n_rows, n_vars)
+        rows, cols, vals = rows + more_rows, cols + more_cols, vals + more_vals
+        n_rows, n_vars = n_rows + len(limits), n_vars + len(limits)
+        cost = np.concatenate([cost, np.zeros(len(limits))])
+        col_upper = np.concatenate([col_upper, limits])
+        rhs = np.concatenate([rhs, np.zeros(len(limits))])
+    matrix = coo_array(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_rows, n_vars)
+    ).tocsc()  # HiGHS takes the matrix by columns
+    lower = upper = rhs
+    first_order = n_vars >= options.tuning.lp_first_order_variables
+    run = _run_highs(
+        cost,
+        matrix,
+        lower,
+        upper,
+        col_upper,
+        time_limit=max(MIN_CPSAT_S, options.left() * LP_SHARE),
+        presolve=n_vars >= LP_PRESOLVE_VARIABLES,
+        first_order=first_order,
+    )
+    if run is None:
+        return LpResult(None, 0.0, None, n_vars, n_rows)
+    x, prices, optimum = run
+    hint = tuple(int(np.argmax(x[first[v] : first[v + 1]])) for v in range(len(sizes)))
+    s = x[: first[len(sizes)]]
+    if optimum is not None and not first_order:  # exact: the bound, and the plan if integral
+        integral = bool(np.all(np.abs(s - np.round(s)) <= INTEGRAL_TOLERANCE))
+        return LpResult(hint if integral else None, optimum / LP_UNIT, hint, n_vars, n_rows)
+    if prices is None:
+        return LpResult(None, 0.0, hint, n_vars, n_rows)
+    # the bound is on the plan's own objective, without the tie break
+    pure = cost.copy()
+    pure[: len(s)] -= (
+        LP_UNIT * TIE_BREAK_S_PER_BYTE * np.concatenate([n.memory for n in problem.nodes])
+    )
+    bound = _lagrangian_bound(pure, matrix, lower, upper, col_upper, prices)
+    return LpResult(None, bound / LP_UNIT if np.isfinite(bound) else 0.0, hint, n_vars, n_rows)
+
+
+def _memory_unit(memory: MemoryRows) -> float:
+    """The LP's unit of memory: the power of two at or above the largest right-hand
+    side, so usage is about 1 (GiB on a GPU). In bytes (up to 1e10) next to costs of ~1
+    they left PDLP far from converging on the 24-layer GPT's rows, and a unit far above
+    the usage (GiB for a budget of 50 B) drops its excess below HiGHS' tolerance."""
+    largest = max((abs(rhs) for _, rhs in memory.rows), default=1)
+    return 2.0 ** math.ceil(math.log2(max(largest, 1)))
+
+
+def _running_usage(
+    memory: MemoryRows, first: np.ndarray, row0: int, col0: int
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """The memory rows as a running sum: a column L_r per row r, in [0, rhs_r] (in
+    `_memory_unit`s), and the equality rows
+        L_r - L_{r-1} - sum_{v entering at r} sum_k m_v[k] s_v[k]
+                      + sum_{v leaving at r}  sum_k m_v[k] s_v[k] = 0      (L_{-1} = 0)
+    where v enters at r when it is a member of row r and not of r - 1, and leaves when
+    it is a member of r - 1 and not of r; L_r is then row r's usage exactly. The rows
+    lie in program order and a node is a member of consecutive rows, so each node is in
+    two of these rows, where the rows themselves held it once per row it is live at (on
+    the 24-layer GPT on 2x8 under a budget, 112M nonzeros, and PDLP's run reached 20 GB).
+    The rows are numbered from row0 and the L columns from col0; returns the matrix's
+    (rows, columns, values) and the L columns' upper bounds."""
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+    unit = _memory_unit(memory)
+
+    def add(r: int, nodes: np.ndarray, sign: float) -> None:
+        for v in nodes.tolist():
+            terms = memory.terms.get(v)
+            if terms is not None and terms.any():
+                rows.append(np.full(len(terms), row0 + r))
+                cols.append(first[v] + np.arange(len(terms)))
+                vals.append(sign * terms / unit)
+
+    before = np.zeros(0, dtype=np.int64)
+    for r, (members, _) in enumerate(memory.rows):
+        add(r, np.setdiff1d(members, before, assume_unique=True), -1.0)
+        add(r, np.setdiff1d(before, members, assume_unique=True), 1.0)
+        before = members
+    running = np.arange(len(memory.rows))
+    rows += [row0 + running, row0 + running[1:]]
+    cols += [col0 + running, col0 + running[:-1]]
+    vals += [np.ones(len(running)), -np.ones(len(running) - 1)]
+    return rows, cols, vals, np.array([rhs / unit for _, rhs in memory.rows])
+
+
+def _lagrangian_bound(
+    cost: np.ndarray,
+    matrix: Any,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    col_upper: np.ndarray,
+    prices: np.ndarray,
+) -> float:
+    """A lower bound on min cost.x (lower <= matrix.x <= upper, 0 <= x <= col_upper) from
+    any row prices y, whether or not the LP finished: the Lagrangian
+        sum_i min_{z in [lower_i, upper_i]} y_i z + sum_j min_{x_j in [0, col_upper_j]} (cost_j - A_j.y) x_j
+    after y is made to respect each one-sided row's sign (a price that would make the
+    first term -inf is 0)."""
+    y = np.where(np.isneginf(lower), np.minimum(prices, 0.0), prices)
+    y = np.where(np.isposinf(upper), np.maximum(y, 0.0), y)
+    rows = np.where(
+        y > 0,
+        y * np.where(np.isfinite(lower), lower, 0.0),
+        y * np.where(np.isfinite(upper), upper, 0.0),
+    )
+    reduced = cost - matrix.T @ y
+    return float(rows.sum() + np.sum(col_upper * np.minimum(reduced, 0.0)))
+
+
+def _run_highs(
+    cost: np.ndarray,
+    matrix: Any,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    col_upper: np.ndarray,
+    time_limit: float,
+    presolve: bool,
+    first_order: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None, float | None] | None:
+    """min cost.x subject to lower <= matrix.x <= upper, 0 <= x <= col_upper (`matrix` a scipy
+    CSC array), on HiGHS (`first_order`: PDLP): (x, the row prices or None, the optimum
+    or None when HiGHS did not prove one), or None when it has no point at all."""
+    n, m = len(cost), len(lower)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = n, m
+    lp.col_cost_ = cost
+    lp.col_lower_, lp.col_upper_ = np.zeros(n), col_upper
+    lp.row_lower_, lp.row_upper_ = lower, upper
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = n, m
+    lp.a_matrix_.start_ = matrix.indptr
+    lp.a_matrix_.index_ = matrix.indices
+    lp.a_matrix_.value_ = matrix.data
+    with _quiet_stdout():  # HiGHS may print on stdout, which must stay clean for --json
+        highs = highspy.Highs()
+        highs.setOptionValue("output_flag", False)
+        highs.setOptionValue("solver", "hipdlp" if first_order else LP_SOLVER)
+        if first_order:
+            highs.setOptionValue("pdlp_optimality_tolerance", PDLP_TOLERANCE)
+        highs.setOptionValue("presolve", "on" if presolve else "off")
+        highs.setOptionValue("time_limit", float(time_limit))
+        highs.passModel(lp)
+        highs.run()
+    solution = highs.getSolution()
+    if not solution.value_valid:
+        return None
+    optimal = highs.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    return (
+        np.asarray(solution.col_value),
+        np.asarray(solution.row_dual) if solution.dual_valid else None,
+        float(highs.getInfo().objective_function_value) if optimal else None,
+    )
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Silence what native code writes to file descriptor 1 (not only sys.stdout)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def groups(matrix: np.ndarray) -> tuple[list[list[int]], list[int]]:
+    """Rows of `matrix` grouped by equal content: (members of each group, group of each row)."""
+    seen: dict[bytes, int] = {}
+    groups: list[list[int]] = []
+    row_of = []
+    for k, row in enumerate(matrix):
+        key = row.tobytes()
+        g = seen.setdefault(key, len(groups))
+        if g == len(groups):
+            groups.append([])
+        groups[g].append(k)
+        row_of.append(g)
+    return groups, row_of
