@@ -1,6 +1,7 @@
-"""No import cycle in the package: the modules' imports, read from their source (at module
-level and inside functions alike; `if TYPE_CHECKING:` blocks aside, which never run),
-make a graph without a cycle."""
+"""The package's architecture, read from the modules' imports in their source (at module
+level and inside functions alike; `if TYPE_CHECKING:` blocks aside, which never run): no
+import cycle, dependencies pointing one way (hlo <- search <- runtime <- cli), and no jax
+below runtime."""
 
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ def modules(root: Path, packages: dict[str, str]) -> dict[str, Path]:
     return found
 
 
-def imported(path: Path, known: dict[str, Path]) -> set[str]:
+def imported(path: Path, known: dict[str, Path] | None) -> set[str]:
     """The modules of `known` that `path` imports (`from p import m` of a submodule m
-    counts as importing m, not the package p)."""
+    counts as importing m, not the package p); with `known` None, every module it names
+    (jax, numpy, ...)."""
     out: set[str] = set()
 
     def visit(nodes: list[ast.stmt]) -> None:
@@ -45,7 +47,7 @@ def imported(path: Path, known: dict[str, Path]) -> set[str]:
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for alias in node.names:
                     sub = f"{node.module}.{alias.name}"
-                    out.add(sub if sub in known else node.module)
+                    out.add(sub if known is not None and sub in known else node.module)
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.stmt):
                     visit([child])
@@ -53,7 +55,7 @@ def imported(path: Path, known: dict[str, Path]) -> set[str]:
                     visit(child.body)
 
     visit(ast.parse(path.read_text(encoding="utf-8")).body)
-    return {m for m in out if m in known}
+    return out if known is None else {m for m in out if m in known}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -114,3 +116,31 @@ def test_a_cycle_through_a_function_level_import_is_found(tmp_path: Path) -> Non
     graph = import_graph(tmp_path, {"p": "p"})
     assert graph["p.c"] == {"p.a"}  # the TYPE_CHECKING import left out
     assert cycles(graph) == [["p.a", "p.b", "p.c"]]
+
+
+LAYERS = ("rhino.hlo", "rhino.search", "rhino.runtime", "rhino.cli")
+"""From the bottom up: a module imports from its own layer and those below it."""
+
+
+def _layer(module: str) -> int:
+    return next(i for i, top in enumerate(LAYERS) if module == top or module.startswith(top + "."))
+
+
+def test_dependencies_point_one_way() -> None:
+    upward = sorted(
+        f"{m} imports {d}"
+        for m, deps in import_graph(ROOT, PACKAGES).items()
+        for d in deps
+        if _layer(d) > _layer(m)
+    )
+    assert upward == []
+
+
+def test_nothing_below_runtime_imports_jax() -> None:
+    below = {"rhino.hlo": "hlo", "rhino.search": "search"}
+    with_jax = sorted(
+        name
+        for name, path in modules(ROOT, below).items()
+        if any(m == "jax" or m.startswith(("jax.", "jaxlib")) for m in imported(path, None))
+    )
+    assert with_jax == []
