@@ -450,7 +450,7 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 def _row_head(entry: SweepEntry) -> dict[str, Any]:
     return {
         "model": entry.model,
-        "mesh": "x".join(map(str, entry.mesh.shape)),
+        "mesh": str(entry.mesh),
         "level": entry.level,
         "cluster": entry.cluster.name,
         "memory": entry.memory,
