@@ -301,7 +301,7 @@ def replica_groups(inst: Instruction) -> list[list[int]] | None:
         return _mesh_form_groups(value, inst.attrs.get("device_ids"))
     except TextError as e:
         key = "device_ids" if "device_ids" in inst.attrs else "replica_groups"
-        raise inst._attr_error(key, e) from None
+        raise inst.attr_error(key, e) from None
 
 
 def _mesh_form_groups(value: Any, device_ids_text: str | None) -> list[list[int]]:

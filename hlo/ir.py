@@ -270,7 +270,7 @@ class Instruction:
         try:
             value = decode_attr(key, text)
         except TextError as e:
-            raise self._attr_error(key, e) from None
+            raise self.attr_error(key, e) from None
         if decoded is None:
             decoded = self._decoded = {}
         decoded[key] = value
@@ -290,7 +290,7 @@ class Instruction:
         if self._decoded is not None:
             self._decoded.pop(key, None)
 
-    def _attr_error(self, key: str, e: TextError) -> Exception:
+    def attr_error(self, key: str, e: TextError) -> Exception:
         if self._attr_pos is None or key not in self._attr_pos:
             return HloParseError(
                 f"attribute {key}={self.attrs.get(key)} of %{self.name}: {e.message}",
