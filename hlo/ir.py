@@ -291,6 +291,8 @@ class Instruction:
             self._decoded.pop(key, None)
 
     def attr_error(self, key: str, e: TextError) -> Exception:
+        """The error for attribute `key`, whose text `e` says is malformed: at its
+        file:line:col when the parser recorded where it was."""
         if self._attr_pos is None or key not in self._attr_pos:
             return HloParseError(
                 f"attribute {key}={self.attrs.get(key)} of %{self.name}: {e.message}",
