@@ -52,7 +52,7 @@ LP_UNIT = 1e6
 
 
 @dataclass(frozen=True)
-class MemoryRows:
+class CoreRows:
     """Memory rows over a core's nodes: for each row, sum over its members v of
     terms[v][k_v] <= rhs (bytes above what the members hold whatever they choose)."""
 
@@ -90,7 +90,7 @@ def solve_lp(
     node_cost: list[np.ndarray],
     pair_edges: list[ProblemEdge],
     options: SolveOptions,
-    memory: MemoryRows | None = None,
+    memory: CoreRows | None = None,
 ) -> LpResult:
     """The LP relaxation of the ILP (same variables in [0, 1]) on HiGHS, the constraint
     matrix built as sparse arrays: `node_cost` the nodes' costs with the tie break,
@@ -172,7 +172,7 @@ def solve_lp(
     return LpResult(None, bound / LP_UNIT if np.isfinite(bound) else 0.0, hint, n_vars, n_rows)
 
 
-def _memory_unit(memory: MemoryRows) -> float:
+def _memory_unit(memory: CoreRows) -> float:
     """The LP's unit of memory: the power of two at or above the largest right-hand
     side, so usage is about 1 (GiB on a GPU). In bytes (up to 1e10) next to costs of ~1
     they left PDLP far from converging on the 24-layer GPT's rows, and a unit far above
@@ -182,7 +182,7 @@ def _memory_unit(memory: MemoryRows) -> float:
 
 
 def _running_usage(
-    memory: MemoryRows, first: np.ndarray, row0: int, col0: int
+    memory: CoreRows, first: np.ndarray, row0: int, col0: int
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], np.ndarray]:
     """The memory rows as a running sum: a column L_r per row r, in [0, rhs_r] (in
     `_memory_unit`s), and the equality rows

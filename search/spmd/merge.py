@@ -89,6 +89,9 @@ from rhino.search.spmd.solver import (
 
 WHOLE_SHARE = 0.4
 """The whole-core ILP's share of the time: proven optimal within it, its plan is O2's."""
+PASS_GAIN = 1e-12
+"""A refinement pass that lowers the core's cost by no more than this share of it is
+the last."""
 MAX_PASSES = 6
 """Refinement passes over the segments at most."""
 STARTS = ("forward", "backward", "replicated")
@@ -435,7 +438,7 @@ class _SegmentSearch:
                     break
                 self._solve(window)
             after = self.core_cost()
-            if after >= before - 1e-12 * abs(before):
+            if after >= before - PASS_GAIN * abs(before):
                 break
             before = after
         return passes

@@ -38,6 +38,9 @@ from rhino.search.problem import ShardingProblem
 
 SEPARABLE_RTOL = 1e-12
 """An edge is separable when C - (a + b) is within this of max |C| everywhere."""
+WHOLE_BYTES = 1e-9
+"""A memory term within this above a whole number of bytes (float sums of byte counts)
+rounds down to it in the memory rows' integer terms."""
 MAX_SERIES_WORK = 2_000_000
 """Largest s_u * s_v * s_w table for eliminating a chain link."""
 
@@ -456,7 +459,7 @@ def memory_rows(r: Reduced) -> MemoryRows:
     problem = r.problem
     nodes = problem.nodes
     budget = float(problem.budget) if problem.budget is not None else math.inf
-    terms = {v: np.ceil(r.memory[v] - 1e-9).astype(np.int64) for v in sorted(r.memory)}
+    terms = {v: np.ceil(r.memory[v] - WHOLE_BYTES).astype(np.int64) for v in sorted(r.memory)}
     always = [v for v in terms if nodes[v].live is None]
     if not math.isfinite(budget):
         return MemoryRows(terms, always, [])

@@ -64,8 +64,8 @@ from rhino.search.problem import (
 from rhino.search.spmd.lp import (
     MIN_CPSAT_S,
     TIE_BREAK_S_PER_BYTE,
+    CoreRows,
     LpResult,
-    MemoryRows,
     groups,
     solve_lp,
 )
@@ -78,6 +78,8 @@ COST_SUM_MAX = 1e15
 """...unless their sum would pass this, where the scale shrinks to keep it there."""
 MEMORY_COEFFICIENT_MAX = 2**40
 """Memory rows' coefficients are bytes divided down to at most this (int64 room to spare)."""
+MIN_GAIN_S = 1e-15
+"""A change counts as a gain when it saves more than this many seconds (float noise)."""
 PROVEN_GAP = 1e-7
 """A plan within this share of a lower bound counts as proven optimal (the LP solvers'
 own tolerance is 1e-7)."""
@@ -128,7 +130,7 @@ def solve_ilp(
     rows = None
     if problem.budget is not None:
         found = memory_rows(reduced)
-        rows = MemoryRows(
+        rows = CoreRows(
             {position[v]: t for v, t in found.terms.items()},
             [
                 (
@@ -235,7 +237,7 @@ class _Starts:
 def _solve(
     problem: ShardingProblem,
     options: SolveOptions,
-    memory: MemoryRows | None = None,
+    memory: CoreRows | None = None,
     start_choice: tuple[int, ...] | None = None,
 ) -> Solution:
     """The LP relaxation, then CP-SAT (see module doc), within `memory`'s rows, from
@@ -319,7 +321,7 @@ def _starts(
     problem: ShardingProblem,
     node_cost: list[np.ndarray],
     lp: LpResult,
-    memory: MemoryRows | None,
+    memory: CoreRows | None,
     start_choice: tuple[int, ...] | None,
 ) -> _Starts:
     """A plan to fall back on, so the solver always has one, and CP-SAT's hint. Without
@@ -372,7 +374,7 @@ def _cpsat_model(
     problem: ShardingProblem,
     node_cost: list[np.ndarray],
     pair_edges: list[ProblemEdge],
-    memory: MemoryRows | None,
+    memory: CoreRows | None,
 ) -> _CpsatModel:
     """The model of the module doc on CP-SAT, costs with the tie break (`node_cost`),
     edges with one side of one strategy folded (`pair_edges` the others)."""
@@ -501,7 +503,7 @@ def improve(
             for cost, w, outgoing in incident[v]:
                 total += cost[:, choice[w]] if outgoing else cost[choice[w], :]
             best = int(np.argmin(total))
-            if total[best] >= total[choice[v]] - 1e-15:
+            if total[best] >= total[choice[v]] - MIN_GAIN_S:
                 continue
             if within is not None:
                 best = _best_within(problem.nodes[v].memory, total, choice[v], v, within)
@@ -522,7 +524,7 @@ def _best_within(
 ) -> int:
     """The cheapest strategy of v better than k whose memory fits (-1 if none)."""
     usage, budget, _ = within
-    better = np.flatnonzero(total < total[k] - 1e-15)
+    better = np.flatnonzero(total < total[k] - MIN_GAIN_S)
     grow = memory[better] - memory[k]
     room = budget * (1 + FEASIBILITY) - usage.highest(v) if (grow > 0).any() else 0.0
     fits = better[grow <= np.maximum(room, 0.0)]
@@ -545,9 +547,7 @@ def fold_single_edges(problem: ShardingProblem, node_cost: list[np.ndarray]) -> 
     return pair_edges
 
 
-def _add_memory(
-    model: cp_model.CpModel, memory: MemoryRows, s: list[list[cp_model.IntVar]]
-) -> None:
+def _add_memory(model: cp_model.CpModel, memory: CoreRows, s: list[list[cp_model.IntVar]]) -> None:
     largest = max((abs(rhs) for _, rhs in memory.rows), default=1)
     unit = max(1, -(-largest // MEMORY_COEFFICIENT_MAX))
     for members, rhs in memory.rows:
@@ -589,7 +589,7 @@ def solve_brute_force(problem: ShardingProblem) -> Solution:
             value = problem.evaluate(choice).objective
         except InfeasibleError:
             continue
-        if best is None or value < best[0] - 1e-15:
+        if best is None or value < best[0] - MIN_GAIN_S:
             best = (value, choice)
     if best is None:
         raise InfeasibleError("no plan fits the memory budget")

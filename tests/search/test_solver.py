@@ -275,7 +275,7 @@ def test_the_lps_running_usage_is_each_memory_rows_usage(seed: int) -> None:
         )
         for _ in range(5)
     ]
-    memory = lp.MemoryRows(terms, rows)
+    memory = lp.CoreRows(terms, rows)
     at, cols, vals, limits = lp._running_usage(memory, first, 0, n_vars)
     matrix = coo_array(
         (np.concatenate(vals), (np.concatenate(at), np.concatenate(cols))),
