@@ -19,6 +19,7 @@ import numpy as np
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
+from rhino.hlo.shape import Shape
 from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh
 from rhino.search.problem import (
@@ -48,6 +49,7 @@ from rhino.search.spmd.plan import (
 from rhino.search.spmd.reshard import reshard
 from rhino.search.spmd.solver import PROVEN_GAP, check_budget, solve_ilp
 from rhino.search.spmd.spec import ShardingSpec, SpecError
+from rhino.search.spmd.strategy import Strategy
 
 HEAVY_OPCODES = ("dot", "convolution")
 HEAVY_SHARE = 0.005
@@ -543,7 +545,9 @@ def to_plan(
     )
 
 
-def _edge_uses(graph: ShardingGraph, u: int, v: int, su, sv):  # type: ignore[no-untyped-def]
+def _edge_uses(
+    graph: ShardingGraph, u: int, v: int, su: Strategy, sv: Strategy
+) -> list[tuple[int, ShardingSpec, str, int]]:
     """(leaf of u, layout v wants it in, where, operand) for every use of u's results by v
     (`where` and `operand` as in PlannedReshard)."""
     nu, nv = graph.nodes[u], graph.nodes[v]
@@ -566,15 +570,18 @@ def _edge_uses(graph: ShardingGraph, u: int, v: int, su, sv):  # type: ignore[no
     return out
 
 
-def _sharding_text(outs: tuple[ShardingSpec, ...], shapes, mesh: DeviceMesh) -> str | None:  # type: ignore[no-untyped-def]
+def _sharding_text(
+    outs: tuple[ShardingSpec, ...], shapes: tuple[Shape, ...], mesh: DeviceMesh
+) -> str | None:
     parts = [
         _leaf_sharding(spec, shape.rank, mesh) for spec, shape in zip(outs, shapes, strict=False)
     ]
-    if None in parts:
+    known = [p for p in parts if p is not None]
+    if len(known) < len(parts):
         return None
-    if len(parts) == 1:
-        return parts[0]
-    return "{" + ", ".join(parts) + "}"  # type: ignore[arg-type]
+    if len(known) == 1:
+        return known[0]
+    return "{" + ", ".join(known) + "}"
 
 
 @functools.lru_cache(maxsize=4096)

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rhino.hlo.errors import InfeasibleError
-from rhino.search.problem import ShardingProblem
+from rhino.search.problem import ProblemNode, ShardingProblem
 
 SEPARABLE_RTOL = 1e-12
 """An edge is separable when C - (a + b) is within this of max |C| everywhere."""
@@ -203,7 +203,7 @@ def _memory_free(r: Reduced) -> list[int]:
 # -- strategy pruning ------------------------------------------------------------------
 
 
-def _prune(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untyped-def]
+def _prune(r: Reduced, v: int, push: Callable[[int], None]) -> bool:
     """Drop forbidden and dominated strategies of v; True if any went."""
     neighbours = sorted(r.neighbours[v])
     read = (r.cost[v], r.memory.get(v), *(r.edges[(min(v, w), max(v, w))] for w in neighbours))
@@ -301,7 +301,7 @@ def _restrict(r: Reduced, v: int, rows: np.ndarray) -> None:
 # -- edges -----------------------------------------------------------------------------
 
 
-def _fold_separable(r: Reduced, v: int, push) -> bool:  # type: ignore[no-untyped-def]
+def _fold_separable(r: Reduced, v: int, push: Callable[[int], None]) -> bool:
     """Fold every edge of v whose matrix is a[k] + b[l] into the two nodes' costs."""
     folded = False
     for w in sorted(r.neighbours[v]):
@@ -367,7 +367,7 @@ def _best(table: np.ndarray, small: np.ndarray | None) -> tuple[np.ndarray, np.n
     return best_all, small[pick]
 
 
-def _eliminate(r: Reduced, v: int, push) -> None:  # type: ignore[no-untyped-def]
+def _eliminate(r: Reduced, v: int, push: Callable[[int], None]) -> None:
     neighbours = sorted(r.neighbours[v])
     small = _smallest(r, v)
     cost = r.cost[v]
@@ -516,7 +516,9 @@ def _spans(live: tuple[int, int] | None) -> bool:
     return live is not None and live[0] <= live[1]
 
 
-def _live_arrays(nodes, ids) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+def _live_arrays(
+    nodes: tuple[ProblemNode, ...], ids: Iterable[int]
+) -> tuple[np.ndarray, np.ndarray]:
     first = np.array([nodes[v].live[0] for v in ids], dtype=np.int64)
     last = np.array([nodes[v].live[1] for v in ids], dtype=np.int64)
     return first, last
