@@ -22,6 +22,7 @@ from rhino.cli.common import (
     stderr,
     stdout,
 )
+from rhino.cli.flags import in_flags
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.parser import parse_file
 from rhino.hlo.printer import print_module
@@ -277,7 +278,8 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
         t.add_row("  budget", text)
     out.print(t)
     table = Table(
-        title="sharding (result = operands; one token per mesh axis: R replicated, S<d> split dim d)",
+        title="sharding (result = operands; one token per mesh axis: R replicated, "
+        "S<d> split dim d)",
         title_justify="left",
     )
     for col in ("instruction", "opcode", "shape", "strategy"):
@@ -289,4 +291,4 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
     for note in plan.notes:
         out.print(f"[dim]note:[/] {note}")
     for w in plan.warnings:
-        out.print(f"[yellow]warning:[/] {w}")
+        out.print(f"[yellow]warning:[/] {in_flags(w)}")

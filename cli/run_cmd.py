@@ -21,6 +21,7 @@ from rhino.cli.common import (
     status,
     stdout,
 )
+from rhino.cli.flags import in_flags
 from rhino.hlo.errors import ConfigError, VerificationFailed
 from rhino.hlo.parser import parse_file
 from rhino.hlo.verify import verify as verify_module
@@ -260,7 +261,7 @@ def _check_options(
 
 
 def _warn(warning: str) -> None:
-    click.echo(f"warning: {warning}", err=True)
+    click.echo(f"warning: {in_flags(warning)}", err=True)
 
 
 def render(report: RunReport) -> None:

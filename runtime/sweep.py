@@ -27,7 +27,8 @@ that does not exist is not: its rows fail when they run.
 An entry's row holds what `rhino plan MODEL --mesh M --opt L --cluster C --memory B
 --time-limit T` would predict. Rows come back in the order above, whatever order the
 worker processes finish in. A row that fails (a RhinoError such as an infeasible memory
-budget or an unreadable model, or a bug) carries status "error" and the message; the other rows still run.
+budget or an unreadable model, or a bug) carries status "error" and the message; the
+other rows still run.
 """
 
 from __future__ import annotations

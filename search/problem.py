@@ -48,7 +48,8 @@ class ProblemNode:
             raise ValueError(f"node {self.name}: no strategies")
         if self.cost.shape != (n,) or self.memory.shape != (n,):
             raise ValueError(
-                f"node {self.name}: {n} strategies but cost {self.cost.shape}, memory {self.memory.shape}"
+                f"node {self.name}: {n} strategies but cost {self.cost.shape}, "
+                f"memory {self.memory.shape}"
             )
 
 
@@ -106,7 +107,8 @@ class ShardingProblem:
         if self.budget is not None and peak > self.budget * (1 + FEASIBILITY):
             name, size = top
             raise InfeasibleError(
-                f"peak {format_bytes(peak)} > budget {format_bytes(self.budget)} at step {step} (largest: %{name} {format_bytes(size)})"
+                f"peak {format_bytes(peak)} > budget {format_bytes(self.budget)} at step "
+                f"{step} (largest: %{name} {format_bytes(size)})"
             )
         return Evaluation(node_cost + edge_cost, node_cost, edge_cost, peak)
 

@@ -230,7 +230,8 @@ def _lagrangian_bound(
 ) -> float:
     """A lower bound on min cost.x (lower <= matrix.x <= upper, 0 <= x <= col_upper) from
     any row prices y, whether or not the LP finished: the Lagrangian
-        sum_i min_{z in [lower_i, upper_i]} y_i z + sum_j min_{x_j in [0, col_upper_j]} (cost_j - A_j.y) x_j
+        sum_i min_{z in [lower_i, upper_i]} y_i z
+          + sum_j min_{x_j in [0, col_upper_j]} (cost_j - A_j.y) x_j
     after y is made to respect each one-sided row's sign (a price that would make the
     first term -inf is 0)."""
     y = np.where(np.isneginf(lower), np.minimum(prices, 0.0), prices)

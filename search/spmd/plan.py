@@ -236,7 +236,8 @@ class Plan:
     def from_dict(doc: dict[str, Any], source: str = "<plan>") -> Plan:
         if doc.get("schema") != f"rhino.plan/{PLAN_VERSION}":
             raise ConfigError(
-                f"{source}: not a rhino plan of version {PLAN_VERSION} (schema {doc.get('schema')!r})"
+                f"{source}: not a rhino plan of version {PLAN_VERSION} "
+                f"(schema {doc.get('schema')!r})"
             )
         if doc.get("version", PLAN_VERSION) != PLAN_VERSION:
             raise ConfigError(

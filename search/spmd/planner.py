@@ -85,7 +85,8 @@ def make_plan(
     """The best plan for `module` on the request's mesh (see module doc)."""
     if request.level not in LEVELS:
         raise ConfigError(
-            f"optimization level {request.level!r} is not available; choose one of {', '.join(LEVELS)}"
+            f"optimization level {request.level!r} is not available; "
+            f"choose one of {', '.join(LEVELS)}"
         )
     if request.memory_mode not in MEMORY_MODES:
         raise ConfigError(
@@ -125,7 +126,7 @@ def limit_warnings(plan: Plan, options: SolveOptions) -> tuple[str, ...]:
     return (
         f"the time limit ({options.time_limit_s:g} s) was hit: this is the best plan found "
         f"by then (solver {plan.solver.status.value}), not a proven one; a longer "
-        "--time-limit may find a better one",
+        "`time_limit_s` may find a better one",
     )
 
 

@@ -289,7 +289,8 @@ def _run_cpsat(
         raise InfeasibleError("no plan fits the memory budget and avoids every forbidden choice")
     if not found and starts.fallback is None:
         raise InfeasibleError(
-            f"the solver found no plan within {options.time_limit_s:g} s (status {solver.status_name(status)})"
+            f"the solver found no plan within {options.time_limit_s:g} s "
+            f"(status {solver.status_name(status)})"
         )
     bound = max(lp_bound, solver.best_objective_bound / built.scale if found else 0.0)
     choice = starts.fallback
@@ -574,9 +575,10 @@ def check_budget(problem: ShardingProblem) -> None:
     peak, step, name = min_peak_memory(problem)
     if problem.budget is not None and peak > problem.budget:
         raise InfeasibleError(
-            f"no plan fits the memory budget of {format_bytes(problem.budget, 2)} per device: the smallest possible "
-            f"peak is {format_bytes(peak, 2)} (at step {step}, largest tensor then: %{name}); "
-            f"use --memory {format_bytes(peak, 2, up=True).replace(' ', '')} or more, or a larger mesh"
+            f"no plan fits the memory budget of {format_bytes(problem.budget, 2)} per device: "
+            f"the smallest possible peak is {format_bytes(peak, 2)} (at step {step}, largest "
+            f"tensor then: %{name}); set `budget_bytes` to "
+            f"{format_bytes(peak, 2, up=True).replace(' ', '')} or more, or use a larger mesh"
         )
 
 

@@ -19,7 +19,7 @@ from tests.hlo.corpus import ROOT
 MLP = str(ROOT / "examples" / "mlp.hlo")
 
 
-def invoke(*args: str):  # type: ignore[no-untyped-def]
+def invoke(*args: str):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
@@ -73,7 +73,7 @@ def test_a_failed_write_keeps_the_plan(tmp_path: Path, monkeypatch: pytest.Monke
     def full_disk(self: Path, *args: object, **kwargs: object) -> int:
         if self == target:
             raise OSError(28, "No space left on device")
-        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+        return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "write_text", full_disk)
     r = invoke("plan", MLP, "--mesh", "2x2", "--out", str(target))

@@ -14,7 +14,7 @@ MLP = ROOT / "tests" / "data" / "mlp_step.hlo"
 SCAN = ROOT / "examples" / "gpt_scan_tiny.hlo"
 
 
-def run(*args: str, input: str | None = None):  # type: ignore[no-untyped-def]
+def run(*args: str, input: str | None = None):
     return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
 
 
@@ -55,7 +55,7 @@ def test_json_schema_is_stable() -> None:
     assert r.output.count("\n") == 1  # piped: one line (indented only at a terminal)
 
 
-def test_json_is_indented_at_a_terminal(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_json_is_indented_at_a_terminal(monkeypatch) -> None:
     import rhino.cli.common as common
 
     monkeypatch.setattr(common, "stdout_is_terminal", lambda: True)

@@ -15,7 +15,7 @@ GPT = str(ROOT / "examples" / "gpt_tiny.hlo")
 MLP = str(ROOT / "examples" / "mlp.hlo")
 
 
-def invoke(*args: str):  # type: ignore[no-untyped-def]
+def invoke(*args: str):
     return CliRunner().invoke(cli, list(args))
 
 

@@ -15,7 +15,7 @@ from tests.hlo.corpus import ROOT
 MLP = ROOT / "tests" / "data" / "mlp_step.hlo"
 
 
-def invoke(*args: str):  # type: ignore[no-untyped-def]
+def invoke(*args: str):
     return CliRunner().invoke(cli, list(args))
 
 
@@ -79,6 +79,7 @@ def test_bad_inputs_exit_2(tmp_path: Path) -> None:
         (["--mesh", "2x"], "mesh"),
         (["--mesh", "1x4", "--memory", "lots"], "--memory"),
         (["--mesh", "1x4", "--memory", "1KiB"], "smallest possible peak"),
+        (["--mesh", "1x4", "--memory", "1KiB"], "set --memory to"),
         (["--mesh", "1x4", "--pin", "nowhere=RS0"], "nowhere"),
         (["--mesh", "1x4", "--pin", "params_0_.1=XYZ"], "sharding spec"),
         (["--mesh", "1x4", "--opt", "O9"], "O9"),

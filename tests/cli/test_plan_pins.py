@@ -16,13 +16,13 @@ W0 = "params_0___w__.1"
 ACTIVATION_BYTES = 8 * 8192 * 4
 
 
-def plan_json(*args: str) -> dict:  # type: ignore[type-arg]
+def plan_json(*args: str) -> dict:
     r = CliRunner().invoke(cli, ["plan", str(MEGATRON), "--mesh", "1x4", "--json", *args])
     assert r.exit_code == 0, r.output
     return json.loads(r.output)
 
 
-def outs(doc: dict, name: str) -> str:  # type: ignore[type-arg]
+def outs(doc: dict, name: str) -> str:
     return next(i["outs"][0] for i in doc["instructions"] if i["name"] == name)
 
 

@@ -12,7 +12,7 @@ from tests.hlo.corpus import ROOT
 MLP = ROOT / "tests" / "data" / "mlp_step.hlo"
 
 
-def invoke(*args: str):  # type: ignore[no-untyped-def]
+def invoke(*args: str):
     return CliRunner().invoke(cli, list(args))
 
 
@@ -45,7 +45,7 @@ def test_failed_verification_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
     real = request.run_plan
     outputs: list[int] = []
 
-    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def broken(*args, **kwargs):
         report = real(*args, **kwargs)
         assert report.verify is not None
         failed = tuple(dataclasses.replace(o, ok=False) for o in report.verify.outputs)
@@ -78,7 +78,7 @@ def test_plan_or_mesh_is_needed() -> None:
         (lambda doc: doc["instructions"][3].update(outs=["S0S0S1"]), "the plan's layout of"),
     ],
 )
-def test_a_hand_edited_plan_is_refused(edit, message: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_hand_edited_plan_is_refused(edit, message: str, tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     assert invoke("plan", str(MLP), "--mesh", "1x4", "--out", str(plan)).exit_code == 0
     doc = json.loads(plan.read_text())

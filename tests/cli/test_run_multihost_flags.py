@@ -23,7 +23,7 @@ def _keep_xla_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
 
 
-def invoke(*args: str):  # type: ignore[no-untyped-def]
+def invoke(*args: str):
     return CliRunner().invoke(cli, ["run", str(MLP), *args])
 
 

@@ -113,7 +113,7 @@ def test_an_interrupted_sweep_keeps_its_finished_rows(
 
     real = sweep_cmd.run_sweep
 
-    def interrupted(entries, jobs, on_row, tracebacks):  # type: ignore[no-untyped-def]
+    def interrupted(entries, jobs, on_row, tracebacks):
         real(entries[:1], jobs=1, on_row=on_row, tracebacks=tracebacks)
         raise KeyboardInterrupt
 

@@ -17,17 +17,17 @@ def test_clone_is_equal_and_independent() -> None:
     m = parse_file(ROOT / "tests" / "data" / "mlp_step.hlo")
     c = clone_module(m)
     assert print_module(c) == print_module(m)
-    c.entry.root.name = "changed"  # type: ignore[union-attr]
-    assert m.entry.root.name == "tuple.1"  # type: ignore[union-attr]
+    c.entry.root.name = "changed"
+    assert m.entry.root.name == "tuple.1"
     dot = next(i for i in c.instructions() if i.opcode is Opcode.DOT)
     dot.set_attr("lhs_contracting_dims", (0,))
     original = m.entry.get(dot.name)
     assert original is not None and original.attr("lhs_contracting_dims") != (0,)
-    assert all(u.parent is c.entry for u in c.entry.root.operands)  # type: ignore[union-attr]
+    assert all(u.parent is c.entry for u in c.entry.root.operands)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_clone_prints_the_module(path) -> None:  # type: ignore[no-untyped-def]
+def test_clone_prints_the_module(path) -> None:
     m = parse_file(path)
     c = clone_module(m)
     assert print_module(c) == print_module(m)
@@ -36,7 +36,7 @@ def test_clone_prints_the_module(path) -> None:  # type: ignore[no-untyped-def]
     assert called <= {id(k) for k in c.computations}  # calls point into the copy
 
 
-def test_clone_keeps_error_locations(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_clone_keeps_error_locations(tmp_path) -> None:
     text = (ROOT / "tests" / "data" / "mlp_step.hlo").read_text()
     bad = text.replace("lhs_contracting_dims={1}", "lhs_contracting_dims={x}", 1)
     assert bad != text
@@ -63,7 +63,7 @@ def test_clone_keeps_literal_locations() -> None:
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_inline_calls_leaves_no_call_and_verifies(path) -> None:  # type: ignore[no-untyped-def]
+def test_inline_calls_leaves_no_call_and_verifies(path) -> None:
     before = parse_file(path)
     after = inline_calls(before)
     verify(after)
@@ -73,7 +73,7 @@ def test_inline_calls_leaves_no_call_and_verifies(path) -> None:  # type: ignore
         or path.name == "mlp_optimized.hlo"
     )
     assert [p.shape for p in after.entry.parameters] == [p.shape for p in before.entry.parameters]
-    assert after.entry.root.shape == before.entry.root.shape  # type: ignore[union-attr]
+    assert after.entry.root.shape == before.entry.root.shape
     # non-call instructions are all still there (inlined copies may add more)
     assert after.instruction_count >= before.instruction_count - sum(
         1 + len(c.parameters) for c in before.computations if not c.is_entry
@@ -81,7 +81,7 @@ def test_inline_calls_leaves_no_call_and_verifies(path) -> None:  # type: ignore
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_flatten_leaves_no_call_or_fusion_and_verifies(path) -> None:  # type: ignore[no-untyped-def]
+def test_flatten_leaves_no_call_or_fusion_and_verifies(path) -> None:
     from rhino.hlo.passes import flatten
 
     before = parse_file(path)

@@ -16,7 +16,7 @@ HEAD = (
 
 
 @pytest.mark.parametrize("path", corpus_files(), ids=corpus_ids())
-def test_corpus_verifies(path) -> None:  # type: ignore[no-untyped-def]
+def test_corpus_verifies(path) -> None:
     verify(parse_file(path))
 
 

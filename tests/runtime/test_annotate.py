@@ -134,11 +134,11 @@ ENTRY main {
 
 
 @pytest.fixture(scope="module")
-def gpt_scan():  # type: ignore[no-untyped-def]
+def gpt_scan():
     return parse_file(ROOT / "examples" / "gpt_scan_tiny.hlo")
 
 
-def test_while_instructions_are_refused_and_skipped_by_default(gpt_scan) -> None:  # type: ignore[no-untyped-def]
+def test_while_instructions_are_refused_and_skipped_by_default(gpt_scan) -> None:
     whiles = [i for i in gpt_scan.entry if i.opcode is Opcode.WHILE]
     assert whiles
     with pytest.raises(AnnotationError, match=f"%{whiles[0].name}: XLA rejects"):
@@ -149,11 +149,11 @@ def test_while_instructions_are_refused_and_skipped_by_default(gpt_scan) -> None
     assert all("sharding" in i.attrs for i in out.entry if i.opcode is not Opcode.WHILE)
 
 
-def test_instructions_inside_while_bodies_can_be_named(gpt_scan) -> None:  # type: ignore[no-untyped-def]
+def test_instructions_inside_while_bodies_can_be_named(gpt_scan) -> None:
     body = next(i for i in gpt_scan.entry if i.opcode is Opcode.WHILE).called
     call = next(i for c in body for i in c if i.opcode is Opcode.CALL)
     out = annotate(gpt_scan, {call.name: R})
-    got = out.computation(call.parent.name)[call.name].sharding  # type: ignore[union-attr]
+    got = out.computation(call.parent.name)[call.name].sharding
     assert got == fit_sharding(R, call.shape)
     # nothing else outside the entry was touched
     others = [i for c in out.computations if not c.is_entry for i in c if "sharding" in i.attrs]

@@ -276,7 +276,7 @@ def measured(
         computation="main",
     )
     fields.update(kw)
-    return MeasuredCollective(**fields)  # type: ignore[arg-type]
+    return MeasuredCollective(**fields)
 
 
 def test_compare_reports_mismatches_both_ways() -> None:

@@ -50,7 +50,7 @@ ENTRY main {
 """
 
 
-def facts_of(text: str, m: int):  # type: ignore[no-untyped-def]
+def facts_of(text: str, m: int):
     flat, _ = flat_step(parse_module(text, "<test>"))
     return flat, batch_facts(flat, split_step(flat), m)
 

@@ -209,7 +209,7 @@ def check_rows(rows: list[SweepRow]) -> None:
     ]
     ok = rows[0]
     assert ok.message == "" and ok.solver_status == "optimal" and ok.solver_gap == 0.0
-    assert ok.step_ms == pytest.approx(ok.compute_ms + ok.comm_ms)  # type: ignore[operator]
+    assert ok.step_ms == pytest.approx(ok.compute_ms + ok.comm_ms)
     assert ok.nodes and ok.nodes > 0 and ok.peak_memory_bytes and ok.peak_memory_bytes > 0
     assert "models/missing.hlo: cannot read" in rows[1].message
     assert "memory budget" in rows[2].message and rows[2].budget_bytes == 1024
@@ -240,7 +240,7 @@ def test_an_internal_error_is_reported_in_its_row(
 ) -> None:
     real = sweep_module.make_plan
 
-    def flaky(module, request, progress=None):  # type: ignore[no-untyped-def]
+    def flaky(module, request, progress=None):
         if request.mesh.shape == (1, 4):
             raise ZeroDivisionError("boom")
         if request.mesh.shape == (4,):

@@ -223,13 +223,13 @@ def test_data_parallel_mlp_step_matches(mlp: Module, devices: tuple[object, ...]
 
 
 @pytest.fixture(scope="module")
-def megatron_report(mlp: Module, devices: tuple[object, ...]):  # type: ignore[no-untyped-def]
+def megatron_report(mlp: Module, devices: tuple[object, ...]):
     text = annotated_text(mlp, megatron_plan(mlp), strip_metadata=True)
     xb.xla_parse(text)
     return run_and_compare(print_module(mlp), text, devices, seed=1)
 
 
-def test_megatron_mlp_step_matches(megatron_report) -> None:  # type: ignore[no-untyped-def]
+def test_megatron_mlp_step_matches(megatron_report) -> None:
     report = megatron_report
     assert report.ok, report.summary()
     params = report.sharded.parameters
@@ -240,7 +240,7 @@ def test_megatron_mlp_step_matches(megatron_report) -> None:  # type: ignore[no-
     assert report.sharded.outputs[2].shard_shape == (64, 16)  # the new W1 stays split
 
 
-def test_a_perturbed_input_fails_verification(megatron_report, mlp: Module) -> None:  # type: ignore[no-untyped-def]
+def test_a_perturbed_input_fails_verification(megatron_report, mlp: Module) -> None:
     makers = entry_inputs(mlp, seed=1)
     want = xb.execute(megatron_report.reference, [m.whole() for m in makers])
     inputs: list[object] = list(makers)
@@ -253,7 +253,7 @@ def test_a_perturbed_input_fails_verification(megatron_report, mlp: Module) -> N
     assert checks[13].ok  # the step counter does not depend on x
 
 
-def test_a_different_seed_fails_verification(megatron_report, mlp: Module) -> None:  # type: ignore[no-untyped-def]
+def test_a_different_seed_fails_verification(megatron_report, mlp: Module) -> None:
     from rhino.runtime.verify import VerifyReport
 
     want = xb.execute(megatron_report.reference, [m.whole() for m in entry_inputs(mlp, 1)])

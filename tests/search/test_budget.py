@@ -58,7 +58,7 @@ def test_random_problems_fit_and_come_close_to_the_optimum() -> None:
     for seed in range(60):
         problem = random_problem(seed, budget=True)
         found = budget.solve_within_budget(problem, OPTIONS, solve_merged)
-        assert found.peak_memory <= problem.budget * (1 + 1e-9)  # type: ignore[operator]
+        assert found.peak_memory <= problem.budget * (1 + 1e-9)
         assert problem.evaluate(found.choice).objective == found.objective
         best = solve_brute_force(problem).objective
         assert found.objective >= best - 1e-12
@@ -82,8 +82,8 @@ def test_improve_within_never_leaves_the_budget_nor_gets_worse() -> None:
     for seed in range(30):
         problem = random_problem(seed, budget=True)
         start = budget.smallest(problem)  # fits (the budget is at least its peak)
-        better = budget.improve_within(problem, start, float(problem.budget), OPTIONS)  # type: ignore[arg-type]
-        assert problem.peak_memory(better)[0] <= problem.budget * (1 + 1e-9)  # type: ignore[operator]
+        better = budget.improve_within(problem, start, float(problem.budget), OPTIONS)
+        assert problem.peak_memory(better)[0] <= problem.budget * (1 + 1e-9)
         assert problem.evaluate(better).objective <= problem.evaluate(start).objective + 1e-12
 
 
@@ -129,7 +129,7 @@ def binding_problems() -> Iterator[tuple[ShardingProblem, ShardingProblem]]:
     for seed in range(8):
         problem = random_problem(seed, budget=True)
         free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
-        if solve_merged(free, OPTIONS).peak_memory > problem.budget:  # type: ignore[operator]
+        if solve_merged(free, OPTIONS).peak_memory > problem.budget:
             yield problem, free
 
 
@@ -148,7 +148,7 @@ def test_o3_under_a_binding_budget_starts_from_o2s_plan_within_it(
     ) -> object:
         if p.budget is not None:  # the ILP with the rows (O3 without the budget comes first)
             starts.append(start)
-        return solver.solve_ilp(p, options, start=start)  # type: ignore[arg-type]
+        return solver.solve_ilp(p, options, start=start)
 
     monkeypatch.setattr(planner, "solve_ilp", recording)
     binding = 0
@@ -157,12 +157,12 @@ def test_o3_under_a_binding_budget_starts_from_o2s_plan_within_it(
         starts.clear()
         found = planner.solve_whole(problem, OPTIONS)
         o2 = budget.solve_within_budget(problem, OPTIONS, solve_merged)
-        assert found.peak_memory <= problem.budget * (1 + 1e-9)  # type: ignore[operator]
+        assert found.peak_memory <= problem.budget * (1 + 1e-9)
         assert found.objective <= o2.objective + 1e-12
         if found.status.value == "optimal" and not starts:
             continue  # O3's plan without the budget fits, proven optimal
         assert starts and starts[0] is not None
-        assert problem.peak_memory(starts[0])[0] <= problem.budget * (1 + 1e-9)  # type: ignore[operator]
+        assert problem.peak_memory(starts[0])[0] <= problem.budget * (1 + 1e-9)
     assert binding >= 5
 
 
@@ -177,7 +177,7 @@ def test_o3_under_a_binding_budget_keeps_the_bound_of_the_problem_without_it(
     def unproven(
         p: ShardingProblem, options: object, start: tuple[int, ...] | None = None
     ) -> object:
-        found = solver.solve_ilp(p, options, start=start)  # type: ignore[arg-type]
+        found = solver.solve_ilp(p, options, start=start)
         if p.budget is None:
             return found
         return dataclasses.replace(found, bound=0.0, status=SolveStatus.FEASIBLE)
@@ -186,7 +186,7 @@ def test_o3_under_a_binding_budget_keeps_the_bound_of_the_problem_without_it(
     checked = 0
     for problem, free in binding_problems():
         unbounded = solver.solve_ilp(free, OPTIONS)
-        if unbounded.peak_memory <= problem.budget:  # type: ignore[operator]
+        if unbounded.peak_memory <= problem.budget:
             continue  # O3's plan without the budget is the answer
         found = planner.solve_whole(problem, OPTIONS)
         assert found.bound == pytest.approx(unbounded.bound)

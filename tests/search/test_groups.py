@@ -15,7 +15,7 @@ from rhino.search.iopddl import groups, local
 from tests.search.test_iopddl import brute_force, random_doc
 
 
-def tied_doc(seed: int, n: int = 8) -> dict:  # type: ignore[type-arg]
+def tied_doc(seed: int, n: int = 8) -> dict:
     """`random_doc` with every node at three strategies and a few edges made one-to-one
     (a random permutation allowed, the rest forbidden), so ties chain some nodes."""
     doc = random_doc(seed, n)
@@ -54,7 +54,7 @@ def test_merged_problem_prices_and_fills_as_its_nodes(seed: int) -> None:
     for _ in range(20):
         y = np.array([rng.integers(len(c)) for c in merged.cost])
         x = merged.expand(y)
-        assert np.array_equal(merged.contract(x), y)  # type: ignore[arg-type]
+        assert np.array_equal(merged.contract(x), y)
         assert np.allclose(merged.levels(y), local.levels(g, x))
         total, judged = merged.total(y), iopddl.check(instance, x.tolist())
         if np.isfinite(total):

@@ -25,7 +25,7 @@ LONG = SolveOptions(time_limit_s=3600)
 """Far beyond what these instances need: the searches end by proving their plan optimal."""
 
 
-def example_doc() -> dict:  # type: ignore[type-arg]
+def example_doc() -> dict:
     """The format's own example (as in google/iopddl's README), so the tests do not need
     the shared folder."""
     return {
@@ -45,7 +45,7 @@ def example_doc() -> dict:  # type: ignore[type-arg]
     }
 
 
-def random_doc(seed: int, n: int = 6) -> dict:  # type: ignore[type-arg]
+def random_doc(seed: int, n: int = 6) -> dict:
     """A small random instance with forbidden costs, repeated and reversed edges, empty
     intervals, and a limit between the smallest and the largest possible peak."""
     rng = np.random.default_rng(seed)
@@ -165,7 +165,7 @@ def test_check_names_what_is_wrong() -> None:
         (lambda p: p["nodes"]["intervals"].__setitem__(0, "x"), "not a number"),
     ],
 )
-def test_bad_problems_are_named(change, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_problems_are_named(change, message: str) -> None:
     doc = example_doc()
     change(doc["problem"])
     with pytest.raises(
@@ -205,7 +205,7 @@ def test_descent_and_windows_keep_the_limit_and_never_lose(seed: int) -> None:
     assert found.cost <= local.true_cost(g, s.x)
     judged = iopddl.check(instance, found.choice.tolist())
     assert judged.feasible or not np.isfinite(found.cost)
-    assert local.lower_bound(g) <= brute_force(instance)  # type: ignore[operator]
+    assert local.lower_bound(g) <= brute_force(instance)
 
 
 def optimum(instance: iopddl.Instance) -> tuple[int, ...]:
@@ -254,10 +254,10 @@ def test_the_helpers_plan_is_taken_where_it_is_cheaper(monkeypatch: pytest.Monke
     start = local.legal_start(local.build(iopddl.to_problem(instance)))
     assert iopddl.check(instance, start.tolist()).cost > iopddl.check(instance, best).cost
 
-    def helper(merged, y, deadline, seed, slot):  # type: ignore[no-untyped-def]
+    def helper(merged, y, deadline, seed, slot):
         slot.put(merged.contract(best), 7.0)
 
-    def held(gr, y, deadline, **_):  # type: ignore[no-untyped-def]
+    def held(gr, y, deadline, **_):
         return lagrange.Best(y.copy(), gr.total(y))
 
     monkeypatch.setattr(iopddl, "_help", helper)

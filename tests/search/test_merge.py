@@ -134,7 +134,7 @@ def test_segments_come_close_to_o3_on_series_parallel_problems(seed: int) -> Non
     assert again.choice == o2.choice  # deterministic
 
 
-def plan(name: str, mesh: str, level: str, **kw):  # type: ignore[no-untyped-def]
+def plan(name: str, mesh: str, level: str, **kw):
     request = PlanRequest(
         parse_mesh(mesh), load_cluster("m8"), level, **{"solve": TO_THE_END, **kw}
     )

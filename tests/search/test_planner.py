@@ -17,7 +17,7 @@ from tests.hlo.corpus import ROOT
 DATA = ROOT / "tests" / "data"
 
 
-def plan_for(path: Path, mesh: str, cluster=None, **kw) -> Plan:  # type: ignore[no-untyped-def]
+def plan_for(path: Path, mesh: str, cluster=None, **kw) -> Plan:
     return make_plan(
         parse_file(path), PlanRequest(parse_mesh(mesh), cluster or load_cluster("m8"), **kw)
     )
@@ -146,7 +146,9 @@ def test_a_budget_below_the_unconstrained_peak_is_met(mode: str) -> None:
 def test_an_impossible_budget_says_what_would_work() -> None:
     from rhino.hlo.errors import InfeasibleError
 
-    with pytest.raises(InfeasibleError, match=r"smallest possible peak is .* use --memory"):
+    with pytest.raises(
+        InfeasibleError, match=r"smallest possible peak is .* set `budget_bytes` to"
+    ):
         plan_for(DATA / "mlp_zero.hlo", "1x4", budget_bytes=1e6)
 
 

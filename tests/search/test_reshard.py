@@ -329,7 +329,7 @@ def test_materialized_path_is_what_xla_does() -> None:
         r = reshard(shape, 4, src, dst, MESH, load_cluster("m8"))
 
         def f(y: object, r: Reshard = r) -> object:
-            y = y * 1.0  # type: ignore[operator]
+            y = y * 1.0
             for step in r.steps[:-1]:
                 y = jax.lax.with_sharding_constraint(y, named(step.dst))
             return y

@@ -104,7 +104,7 @@ def test_a_search_out_of_time_still_returns_a_plan(
     assert found.status.value == "feasible"
     assert problem.evaluate(found.choice).objective == found.objective
     if budget:
-        assert found.peak_memory <= problem.budget  # type: ignore[operator]
+        assert found.peak_memory <= problem.budget
     else:
         assert found.objective >= solve_brute_force(problem).objective
 
@@ -158,7 +158,7 @@ def solve_brute_force_chain(problem: ShardingProblem) -> float:
     the budget (every node is live alone)."""
     best = None
     for v, n in enumerate(problem.nodes):
-        ok = n.memory <= problem.budget  # type: ignore[operator]
+        ok = n.memory <= problem.budget
         cost = np.where(ok, n.cost, np.inf)
         if best is None:
             best = cost
@@ -177,7 +177,7 @@ def test_a_model_too_large_for_cpsat_returns_its_start(monkeypatch: pytest.Monke
 
     import rhino.search.spmd.solver as solver
 
-    def no_cpsat(*_args, **_kw):  # type: ignore[no-untyped-def]
+    def no_cpsat(*_args, **_kw):
         raise AssertionError("CP-SAT ran")
 
     no_point = LpResult(choice=None, bound=0.0, rounded=None, variables=10, constraints=10)

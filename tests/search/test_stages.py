@@ -81,19 +81,19 @@ def test_forward_graph_lists_consumers_later_in_the_order(gpt: Module) -> None:
 
 
 @pytest.fixture(scope="module")
-def plan(gpt: Module):  # type: ignore[no-untyped-def]
+def plan(gpt: Module):
     request = PipelineRequest(4, 0.1, 8, load_cluster("m8"), SolveOptions(time_limit_s=60))
     return plan_pipeline(gpt, request)
 
 
-def test_every_entry_instruction_has_a_stage_and_role(gpt: Module, plan) -> None:  # type: ignore[no-untyped-def]
+def test_every_entry_instruction_has_a_stage_and_role(gpt: Module, plan) -> None:
     names = [i.name for i in plan.instructions]
     assert sorted(names) == sorted(i.name for i in gpt.entry.instructions)
     assert all(0 <= i.stage < 4 for i in plan.instructions)
     assert {i.role for i in plan.instructions} == set(Role)
 
 
-def test_mirrored_plan_sends_forward_up_and_gradients_down(gpt: Module, plan) -> None:  # type: ignore[no-untyped-def]
+def test_mirrored_plan_sends_forward_up_and_gradients_down(gpt: Module, plan) -> None:
     info = {i.name: i for i in plan.instructions}
     split = split_step(gpt)
     for inst in gpt.entry.instructions:
@@ -110,7 +110,7 @@ def test_mirrored_plan_sends_forward_up_and_gradients_down(gpt: Module, plan) ->
                 assert me.stage == src.stage  # the update runs where the weight lives
 
 
-def test_reported_cut_is_the_forward_stages_evaluated_again(gpt: Module, plan) -> None:  # type: ignore[no-untyped-def]
+def test_reported_cut_is_the_forward_stages_evaluated_again(gpt: Module, plan) -> None:
     graph = forward_graph(split_step(gpt), dict(load_cluster("m8").flops))
     problem = StageProblem(graph.names, graph.compute, graph.bytes, graph.consumers, 4, 0.1)
     stage = {i.name: i.stage for i in plan.instructions}
@@ -123,9 +123,9 @@ def test_reported_cut_is_the_forward_stages_evaluated_again(gpt: Module, plan) -
             assert b.cut_bytes is not None and plan.cut_bytes <= b.cut_bytes
 
 
-def test_stage_reports_add_up(gpt: Module, plan) -> None:  # type: ignore[no-untyped-def]
+def test_stage_reports_add_up(gpt: Module, plan) -> None:
     split = split_step(gpt)
-    params = sum(gpt.entry.get(w).shape.byte_size for w in split.weights)  # type: ignore[union-attr]
+    params = sum(gpt.entry.get(w).shape.byte_size for w in split.weights)
     assert sum(r.parameter_bytes for r in plan.stage_reports) == params
     assert sum(r.optimizer_bytes for r in plan.stage_reports) == 2 * params + 4
     assert sum(r.sent_forward_bytes for r in plan.stage_reports) >= plan.cut_bytes
@@ -133,7 +133,7 @@ def test_stage_reports_add_up(gpt: Module, plan) -> None:  # type: ignore[no-unt
     assert first["gpipe"] == pytest.approx(2 * first["1f1b"])  # 8 micro-batches held, not 4
 
 
-def test_plan_json_is_versioned(plan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_plan_json_is_versioned(plan, tmp_path: Path) -> None:
     path = tmp_path / "stages.json"
     plan.write(path)
     doc = json.loads(path.read_text())
@@ -142,7 +142,7 @@ def test_plan_json_is_versioned(plan, tmp_path: Path) -> None:  # type: ignore[n
     assert set(doc["schedules"]) == {"1f1b", "gpipe"}
 
 
-def test_a_stage_plan_file_reads_back_as_the_plan(plan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_stage_plan_file_reads_back_as_the_plan(plan, tmp_path: Path) -> None:
     path = tmp_path / "stages.json"
     plan.write(path)
     read = PipelinePlan.read(path)
@@ -151,7 +151,7 @@ def test_a_stage_plan_file_reads_back_as_the_plan(plan, tmp_path: Path) -> None:
     assert isinstance(read.instructions[0].role, Role) and read.solver == plan.solver
 
 
-def test_a_stage_plan_of_version_1_from_before_its_later_keys_still_reads(plan) -> None:  # type: ignore[no-untyped-def]
+def test_a_stage_plan_of_version_1_from_before_its_later_keys_still_reads(plan) -> None:
     doc = plan.to_json()
     old = {"format": PLAN_FORMAT, "version": 1}
     old |= {k: v for k, v in doc.items() if k not in ("schema", *ADDED_IN_VERSION_1)}
@@ -178,7 +178,7 @@ def test_a_stage_plan_of_version_1_from_before_its_later_keys_still_reads(plan) 
         (lambda doc: {**doc, "instructions": [{**doc["instructions"][0], "role": "x"}]}, "'x'"),
     ],
 )
-def test_what_is_not_a_stage_plan_of_this_version_is_refused(plan, change, message) -> None:  # type: ignore[no-untyped-def]
+def test_what_is_not_a_stage_plan_of_this_version_is_refused(plan, change, message) -> None:
     with pytest.raises(ConfigError, match="stages.json") as caught:
         PipelinePlan.from_json(change(plan.to_json()), "stages.json")
     assert message in str(caught.value)

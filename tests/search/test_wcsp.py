@@ -13,7 +13,7 @@ from rhino.search.iopddl import wcsp
 from tests.search.test_trws import brute_force, merged
 
 
-def random_graph(seed: int, scale: float = 1.0, fixed: bool = False):  # type: ignore[no-untyped-def]
+def random_graph(seed: int, scale: float = 1.0, fixed: bool = False):
     """Six nodes of 2-3 strategies (node 0 of one where `fixed`), nine random edges, one
     forbidden pair; costs below 50 x scale."""
     rng = np.random.default_rng(seed)
