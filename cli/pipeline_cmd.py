@@ -183,7 +183,7 @@ def compare(
     as_json: bool,
 ) -> None:
     """`--compare N`: every layout of N devices estimated, the best one named."""
-    from rhino.runtime.pipeline_controller import compare_layouts
+    from rhino.runtime.pipeline.controller import compare_layouts
     from rhino.search.mesh import DeviceMesh
     from rhino.search.spmd.planner import PlanRequest
 

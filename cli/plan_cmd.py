@@ -184,7 +184,7 @@ def plan_command(
         save_output(out, plan.text(), "plan")
     emitted: dict[str, object] | None = None
     if emit_hlo:
-        from rhino.runtime.apply import realized_program
+        from rhino.runtime.spmd.apply import realized_program
 
         program, notes = realized_program(module, plan)  # what `rhino run` compiles
         save_output(emit_hlo, print_module(program), "realized HLO")

@@ -33,7 +33,7 @@ from rhino.search.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from rhino.runtime.fidelity import KindAxesTotal
-    from rhino.runtime.runner import RunReport
+    from rhino.runtime.spmd.runner import RunReport
 
 EPILOG = """
 \b
@@ -183,9 +183,9 @@ def run_command(
     and each process verifies and times its own partitions and prints its own report."""
     # the runtime is imported here, not with the CLI: every other command starts faster
     from rhino.cli.run_pipeline import show_stage_run
-    from rhino.runtime.pipeline_report import PipelineReport
+    from rhino.runtime.pipeline.programs import StagePlan, is_stage_plan
+    from rhino.runtime.pipeline.report import PipelineReport
     from rhino.runtime.request import RunRequest, execute, prepare_devices
-    from rhino.runtime.stage_programs import StagePlan, is_stage_plan
 
     if reason := xb.untested_jax():
         click.echo(f"warning: {reason}; `rhino --version` says what it runs on", err=True)

@@ -10,7 +10,7 @@ from rhino.cli.common import emit_json, stdout
 from rhino.cli.pipeline_draw import write_charts
 from rhino.hlo.errors import VerificationFailed
 from rhino.runtime import xla_bridge as xb
-from rhino.runtime.pipeline_report import PipelineReport
+from rhino.runtime.pipeline.report import PipelineReport
 from rhino.search.pipeline.schedule import Timeline
 from rhino.search.units import format_bytes, format_seconds
 

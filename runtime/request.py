@@ -5,9 +5,9 @@
     execute(request, progress, warn) -> RunReport | PipelineReport
 
 A request runs an SPMD plan (`Plan`: one program sharded over the plan's mesh,
-`runner.run_plan`), or makes one first on `mesh`; or it runs a stage plan (`StagePlan`:
+`spmd.runner.run_plan`), or makes one first on `mesh`; or it runs a stage plan (`StagePlan`:
 stage s on device s, or on the s-th block of devices of mesh axis 0 with each stage's
-programs sharded over the other axes, `pipeline_run.run_pipeline`). Either runs alone
+programs sharded over the other axes, `pipeline.run.run_pipeline`). Either runs alone
 or as one process of a `job` of several.
 
 The devices are chosen through the environment (`XLA_FLAGS`, `JAX_PLATFORMS`), which jax
@@ -28,10 +28,10 @@ from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.job import Job
-from rhino.runtime.pipeline_report import PipelineReport
-from rhino.runtime.pipeline_run import PipelineOptions, run_pipeline
-from rhino.runtime.runner import RunOptions, RunReport, run_plan
-from rhino.runtime.stage_programs import StagePlan
+from rhino.runtime.pipeline.programs import StagePlan
+from rhino.runtime.pipeline.report import PipelineReport
+from rhino.runtime.pipeline.run import PipelineOptions, run_pipeline
+from rhino.runtime.spmd.runner import RunOptions, RunReport, run_plan
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import DeviceMesh
 from rhino.search.pipeline import check_pipeline_mesh

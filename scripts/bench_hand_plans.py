@@ -57,9 +57,9 @@ from rhino.hlo.ir import Module  # noqa: E402
 from rhino.hlo.parser import parse_module  # noqa: E402
 from rhino.hlo.printer import print_module  # noqa: E402
 from rhino.runtime import xla_bridge as xb  # noqa: E402
-from rhino.runtime.apply import realized_program  # noqa: E402
 from rhino.runtime.fidelity import compare, measure_collectives  # noqa: E402
-from rhino.runtime.runner import predicted_collectives  # noqa: E402
+from rhino.runtime.spmd.apply import realized_program  # noqa: E402
+from rhino.runtime.spmd.runner import predicted_collectives  # noqa: E402
 from rhino.search.cluster import load_cluster  # noqa: E402
 from rhino.search.mesh import DeviceMesh, parse_mesh  # noqa: E402
 from rhino.search.spmd.baselines import data_parallel_plan  # noqa: E402

@@ -41,9 +41,9 @@ from rhino.hlo.parser import parse_file  # noqa: E402
 from rhino.hlo.printer import print_module  # noqa: E402
 from rhino.runtime import xla_bridge as xb  # noqa: E402
 from rhino.runtime.inputs import entry_inputs  # noqa: E402
-from rhino.runtime.pipeline_run import prepare, run_steps  # noqa: E402
-from rhino.runtime.pipeline_tasks import stage_times  # noqa: E402
-from rhino.runtime.stage_programs import StagePlan  # noqa: E402
+from rhino.runtime.pipeline.programs import StagePlan  # noqa: E402
+from rhino.runtime.pipeline.run import prepare, run_steps  # noqa: E402
+from rhino.runtime.pipeline.tasks import stage_times  # noqa: E402
 from rhino.runtime.verify import compare_outputs  # noqa: E402
 from rhino.search.cluster import load_cluster  # noqa: E402
 from rhino.search.pipeline import PipelineRequest, plan_pipeline  # noqa: E402

@@ -131,7 +131,7 @@ def plan_both(module: Any, case: Case, s: Settings) -> dict[str, Any]:
 
 def run_one(module: Any, plan: Any, s: Settings) -> dict[str, Any]:
     """`run_plan` (verified, fidelity, memory), summarized for the report."""
-    from rhino.runtime.runner import RunOptions, run_plan
+    from rhino.runtime.spmd.runner import RunOptions, run_plan
 
     doc: dict[str, Any] = {
         "objective_s": plan.objective_s,
@@ -174,8 +174,8 @@ def compile_programs(
     text for those that do not compile."""
     from rhino.hlo.printer import print_module
     from rhino.runtime import xla_bridge as xb
-    from rhino.runtime.apply import apply_plan, planned_module
     from rhino.runtime.inputs import entry_inputs
+    from rhino.runtime.spmd.apply import apply_plan, planned_module
 
     programs: dict[str, tuple[Any, list[Any]]] = {}
     errors: dict[str, str] = {}

@@ -68,7 +68,7 @@ class PlannedReshard:
     """A layout conversion on an edge of the plan, and the layouts it passes through.
 
     `rhino run` writes each layout of `path` into the HLO as a sharding constraint, so
-    that XLA converts the tensor the way the plan priced it (see runtime/apply.py).
+    that XLA converts the tensor the way the plan priced it (see runtime/spmd/apply.py).
     """
 
     consumer: str

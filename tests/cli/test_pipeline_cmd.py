@@ -160,7 +160,7 @@ def test_a_graph_without_a_loss_exits_2(tmp_path: Path) -> None:
 def test_a_stage_plan_written_before_the_schema_key_still_runs(tmp_path: Path) -> None:
     """Stage plans once said `"format": "rhino.pipeline", "version": 1`; now `"schema":
     "rhino.pipeline/1"` like every rhino document. Both read the same."""
-    from rhino.runtime.stage_programs import StagePlan
+    from rhino.runtime.pipeline.programs import StagePlan
 
     out = tmp_path / "stages.json"
     assert (

@@ -14,7 +14,7 @@ from rhino.cli.main import cli
 from rhino.hlo.parser import parse_file
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.fidelity import compare, measure_collectives
-from rhino.runtime.runner import predicted_collectives
+from rhino.runtime.spmd.runner import predicted_collectives
 from rhino.search.mesh import parse_mesh
 from rhino.search.spmd.plan import Plan
 from tests.hlo.corpus import ROOT

@@ -6,7 +6,7 @@ import functools
 
 from rhino.hlo.ir import Module
 from rhino.hlo.parser import parse_file
-from rhino.runtime.stage_programs import StagePlan
+from rhino.runtime.pipeline.programs import StagePlan
 from rhino.search.cluster import load_cluster
 from rhino.search.pipeline import PipelineRequest, plan_pipeline
 from rhino.search.problem import SolveOptions

@@ -11,7 +11,7 @@ from rhino.hlo.printer import print_module
 from rhino.hlo.shape import parse_shape
 from rhino.hlo.sharding import HloSharding, ShardingKind, parse_sharding
 from rhino.runtime import xla_bridge as xb
-from rhino.runtime.annotate import AnnotationError, annotate, annotated_text, fit_sharding
+from rhino.runtime.spmd.annotate import AnnotationError, annotate, annotated_text, fit_sharding
 from tests.hlo.corpus import ROOT
 
 R = HloSharding.replicated()

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from rhino.cli.main import cli
 from rhino.hlo.parser import parse_module
-from rhino.runtime.pipeline_controller import compare_layouts
-from rhino.runtime.stage_programs import stage_programs
+from rhino.runtime.pipeline.controller import compare_layouts
+from rhino.runtime.pipeline.programs import stage_programs
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import DeviceMesh, mesh_factorizations
 from rhino.search.problem import SolveOptions

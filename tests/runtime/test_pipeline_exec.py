@@ -17,7 +17,7 @@ import pytest
 from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.inputs import entry_inputs
-from rhino.runtime.pipeline_run import prepare, run_steps
+from rhino.runtime.pipeline.run import prepare, run_steps
 from rhino.runtime.verify import compare_outputs
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import DeviceMesh

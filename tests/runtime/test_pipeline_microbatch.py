@@ -10,13 +10,13 @@ import pytest
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.parser import parse_file, parse_module
 from rhino.hlo.verify import verify
-from rhino.runtime.microbatch_rewrite import microbatch_module
-from rhino.runtime.pipeline_microbatch import (
+from rhino.runtime.pipeline.microbatch import (
     PARTIAL,
     STEP,
     batch_facts,
     flat_step,
 )
+from rhino.runtime.pipeline.rewrite import microbatch_module
 from rhino.search.pipeline.split import split_step
 from tests.hlo.corpus import ROOT
 

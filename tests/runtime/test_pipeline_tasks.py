@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from rhino.hlo.errors import ConfigError
-from rhino.runtime.pipeline_tasks import run_order, schedule, task_graph, transfer_order
-from rhino.runtime.stage_programs import StagePrograms, stage_programs
+from rhino.runtime.pipeline.programs import StagePrograms, stage_programs
+from rhino.runtime.pipeline.tasks import run_order, schedule, task_graph, transfer_order
 from rhino.search.pipeline.schedule import SCHEDULES
 from tests.runtime.stage_plans import example, stage_plan
 

@@ -7,7 +7,7 @@ import pytest
 
 from rhino.hlo.parser import parse_file
 from rhino.hlo.printer import print_module
-from rhino.runtime.apply import apply_plan, planned_module
+from rhino.runtime.spmd.apply import apply_plan, planned_module
 from rhino.runtime.verify import run_and_compare
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
@@ -32,7 +32,7 @@ def test_plan_compiles_runs_and_matches(path: str, mesh: str) -> None:
 
 
 def test_a_strided_plan_runs_and_the_report_says_where_xla_chose_its_own_layout() -> None:
-    from rhino.runtime.runner import RunOptions, run_plan
+    from rhino.runtime.spmd.runner import RunOptions, run_plan
     from rhino.search.spmd.spec import parse_spec
 
     module = parse_file(ROOT / "tests/data/strided_reshape.hlo")

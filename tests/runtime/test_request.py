@@ -12,8 +12,8 @@ from rhino.hlo.errors import ConfigError
 from rhino.hlo.parser import parse_file
 from rhino.runtime import request as run
 from rhino.runtime.job import Job
+from rhino.runtime.pipeline.programs import StagePlan
 from rhino.runtime.request import RunRequest, devices_needed, execute, simulate_cpu_devices
-from rhino.runtime.stage_programs import StagePlan
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import DeviceMesh
 from rhino.search.spmd.plan import Plan

@@ -14,7 +14,6 @@ from rhino.hlo.parser import parse_file
 from rhino.hlo.printer import print_module
 from rhino.hlo.sharding import HloSharding, parse_sharding
 from rhino.runtime import xla_bridge as xb
-from rhino.runtime.annotate import annotated_text
 from rhino.runtime.inputs import (
     InputOptions,
     ShardMaker,
@@ -22,6 +21,7 @@ from rhino.runtime.inputs import (
     global_input,
     shard_input,
 )
+from rhino.runtime.spmd.annotate import annotated_text
 from rhino.runtime.verify import (
     DEFAULT_TOLERANCES,
     compare_output,

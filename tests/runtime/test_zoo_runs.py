@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from rhino.hlo.parser import parse_file
-from rhino.runtime.runner import RunOptions, run_plan
+from rhino.runtime.spmd.runner import RunOptions, run_plan
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
 from rhino.search.problem import SolveOptions

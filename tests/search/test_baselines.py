@@ -8,7 +8,7 @@ import pytest
 
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.parser import parse_file, parse_module
-from rhino.runtime.runner import RunOptions, run_plan
+from rhino.runtime.spmd.runner import RunOptions, run_plan
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
 from rhino.search.spmd.baselines import LEVEL, batch_split, data_parallel_inputs, data_parallel_plan

@@ -2,7 +2,7 @@
 
 XLA's SPMD partitioner honours the sharding of every annotated instruction, but between
 two annotated instructions it picks its own conversion, and a loop-carried value (whose
-sharding the bridge cannot write, see runtime/annotate.py) gets whatever its propagation
+sharding the bridge cannot write, see runtime/spmd/annotate.py) gets whatever its propagation
 infers. `add_constraints` pins both down with `custom-call(x),
 custom_call_target="Sharding"` (what `jax.lax.with_sharding_constraint` emits):
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from rhino.hlo.ir import Computation, Instruction, Module
 from rhino.hlo.opcode import Opcode
 from rhino.hlo.sharding import HloSharding
-from rhino.runtime.annotate import root_sharding
+from rhino.runtime.spmd.annotate import root_sharding
 from rhino.search.mesh import DeviceMesh
 from rhino.search.spmd.plan import Plan, PlannedReshard
 from rhino.search.spmd.spec import SpecError, parse_spec

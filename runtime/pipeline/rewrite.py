@@ -1,5 +1,5 @@
 """The step rewritten for one micro-batch: every per-example dimension cut to B / m
-(`rhino.runtime.pipeline_microbatch` finds which), batch-independent values read per
+(`rhino.runtime.pipeline.microbatch` finds which), batch-independent values read per
 example cut or sliced to the micro-batch's rows, sums the micro-batches need whole
 computed from the whole batch's inputs.
 
@@ -13,7 +13,7 @@ from rhino.hlo.ir import Computation, Instruction, Module
 from rhino.hlo.opcode import Opcode
 from rhino.hlo.passes import clone_module
 from rhino.hlo.shape import Shape
-from rhino.runtime.pipeline_microbatch import BatchFacts, State, cut_dims, window_dims
+from rhino.runtime.pipeline.microbatch import BatchFacts, State, cut_dims, window_dims
 
 
 def microbatch_module(

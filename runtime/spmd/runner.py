@@ -29,7 +29,6 @@ from rhino.hlo.errors import ExecutionError
 from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
-from rhino.runtime.apply import planned_module, realized_program
 from rhino.runtime.fidelity import (
     FidelityReport,
     PredictedCollective,
@@ -39,6 +38,7 @@ from rhino.runtime.fidelity import (
     parse_partitioned,
 )
 from rhino.runtime.inputs import entry_inputs
+from rhino.runtime.spmd.apply import planned_module, realized_program
 from rhino.runtime.verify import VerifyReport, reduction_lengths, verify_shards
 from rhino.search.mesh import DeviceMesh
 from rhino.search.spmd.plan import Plan

@@ -7,8 +7,8 @@ from rhino.hlo.ir import Module
 from rhino.hlo.passes import flatten
 from rhino.hlo.printer import print_module
 from rhino.hlo.sharding import HloSharding, parse_sharding
-from rhino.runtime.annotate import annotate
-from rhino.runtime.constraints import add_constraints
+from rhino.runtime.spmd.annotate import annotate
+from rhino.runtime.spmd.constraints import add_constraints
 from rhino.search.spmd.plan import Plan, module_hash
 
 
@@ -39,7 +39,7 @@ def apply_plan(
 ) -> Module:
     """`module` (calls and fusions inlined) with every planned sharding set, and, with
     `constraints`, the plan's conversion paths and loop layouts pinned (see
-    runtime/constraints.py)."""
+    runtime/spmd/constraints.py)."""
     flat = planned_module(module)
     if check_hash and module_hash(print_module(flat)) != plan.module_hash:
         raise ConfigError(

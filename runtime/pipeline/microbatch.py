@@ -3,7 +3,7 @@ rewritten for a micro-batch.
 
     batch_facts(module, split, m) -> BatchFacts     (a Module -> Facts pass)
     microbatch_module(module, facts) -> Module      (a Module -> Module pass, in
-                                                     `rhino.runtime.microbatch_rewrite`)
+                                                     `rhino.runtime.pipeline.rewrite`)
 
 The batch is read from the dataflow: the step's inputs (forward parameters that are not
 weights, `rhino.search.pipeline.split`) are grouped by the size B of their dimension 0, and the

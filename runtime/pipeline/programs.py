@@ -4,7 +4,7 @@
     stage_programs(module, stage_plan, m) -> StagePrograms
 
 From the module (calls inlined, `flat_step`) rewritten for one micro-batch
-(`pipeline_microbatch`), every ENTRY instruction goes to one program:
+(`microbatch`), every ENTRY instruction goes to one program:
 
     (s, "F")  role forward on stage s      run per micro-batch
     (s, "B")  role backward on stage s     run per micro-batch
@@ -44,8 +44,7 @@ from rhino.hlo.ir import Computation, Instruction, Module
 from rhino.hlo.opcode import Opcode
 from rhino.hlo.printer import print_computation, print_instruction
 from rhino.hlo.shape import Shape
-from rhino.runtime.microbatch_rewrite import microbatch_module, slice_rows
-from rhino.runtime.pipeline_microbatch import (
+from rhino.runtime.pipeline.microbatch import (
     PARTIAL,
     STEP,
     BatchFacts,
@@ -53,6 +52,7 @@ from rhino.runtime.pipeline_microbatch import (
     flat_step,
     input_groups,
 )
+from rhino.runtime.pipeline.rewrite import microbatch_module, slice_rows
 from rhino.search.mesh import DeviceMesh
 from rhino.search.pipeline import PipelinePlan, ScheduleReport, is_stage_plan_doc
 from rhino.search.pipeline.split import Role, StepSplit, split_step, state_scalars

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rhino.hlo.errors import ConfigError
-from rhino.runtime.stage_programs import ProgramKey, StagePrograms, is_update
+from rhino.runtime.pipeline.programs import ProgramKey, StagePrograms, is_update
 from rhino.search.pipeline.schedule import SCHEDULES, StageTimes
 
 STEP = -1

@@ -1,4 +1,4 @@
-"""What a stage plan's run reports (`pipeline_run.run_pipeline`): typed parts, turned
+"""What a stage plan's run reports (`run.run_pipeline`): typed parts, turned
 into the JSON of `rhino run --json` only by `PipelineReport.to_json`."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rhino.runtime.runner import Timing
+from rhino.runtime.spmd.runner import Timing
 from rhino.runtime.verify import OutputCheck
 from rhino.search.pipeline.schedule import Timeline
 

@@ -8,7 +8,7 @@ schedule followed per stage, activations moved between devices, the result verif
 Stage s runs on device s of the job, or, hybrid (Rhino §5: `spmd` is the plan request
 for the other mesh axes), on the s-th block of `spmd.mesh.size` devices, each of its
 programs sharded by its own SPMD plan. One thread per stage follows the stage's list
-of tasks (`pipeline_tasks.schedule`); a task waits until the values it reads have
+of tasks (`tasks.schedule`); a task waits until the values it reads have
 arrived, runs its program, and sends each result to the stages that read it
 (`jax.device_put` into the reading program's layout: the measured bytes between stages).
 The step's parameters are placed on the stages that read them before the step
@@ -18,7 +18,7 @@ there, as the plan counts it.
 
 In a job of several processes (`xla_bridge.init_distributed` with a transfer address),
 each process runs the stages whose devices it holds; one more thread per process makes
-its sends to and receives from the others, in the order `pipeline_tasks.transfer_order`
+its sends to and receives from the others, in the order `tasks.transfer_order`
 gives every process alike.
 
 Verification runs the original step on one device with the same inputs (drawn from the
@@ -46,9 +46,16 @@ from rhino.hlo.ir import Module
 from rhino.hlo.parser import parse_module
 from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
-from rhino.runtime.apply import planned_module, realized_program
 from rhino.runtime.inputs import entry_inputs, numpy_dtype
-from rhino.runtime.pipeline_report import (
+from rhino.runtime.pipeline.programs import (
+    Program,
+    StagePlan,
+    StagePrograms,
+    accumulate_program,
+    is_update,
+    stage_programs,
+)
+from rhino.runtime.pipeline.report import (
     BubbleReport,
     BytesReport,
     OrderReport,
@@ -57,7 +64,7 @@ from rhino.runtime.pipeline_report import (
     StepPrediction,
     StepVerifyReport,
 )
-from rhino.runtime.pipeline_tasks import (
+from rhino.runtime.pipeline.tasks import (
     STEP,
     Schedule,
     Task,
@@ -67,15 +74,8 @@ from rhino.runtime.pipeline_tasks import (
     task_graph,
     transfer_order,
 )
-from rhino.runtime.runner import Timing
-from rhino.runtime.stage_programs import (
-    Program,
-    StagePlan,
-    StagePrograms,
-    accumulate_program,
-    is_update,
-    stage_programs,
-)
+from rhino.runtime.spmd.apply import planned_module, realized_program
+from rhino.runtime.spmd.runner import Timing
 from rhino.runtime.verify import compare_output, reduction_lengths, tolerance_for
 from rhino.search.pipeline.schedule import Event, Timeline, simulate
 from rhino.search.spmd.planner import PlanRequest, make_plan

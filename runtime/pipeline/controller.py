@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from rhino.hlo.errors import InfeasibleError, RhinoError
 from rhino.hlo.ir import Module
 from rhino.hlo.parser import parse_module
-from rhino.runtime.pipeline_tasks import task_graph
-from rhino.runtime.stage_programs import StagePlan, StagePrograms, is_update, stage_programs
+from rhino.runtime.pipeline.programs import StagePlan, StagePrograms, is_update, stage_programs
+from rhino.runtime.pipeline.tasks import task_graph
 from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh, mesh_factorizations
 from rhino.search.pipeline import PipelineRequest, plan_pipeline
