@@ -50,7 +50,7 @@ from rhino.search.mesh import DeviceMesh
 from rhino.search.problem import ShardingProblem, Solution, SolveOptions
 from rhino.search.spmd.builder import ShardingGraph, build_graph, state_pairs
 from rhino.search.spmd.plan import Plan
-from rhino.search.spmd.planner import PlanRequest, plan_combined, restrict
+from rhino.search.spmd.planner import PlanRequest, lifted, plan_combined, restrict
 from rhino.search.spmd.solver import solve_ilp
 from rhino.search.spmd.spec import Replicate, ShardingSpec, Split
 from rhino.search.spmd.strategy import Strategy
@@ -303,16 +303,7 @@ def data_parallel_plan(
 
     def solve_restricted(problem: ShardingProblem) -> Solution:
         sub, back = restrict(problem, choices.allowed)
-        found = solve_ilp(sub, solve)
-        choice = tuple(back[v][k] for v, k in enumerate(found.choice))
-        ev = problem.evaluate(choice)
-        return dataclasses.replace(
-            found,
-            choice=choice,
-            objective=ev.objective,
-            bound=min(found.bound, ev.objective),
-            peak_memory=ev.peak_memory,
-        )
+        return lifted(solve_ilp(sub, solve), problem, back)
 
     plan = plan_combined(graph, request, solve_restricted, solve.started(), say, {})
     plan = dataclasses.replace(plan, search_time_s=time.perf_counter() - start)

@@ -323,17 +323,10 @@ def solve_largest_sharded(
         }
         sub, back = restrict(free, allowed)
         found = solve(sub, options)
-        choice = tuple(back[v][k2] for v, k2 in enumerate(found.choice))
+        choice = [back[v][k2] for v, k2 in enumerate(found.choice)]
         if problem.peak_memory(choice)[0] > (problem.budget or 0.0):
-            return None
-        ev = problem.evaluate(choice)
-        return dataclasses.replace(
-            found,
-            choice=choice,
-            objective=ev.objective,
-            bound=min(found.bound, ev.objective),
-            peak_memory=ev.peak_memory,
-        )
+            return None  # (evaluating it would raise)
+        return lifted(found, problem, back)
 
     low, high = 0, len(params)
     best = attempt(high)
@@ -371,6 +364,20 @@ def restrict(
         for e in problem.edges
     )
     return ShardingProblem(nodes, edges, problem.budget, problem.constant_memory), back
+
+
+def lifted(found: Solution, problem: ShardingProblem, back: list[list[int]]) -> Solution:
+    """`found`, a solution of `problem` restricted (`restrict`'s `back`), as a solution of
+    `problem`: its choice in the original indices, evaluated there."""
+    choice = tuple(back[v][k] for v, k in enumerate(found.choice))
+    ev = problem.evaluate(choice)
+    return dataclasses.replace(
+        found,
+        choice=choice,
+        objective=ev.objective,
+        bound=min(found.bound, ev.objective),
+        peak_memory=ev.peak_memory,
+    )
 
 
 def to_problem(
