@@ -58,9 +58,6 @@ ROW_INCHES = 0.45
 ABOVE_INCHES, BELOW_INCHES = 0.45, 0.7
 """Room for a chart's title and legend, and for its time axis."""
 FONT_SIZE = 9.0
-SVG_SETTINGS = {"svg.hashsalt": "rhino", "svg.fonttype": "none"}
-"""The same chart, the same SVG bytes (matplotlib salts its element ids at random
-otherwise); text kept as text, not as outlines."""
 
 
 def write_gantt(timeline: Timeline, path: str, title: str) -> None:
@@ -73,7 +70,9 @@ def write_charts(charts: Sequence[tuple[Timeline, str]], path: str, what: str) -
     in an error."""
     import matplotlib
 
-    with matplotlib.rc_context(SVG_SETTINGS):
+    # the same chart, the same SVG bytes (matplotlib salts its element ids at random
+    # otherwise); text kept as text, not as outlines
+    with matplotlib.rc_context({"svg.hashsalt": "rhino", "svg.fonttype": "none"}):
         figure = gantt_figure(charts)
         if Path(path).suffix.lower() == ".png":
             figure.savefig(path, format="png", dpi=100)
