@@ -19,8 +19,6 @@ from rich.console import Console, ConsoleDimensions
 
 from rhino.cli import flags
 from rhino.hlo.errors import ConfigError, HloParseError, RhinoError
-from rhino.runtime import xla_bridge
-from rhino.search.spmd.plan import LEVELS, jsonable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -76,6 +74,8 @@ def cluster_option(help: str = "Cluster name (configs/clusters) or YAML file.") 
 
 def opt_option(help: str) -> Callable[[F], F]:
     """--opt: the search level, one of LEVELS."""
+    from rhino.search.spmd.plan import LEVELS
+
     return click.option(
         "--opt", "level", default="O2", show_default=True, type=click.Choice(LEVELS), help=help
     )
@@ -124,6 +124,8 @@ def handle_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         debug = kwargs.get("debug", False)
         if not debug:
+            from rhino.runtime import xla_bridge
+
             xla_bridge.quiet_native_logs()
         try:
             result = fn(*args, **kwargs)
@@ -160,6 +162,8 @@ def print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
     Python; with a warning when that jax is outside the tested range."""
     if not value or ctx.resilient_parsing:
         return
+    from rhino.runtime import xla_bridge
+
     found = xla_bridge.versions()
     click.echo(f"rhino {found['rhino']}")
     click.echo(f"jax {found['jax']}, jaxlib {found['jaxlib']}, Python {found['python']}")
@@ -218,6 +222,9 @@ def stdout_is_terminal() -> bool:
 def emit_json(command: str, payload: dict[str, Any]) -> None:
     """Print `{"schema": "rhino.<command>/<version>", "versions": {...}, ...payload}` on
     stdout; "versions" names the rhino, jax, jaxlib and Python that produced it."""
+    from rhino.runtime import xla_bridge
+    from rhino.search.spmd.plan import jsonable
+
     doc = {
         "schema": f"rhino.{command}/{JSON_SCHEMA_VERSION}",
         "versions": xla_bridge.versions(),

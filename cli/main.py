@@ -1,17 +1,70 @@
-"""The `rhino` command: parse | plan | pipeline | run | solve | sweep."""
+"""The `rhino` command: parse | plan | pipeline | run | solve | sweep.
+
+Each command's module is imported when the command runs, not before: `rhino --help`
+and `rhino parse` do not pay for the solvers, jax or matplotlib."""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from rhino.cli.common import print_version
-from rhino.cli.parse_cmd import parse_command
-from rhino.cli.pipeline_cmd import pipeline_command
-from rhino.cli.plan_cmd import plan_command
-from rhino.cli.run_cmd import run_command
-from rhino.cli.solve_cmd import solve_command
-from rhino.cli.sweep_cmd import sweep_command
 from rhino.hlo.errors import EXIT_CODES
+
+COMMANDS = {
+    "parse": (
+        "rhino.cli.parse_cmd",
+        "parse_command",
+        "Summarize an HLO module: instructions, FLOPs, loops.",
+    ),
+    "pipeline": (
+        "rhino.cli.pipeline_cmd",
+        "pipeline_command",
+        "Split a training step into pipeline stages.",
+    ),
+    "plan": (
+        "rhino.cli.plan_cmd",
+        "plan_command",
+        "Find the SPMD sharding plan for a device mesh.",
+    ),
+    "run": (
+        "rhino.cli.run_cmd",
+        "run_command",
+        "Run a plan through XLA: verify it, measure it.",
+    ),
+    "solve": (
+        "rhino.cli.solve_cmd",
+        "solve_command",
+        "Solve an IOPDDL problem (a strategy per node).",
+    ),
+    "sweep": (
+        "rhino.cli.sweep_cmd",
+        "sweep_command",
+        "Plan every entry of sweep files, in parallel.",
+    ),
+}
+"""Command name -> (module, attribute, the line `rhino --help` shows for it)."""
+
+
+class _LazyGroup(click.Group):
+    """A group whose commands are imported when one is run (or asked for its help)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, attribute, _ = COMMANDS[cmd_name]
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, COMMANDS[name][2]) for name in sorted(COMMANDS)])
+
 
 EPILOG = "\b\nExit codes, the same for every command:\n" + "\n".join(
     f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES.items()
@@ -19,6 +72,7 @@ EPILOG = "\b\nExit codes, the same for every command:\n" + "\n".join(
 
 
 @click.group(
+    cls=_LazyGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog=EPILOG,
 )
@@ -42,14 +96,6 @@ def cli() -> None:
       rhino sweep configs/sweeps/examples.yaml
       rhino solve asplos-2025-iopddl-A.json.gz --time-limit 60
     """
-
-
-cli.add_command(parse_command)
-cli.add_command(plan_command)
-cli.add_command(pipeline_command)
-cli.add_command(run_command)
-cli.add_command(solve_command)
-cli.add_command(sweep_command)
 
 
 def main() -> None:

@@ -1,0 +1,63 @@
+"""`rhino` imports a command's module only when the command runs: `rhino --help` and
+`rhino parse` load no solver, no jax, no plotting library."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from rhino.cli.main import COMMANDS, cli
+from tests.hlo.corpus import ROOT
+
+HEAVY = ("ortools", "highspy", "pytoulbar2", "scipy", "jax", "jaxlib", "matplotlib", "pandas")
+
+PROBE = """
+import sys
+from click.testing import CliRunner
+from rhino.cli.main import cli
+result = CliRunner().invoke(cli, sys.argv[2:])
+assert result.exit_code == 0, result.output
+print(" ".join(sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1].split(",")))))
+"""
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_command_loads_under_its_name(name: str) -> None:
+    command = cli.get_command(click.Context(cli), name)
+    assert isinstance(command, click.Command) and command.name == name
+
+
+def test_help_lists_every_command_with_its_line() -> None:
+    text = CliRunner().invoke(cli, ["--help"]).output
+    for name, (_, _, line) in COMMANDS.items():
+        assert f"{name}" in text and line in text
+    assert cli.get_command(click.Context(cli), "nope") is None
+
+
+@pytest.mark.parametrize("args", [["--help"], ["parse", str(ROOT / "examples" / "mlp.hlo")]])
+def test_help_and_parse_import_no_heavy_library(args: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, ",".join(HEAVY), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""
+
+
+def test_the_probe_sees_a_heavy_import() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, ",".join(HEAVY), "plan", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ortools" in done.stdout.split()
