@@ -56,7 +56,9 @@ AXES = (0.08, 0.97)
 ROW_INCHES = 0.45
 """The height of one stage's row."""
 ABOVE_INCHES, BELOW_INCHES = 0.45, 0.7
-"""Room for a chart's title and legend, and for its time axis."""
+"""Room for a chart's title, and for its time axis."""
+LEGEND_INCHES = 0.35
+"""Room for the legend of the task kinds, once, under the charts."""
 FONT_SIZE = 9.0
 
 
@@ -92,7 +94,7 @@ def gantt_figure(charts: Sequence[tuple[Timeline, str]]) -> Figure:
 
     span = max((t.step_s for t, _ in charts), default=0.0)
     heights = [ABOVE_INCHES + ROW_INCHES * _stages(t) + BELOW_INCHES for t, _ in charts]
-    total = sum(heights)
+    total = sum(heights) + LEGEND_INCHES
     figure = Figure(figsize=(FIGURE_INCHES, total))
     top = total
     for (timeline, title), height in zip(charts, heights, strict=True):
@@ -102,6 +104,16 @@ def gantt_figure(charts: Sequence[tuple[Timeline, str]]) -> Figure:
             (AXES[0], (top + BELOW_INCHES) / total, AXES[1] - AXES[0], rows / total)
         )
         _draw(ax, timeline, title, span if span > 0 else 1.0)
+    from matplotlib.patches import Patch
+
+    figure.legend(
+        handles=[Patch(color=KIND_COLOURS[k], label=f"{k} {n}") for k, n in KIND_NAMES.items()],
+        loc="lower left",
+        bbox_to_anchor=(AXES[0], 0.0),
+        ncol=3,
+        fontsize=FONT_SIZE,
+        frameon=False,
+    )
     return figure
 
 
@@ -111,8 +123,6 @@ def _stages(timeline: Timeline) -> int:
 
 def _draw(ax: Axes, timeline: Timeline, title: str, span: float) -> None:
     """One chart on `ax`, whose time axis runs from 0 to `span` seconds."""
-    from matplotlib.patches import Patch
-
     stages = _stages(timeline)
     points = FIGURE_INCHES * 72 * (AXES[1] - AXES[0]) / span  # points per second
     for e in timeline.events:
@@ -140,17 +150,9 @@ def _draw(ax: Axes, timeline: Timeline, title: str, span: float) -> None:
                 va="center",
                 fontsize=FONT_SIZE if text == label else FONT_SIZE - 2,
             )
-    ax.legend(
-        handles=[Patch(color=KIND_COLOURS[k], label=f"{k} {n}") for k, n in KIND_NAMES.items()],
-        loc="lower right",
-        bbox_to_anchor=(1.0, 1.0),
-        ncol=3,
-        fontsize=FONT_SIZE,
-        frameon=False,
-    )
     ax.set_title(title, loc="left", fontsize=FONT_SIZE + 2)
     ticks = _ticks(span)
-    ax.set_xticks(ticks, [format_seconds(t) for t in ticks], fontsize=FONT_SIZE)
+    ax.set_xticks(ticks, _tick_labels(ticks), fontsize=FONT_SIZE)
     ax.set_xlim(0, span)
     ax.grid(axis="x", color="#ccc", linewidth=0.5)
     ax.set_axisbelow(True)
@@ -171,6 +173,16 @@ def _ticks(span: float) -> list[float]:
             step *= factor
             break
     return [k * step for k in range(int(span / step + 1e-9) + 1)]
+
+
+def _tick_labels(ticks: list[float]) -> list[str]:
+    """The ticks in one unit, the largest in which the last is at least 1 (0, 10 ms,
+    20 ms, ...), each with the digits it needs."""
+    last = max(ticks, default=0.0)
+    unit, name = next(
+        ((u, n) for u, n in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")) if last >= u), (1e-9, "ns")
+    )
+    return [f"{round(t / unit, 6):g} {name}" for t in ticks]
 
 
 def write_dot(plan: PipelinePlan, module: Module, path: str) -> None:

@@ -208,3 +208,11 @@ def test_library_errors_name_the_parameter_and_the_cli_its_flag() -> None:
     assert flags.shown(caught.value) == "--stages 0: need at least 1 stage"
     r = invoke("pipeline", MLP, "--stages", "0")
     assert r.exit_code == 2 and "error: --stages 0: need at least 1 stage" in r.output
+
+
+def test_time_ticks_are_in_one_unit_with_the_digits_they_need() -> None:
+    from rhino.cli.pipeline_draw import _tick_labels, _ticks
+
+    assert _tick_labels(_ticks(0.0897)) == [f"{k} ms" for k in range(0, 81, 10)]
+    assert _tick_labels(_ticks(49.57e-6)) == [f"{k} us" for k in range(0, 46, 5)]
+    assert _tick_labels([0.0, 0.5, 1.0, 1.5]) == ["0 s", "0.5 s", "1 s", "1.5 s"]
