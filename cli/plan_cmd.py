@@ -194,7 +194,6 @@ def plan_command(
                 stderr.print(f"note: {note}")
     if as_json:
         doc = {f.name: getattr(plan, f.name) for f in fields(plan)}  # emit_json makes it JSON
-        doc["solver"] = plan.solver.to_json()  # as in the plan file
         if emitted is not None:
             doc["emitted_hlo"] = emitted
         doc["meshes_tried"] = [

@@ -221,9 +221,7 @@ class Plan:
         return next((i for i in self.instructions if i.name == name), None)
 
     def to_dict(self) -> dict[str, Any]:
-        doc = {"schema": f"rhino.plan/{self.version}", **jsonable(self)}
-        doc["solver"] = self.solver.to_json()
-        return doc
+        return {"schema": f"rhino.plan/{self.version}", **jsonable(self)}
 
     def text(self) -> str:
         """The plan file's text (what `write` writes)."""
@@ -277,13 +275,15 @@ class Plan:
 
 
 def jsonable(value: Any) -> Any:
-    """Dataclasses (field by field; a mesh as its axis sizes), tuples and numpy scalars as
-    plain JSON types; what `dataclasses.asdict` gives, without its deep copies (a
+    """Dataclasses (field by field, or by their own `to_json` where they have one: a mesh
+    as its axis sizes, the solver's report as in the plan file), tuples and numpy scalars
+    as plain JSON types; what `dataclasses.asdict` gives, without its deep copies (a
     40k-instruction plan: seconds)."""
     if isinstance(value, str | int | float | bool) or value is None:
         return value
-    if isinstance(value, DeviceMesh):
-        return value.to_json()
+    own = getattr(value, "to_json", None)
+    if callable(own) and not isinstance(value, type):
+        return jsonable(own())
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
