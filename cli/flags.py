@@ -14,7 +14,7 @@ from rhino.hlo.errors import ConfigError, RhinoError
 RENAMED = {"budget_bytes": "memory", "time_limit_s": "time-limit"}
 """Parameters whose flag is not their name with dashes."""
 
-HINTED = ("epsilon", "time_limit", "time_limit_s", "loss", "budget_bytes", "devices", "out")
+HINTED = ("epsilon", "time_limit_s", "loss", "budget_bytes", "devices")
 """Parameters the library's hints name in backquotes."""
 
 
