@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import click
 from rich.table import Table
 
@@ -63,18 +67,36 @@ def parse_command(
     FILE is HLO text as XLA or JAX prints it (pre- or post-optimization), `.hlo.gz`,
     or `-` for standard input. Every attribute is checked, and the module verified.
     """
-    with status(f"parsing {file}", enabled=not as_json):
-        module = parse_file(file, lazy=False)
-        verify(module)
-        summary = summarize(module, top=top)
-    if emit:
-        save_output(emit, print_module(module), "reprinted module")
-    if dot_file:
-        save_output(dot_file, entry_to_dot(module), "Graphviz view")
-    if as_json:
-        emit_json("parse", {"file": file, **summary.__dict__})
-    else:
-        render(file, summary)
+    with _no_cyclic_gc():
+        with status(f"parsing {file}", enabled=not as_json):
+            module = parse_file(file, lazy=False)
+            verify(module)
+            summary = summarize(module, top=top)
+        if emit:
+            save_output(emit, print_module(module), "reprinted module")
+        if dot_file:
+            save_output(dot_file, entry_to_dot(module), "Graphviz view")
+        if as_json:
+            emit_json("parse", {"file": file, **summary.__dict__})
+        else:
+            render(file, summary)
+
+
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (then as it was).
+
+    Parsing, verifying and summarizing a module allocate millions of objects and free few;
+    each collection would rescan all that have built up (a 48k-instruction module: a
+    quarter of the time spent in verify and summarize).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def render(file: str, s: ModuleSummary) -> None:
