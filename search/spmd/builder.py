@@ -283,6 +283,10 @@ class _Builder:
         self.matrices: dict[
             tuple[int, int, int, int, bool], tuple[np.ndarray, dict[GroupKey, np.ndarray]]
         ] = {}
+        # (dims, element bytes, u's layouts, the layouts v reads, combined) -> `_matrix`
+        self.layout_matrices: dict[
+            tuple[object, ...], tuple[np.ndarray, dict[GroupKey, np.ndarray]]
+        ] = {}
 
     def kind(self, key: tuple[object, ...], make) -> int:  # type: ignore[no-untyped-def]
         """The index of the strategy list for `key`, made by `make()` the first time."""
@@ -397,20 +401,43 @@ class _Builder:
     ) -> tuple[np.ndarray, dict[GroupKey, np.ndarray]]:
         """Seconds to bring u's result leaf from each of u's layouts into the one each
         strategy of v wants (0 where v does not read it); `combined`: without the latency
-        of the collectives XLA combines, which comes second, per group key."""
+        of the collectives XLA combines, which comes second, per group key.
+
+        Kinds that differ elsewhere often agree on these layouts (a dot's and an add's
+        strategies both read S0R, S1R, ...): the matrices are made once per layout
+        signature and shared by those kinds."""
         shape = nu.leaf_shapes[leaf]
+        sources = tuple(su.outs[leaf] for su in nu.strategies)
+        targets = tuple(
+            sv.outs[0] if slot < 0 else sv.ins[slot] if slot < len(sv.ins) else None
+            for sv in nv.strategies
+        )
+        key = (shape.dims, shape.element_bytes, sources, targets, combined)
+        found = self.layout_matrices.get(key)
+        if found is None:
+            found = self.layout_matrices[key] = self._layout_matrix(
+                shape, sources, targets, combined
+            )
+        return found
+
+    def _layout_matrix(
+        self,
+        shape: Shape,
+        sources: tuple[ShardingSpec, ...],
+        targets: tuple[ShardingSpec | None, ...],
+        combined: bool,
+    ) -> tuple[np.ndarray, dict[GroupKey, np.ndarray]]:
+        """`_matrix` for a `shape` tensor from each layout of `sources` into each of
+        `targets` (None: not read, 0)."""
         # strategies share layouts: price each distinct (source, destination) pair once
-        sources: dict[ShardingSpec, int] = {}
-        src_of = [sources.setdefault(su.outs[leaf], len(sources)) for su in nu.strategies]
-        targets: dict[ShardingSpec, int] = {}
-        dst_of = []
-        for sv in nv.strategies:
-            dst = sv.outs[0] if slot < 0 else sv.ins[slot] if slot < len(sv.ins) else None
-            dst_of.append(-1 if dst is None else targets.setdefault(dst, len(targets)))
-        prices = np.zeros((len(sources), len(targets) + 1))  # the last column: no reading
+        distinct: dict[ShardingSpec, int] = {}
+        src_of = [distinct.setdefault(src, len(distinct)) for src in sources]
+        wanted: dict[ShardingSpec, int] = {}
+        dst_of = [-1 if dst is None else wanted.setdefault(dst, len(wanted)) for dst in targets]
+        prices = np.zeros((len(distinct), len(wanted) + 1))  # the last column: no reading
         latencies: dict[GroupKey, np.ndarray] = {}
-        for a, src in enumerate(sources):
-            for b, dst in enumerate(targets):
+        for a, src in enumerate(distinct):
+            for b, dst in enumerate(wanted):
                 r = reshard(
                     shape.dims, shape.element_bytes, src, dst, self.graph.mesh, self.graph.cluster
                 )
