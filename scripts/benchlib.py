@@ -13,8 +13,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -59,13 +57,30 @@ class Measured:
     """One finished command: how long it took, how much memory it held, what it said."""
 
     wall_s: float
-    """Wall-clock seconds from start to exit."""
+    """Wall-clock seconds from its start to its exit."""
     peak_rss_bytes: int
-    """The command's peak resident set size (see :func:`measure`)."""
+    """Its peak resident set size (see :func:`measure`)."""
     returncode: int
-    """Its exit status (negative: killed by that signal, e.g. -9 on a timeout)."""
+    """Its exit status (negative: killed by that signal, e.g. -9 past the timeout)."""
     stdout: str
     stderr: str
+
+
+LAUNCHER = """
+import os, signal, sys, time
+report, timeout_s, command = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+start = time.perf_counter()
+pid = os.posix_spawnp(command[0], command, os.environ, setsid=True)
+if timeout_s > 0:
+    signal.signal(signal.SIGALRM, lambda *_: os.killpg(pid, signal.SIGKILL))
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+_, status, usage = os.wait4(pid, 0)
+wall_s = time.perf_counter() - start
+with open(report, "w") as out:
+    out.write(f"{wall_s} {usage.ru_maxrss} {os.waitstatus_to_exitcode(status)}")
+"""
+"""What :func:`measure` runs: starts the command, waits for it, writes its wall time,
+`ru_maxrss` (KiB) and exit status to the file named first."""
 
 
 def measure(
@@ -73,37 +88,37 @@ def measure(
     *,
     env: dict[str, str] | None = None,
     cwd: Path = ROOT,
-    timeout_s: float | None = None,
+    timeout_s: float = 0.0,
 ) -> Measured:
-    """Run `command` to its end; its wall time and peak RSS.
+    """Run `command` to its end; its wall time, peak RSS and output.
 
-    The peak RSS is the kernel's for this one child, read by `os.wait4` when it is reaped:
-    `ru_maxrss` of the child and of the descendants it waited for, the largest of them,
-    not their sum (two worker processes that ran at once count as the larger one).
-    `resource.getrusage(RUSAGE_CHILDREN)` would not do: its maximum covers every child
-    this process ever reaped, so a small command after a big one would report the big
-    one's. Output goes through temporary files, so that nothing reaps the child before
-    `os.wait4` does. Past `timeout_s` the command is killed (returncode -9).
+    The peak RSS is the kernel's `ru_maxrss` of the command, read by `os.wait4` when it is
+    reaped: the largest of the command's and of the descendants it waited for, not their
+    sum (two workers that ran at once count as the larger one). The command is started by
+    a small Python process (LAUNCHER), not by this one, because Linux carries a process's
+    peak over into the program it `exec`s: a command started directly by a bench that has
+    itself grown (XLA loaded, a model parsed) would report at least the bench's own peak
+    (`rhino --help` read 193 MiB after an in-process XLA parse, 17 MiB alone), and
+    `RUSAGE_CHILDREN` is the maximum over every child ever reaped. The launcher's own
+    ~10 MiB is the floor of what can be read. The wall time is the launcher's, from
+    spawning the command to reaping it (Python's start-up for the launcher is not in it).
+    Past `timeout_s` (0: none) the command's process group is killed (returncode -9).
     """
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd)
-        killer = threading.Timer(timeout_s, proc.kill) if timeout_s else None
-        if killer:
-            killer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            if killer:
-                killer.cancel()
-        wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        report = Path(tmp) / "report"
+        launcher = [sys.executable, "-I", "-S", "-c", LAUNCHER, str(report), str(timeout_s)]
+        subprocess.run([*launcher, *command], stdout=out, stderr=err, env=env, cwd=cwd, check=True)
+        wall, maxrss_kib, returncode = report.read_text().split()
         out.seek(0)
         err.seek(0)
         return Measured(
-            wall_s=wall,
-            peak_rss_bytes=usage.ru_maxrss * 1024,  # KiB on Linux
-            returncode=proc.returncode,
+            wall_s=float(wall),
+            peak_rss_bytes=int(maxrss_kib) * 1024,  # KiB on Linux
+            returncode=int(returncode),
             stdout=out.read().decode(errors="replace"),
             stderr=err.read().decode(errors="replace"),
         )
