@@ -468,9 +468,12 @@ def _string(text: str) -> str:
     return t
 
 
+_NAME = re.compile(r"%?[A-Za-z_][\w.\-]*")
+
+
 def _name(text: str) -> str:
     t = text.strip()
-    if not re.fullmatch(r"%?[A-Za-z_][\w.\-]*", t):
+    if not _NAME.fullmatch(t):
         raise TextError(f"expected a name, got {t!r}")
     return t.lstrip("%")
 
@@ -615,6 +618,24 @@ def format_attr(value: Any) -> str:
     return str(value)
 
 
+_SHAREABLE = frozenset(
+    {_int_list, _int, _bool, _enum, _name, _names, _enum_list, _string, _int_list_list}
+)
+"""Decoders whose values are immutable (ints, strings, tuples), so that instructions
+with the same attribute text may share one value."""
+
+_decoded: dict[tuple[str, str], Any] = {}
+"""(key, text) -> value, for the shareable decoders: a module repeats the same few
+texts (`dimensions={0}`, `to_apply=%add`) thousands of times."""
+
+
 def decode_attr(key: str, text: str) -> Any:
     """Decode attribute `key`'s text; unknown keys give `Raw(text)`."""
-    return DECODERS.get(key, _raw)(text)
+    value = _decoded.get((key, text))
+    if value is not None:
+        return value
+    decoder = DECODERS.get(key, _raw)
+    value = decoder(text)
+    if decoder in _SHAREABLE and len(_decoded) < 100_000:
+        _decoded[(key, text)] = value
+    return value
