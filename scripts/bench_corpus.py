@@ -12,7 +12,8 @@ Per file, each through the `rhino` CLI with `--json` (8 simulated devices), time
     pipeline --mesh 2x4 (hybrid) and its run with 4 micro-batches; pipeline --compare 8.
 The table has, per file: the loss found and its forward's share of the dot FLOPs, the
 cut bytes against the best baseline's (2 and 4 stages), the micro-batch runs verified,
-bytes predicted/measured, order as planned, and the seconds of each command. A step that
+bytes predicted/measured, order as planned, the seconds of every command together and the
+largest peak RSS of one command (`benchlib.measure`; the JSON has every command's). A step that
 cannot be cut into micro-batches exactly is refused (exit 2, the reason kept) and run
 again with 1. A command that exits non-zero otherwise is a failure (its message is kept);
 the script exits 1 if any did.
@@ -22,15 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import click
-from benchlib import ROOT, revision
+from benchlib import ROOT, measure, mib, revision, rhino_command
 from rich.console import Console
 from rich.table import Table
 
@@ -65,28 +64,20 @@ def commands(hlo: Path, work: Path) -> list[tuple[str, list[str]]]:
     return out
 
 
-def run_rhino(args: list[str]) -> tuple[int, dict[str, Any] | None, str, float]:
+def run_rhino(args: list[str]) -> tuple[int, dict[str, Any] | None, str, float, int]:
     """Exit code, the --json document (None when there is none), stderr's last error
-    line, and wall seconds."""
+    line, wall seconds and peak RSS bytes (`benchlib.measure`)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = (
         env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
-    start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "rhino.cli.main", *args, "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    seconds = time.perf_counter() - start
+    done = measure(rhino_command([*args, "--json"]), env=env, cwd=Path.cwd())
     try:
         doc = json.loads(done.stdout) if done.stdout.strip() else None
     except json.JSONDecodeError:
         doc = None
     errors = [line for line in done.stderr.splitlines() if line.startswith(("error", "internal"))]
-    return done.returncode, doc, errors[-1] if errors else "", seconds
+    return done.returncode, doc, errors[-1] if errors else "", done.wall_s, done.peak_rss_bytes
 
 
 def bench_file(hlo: Path, say: Any) -> dict[str, Any]:
@@ -96,17 +87,18 @@ def bench_file(hlo: Path, say: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"rhino-{name}-") as tmp:
         for command, args in commands(hlo, Path(tmp)):
             say(f"{name}: {command}")
-            code, doc, error, seconds = run_rhino(args)
+            code, doc, error, seconds, peak = run_rhino(args)
             refused = ""
             if code == 2 and "cannot cut the step into micro-batches" in error:
                 # a step that truly cannot be cut: refused with the reason, run with one
                 refused = error
                 say(f"{name}: {command} with 1 micro-batch")
-                code, doc, error, more = run_rhino([*args[:-1], "1"])
-                seconds += more
+                code, doc, error, more, again = run_rhino([*args[:-1], "1"])
+                seconds, peak = seconds + more, max(peak, again)
             row["commands"][command] = {
                 "exit": code,
                 "seconds": round(seconds, 2),
+                "peak_rss_bytes": peak,
                 "error": error,
                 "refused": refused,
                 **_facts(command, doc),
@@ -161,6 +153,7 @@ def render(rows: list[dict[str, Any]], console: Console) -> None:
         "order",
         "failed",
         "seconds",
+        "peak RSS (command)",
     ):
         t.add_column(col, overflow="fold")
     for row in rows:
@@ -169,6 +162,7 @@ def render(rows: list[dict[str, Any]], console: Console) -> None:
         runs = [c[k] for k in ("run", "run2", "run4", "run_hybrid") if k in c]
         staged = [c[k] for k in ("run2", "run4", "run_hybrid") if k in c]
         failed = [k for k, v in c.items() if v["exit"] != 0]
+        peak_name, peak = max(c.items(), key=lambda kv: kv[1]["peak_rss_bytes"])
         t.add_row(
             row["file"],
             f"%{p2.get('loss')} ({p2.get('forward_share', 0):.0%})" if p2.get("loss") else "-",
@@ -182,6 +176,7 @@ def render(rows: list[dict[str, Any]], console: Console) -> None:
             f"{sum(1 for r in staged if r.get('order_as_planned'))}/{len(staged)}",
             ", ".join(failed) or "-",
             f"{sum(v['seconds'] for v in c.values()):.0f}",
+            f"{mib(peak['peak_rss_bytes'])} ({peak_name})",
         )
     console.print(t)
 

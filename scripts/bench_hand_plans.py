@@ -22,7 +22,8 @@ XLA moves what rhino's plan predicts, within 5%; rhino's measured bytes are no m
 the best hand plan's (the lowest estimate), or rhino's estimate is lower (the column
 says which). Bytes are compared as sent per device (`WIRE`: an all-reduce of a buffer
 sends as much as a reduce-scatter and an all-gather of it). Prints a table and writes
-JSON. Runs on 4 simulated CPU devices.
+JSON. Runs on 4 simulated CPU devices. The peak RSS printed at the end (`peak_rss_bytes`
+in the JSON) is the whole process's, every case together.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import click  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from benchlib import json_default, revision  # noqa: E402
+from benchlib import json_default, mib, own_peak_rss, revision  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -242,14 +243,14 @@ def main(cases: tuple[str, ...], out: str) -> None:
                 f"{r['estimated_s'] * 1e6:,.2f} us",
                 check,
             )
-    Console(width=200).print(table)
+    console = Console(width=200)
+    console.print(table)
+    peak = own_peak_rss()
+    console.print(f"peak RSS of this process, every case together: {mib(peak)}")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
+    doc = {"revision": revision("search", "runtime", "scripts"), "rows": rows}
     Path(out).write_text(
-        json.dumps(
-            {"revision": revision("search", "runtime", "scripts"), "rows": rows},
-            indent=1,
-            default=json_default,
-        )
+        json.dumps({**doc, "peak_rss_bytes": peak}, indent=1, default=json_default)
     )
     print(f"JSON: {out}")
 

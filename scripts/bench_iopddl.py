@@ -4,26 +4,25 @@ contest time limit halved (2 cores here, 8 there).
     python scripts/bench_iopddl.py                          # all of ../shared/iopddl
     python scripts/bench_iopddl.py --only B --only G --out bench/iopddl.json
 
-Each instance runs in a fresh process (`python -m rhino.cli solve FILE --json`), given
-the halved limit less STARTUP_S for starting Python; the time reported is the process's
-wall time, start and reading included. Every plan is judged again here by
-`rhino.search.iopddl.check` (cost and usage per the format's rules). Contest points are
-the best team cost of iopddl_final_results.csv over ours (1.0: as good as the winner;
-0 for an infeasible plan). The lower bound is the solver's own; published_bounds.json's
-is printed beside it. Nothing here stores or reads a solution.
+Each instance runs in a fresh process (`python -m rhino.cli.main solve FILE --json`,
+`benchlib.measure`), given the halved limit less STARTUP_S for starting Python; the time
+reported is the process's wall time, start and reading included, and its peak RSS. Every
+plan is judged again here by `rhino.search.iopddl.check` (cost and usage per the format's
+rules). Contest points are the best team cost of iopddl_final_results.csv over ours (1.0:
+as good as the winner; 0 for an infeasible plan). The lower bound is the solver's own;
+published_bounds.json's is printed beside it. Nothing here stores or reads a solution.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import click
-from benchlib import ROOT, revision
+from benchlib import ROOT, Measured, measure, mib, revision, rhino_command
 from rich.console import Console
 from rich.table import Table
 
@@ -52,28 +51,14 @@ def best_costs(data: Path) -> dict[str, int]:
     return best
 
 
-def run_one(path: Path, limit: float, threads: int) -> tuple[dict, float]:  # type: ignore[type-arg]
-    start = time.perf_counter()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rhino.cli",
-            "solve",
-            str(path),
-            "--json",
-            "--time-limit",
-            f"{limit:.2f}",
-            "--threads",
-            str(threads),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    wall = time.perf_counter() - start
+def run_one(path: Path, limit: float, threads: int) -> tuple[dict[str, Any], Measured]:
+    """`rhino solve` on one instance in a fresh process: its --json document (or the end of
+    its stderr as "error"), and its wall time and peak RSS."""
+    args = ["solve", str(path), "--json", "--time-limit", f"{limit:.2f}", "--threads", str(threads)]
+    done = measure(rhino_command(args), cwd=Path.cwd())
     if done.returncode != 0:
-        return {"error": done.stderr.strip()[-500:]}, wall
-    return json.loads(done.stdout), wall
+        return {"error": done.stderr.strip()[-500:]}, done
+    return json.loads(done.stdout), done
 
 
 @click.command()
@@ -96,11 +81,13 @@ def main(data: str, only: tuple[str, ...], threads: int, out: str) -> None:
         if only and letter not in only:
             continue
         half = contest_limit(letter) / 2
-        doc, wall = run_one(path, half - STARTUP_S, threads)
+        doc, done = run_one(path, half - STARTUP_S, threads)
+        wall = done.wall_s
         row = {
             "instance": letter,
             "limit_s": half,
             "wall_s": wall,
+            "peak_rss_bytes": done.peak_rss_bytes,
             "best": best[letter],
             "published_bound": bounds.get(letter, {}).get("ti2_lower_bound"),
         }
@@ -136,6 +123,7 @@ def main(data: str, only: tuple[str, ...], threads: int, out: str) -> None:
         "bound",
         "published bound",
         "feasible",
+        "peak RSS",
     ):
         table.add_column(column, justify="right")
     for r in results:
@@ -149,6 +137,7 @@ def main(data: str, only: tuple[str, ...], threads: int, out: str) -> None:
             f"{r.get('bound', 0):.4g}",
             f"{r['published_bound'] or 0:.4g}",
             "yes" if r["feasible"] else "NO",
+            mib(r["peak_rss_bytes"]),
         )
     mean = sum(r["points"] for r in results) / max(len(results), 1)
     console.print(table)

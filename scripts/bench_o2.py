@@ -19,7 +19,6 @@ below 1 means O2 found the better plan (O3 ran out of time before proving optima
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from benchlib import ROOT, json_default, revision
+from benchlib import ROOT, json_default, measure, revision
 from rich.console import Console
 from rich.table import Table
 
@@ -144,14 +143,15 @@ def plan_once(
         "merge_level": solver["merge_level"],
         "sizes": solver["sizes"],
         "phases_s": solver["phases_s"],
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 
 
 def run_one(
     path: Path, mesh: str, level: str, time_limit: float, memory: str, free_peak: float | None
 ) -> dict[str, Any]:
-    proc = subprocess.run(
+    """One plan in a fresh worker process (`--worker`): its row, with the process's peak RSS
+    (`benchlib.measure`)."""
+    done = measure(
         [
             sys.executable,
             __file__,
@@ -163,13 +163,12 @@ def run_one(
             "--memory",
             memory,
             *(["--free-peak", str(free_peak)] if free_peak is not None else []),
-        ],
-        capture_output=True,
-        text=True,
+        ]
     )
-    if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
+    row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**row, "peak_rss_bytes": done.peak_rss_bytes}
 
 
 def _ms(x: float | None) -> str:

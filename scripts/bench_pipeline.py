@@ -20,7 +20,9 @@ tightening takes 1 s or more. Models are generated
 under generated/ on first use (scripts/zoo.py, needs jax). Times are wall clock on this
 machine, one process, models run one after another; each parsed module is frozen out of
 the garbage collector while its solvers run (unfrozen, the 72-layer GPT's 2-stage
-tightened ILP took 0.31 s after the other models, 0.10 s frozen or alone).
+tightened ILP took 0.31 s after the other models, 0.10 s frozen or alone). The peak RSS
+printed at the end (`peak_rss_bytes` in the JSON) is the whole process's, every model
+together.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from benchlib import ROOT, json_default, revision
+from benchlib import ROOT, json_default, mib, own_peak_rss, revision
 from rich.console import Console
 from rich.table import Table
 
@@ -285,7 +287,13 @@ def main(
                 f"tightening, {loose:.2f} s without: {loose / max(tight, 1e-9):.1f}x"
             )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    doc = {"revision": revision("search", "hlo"), "time_limit_s": time_limit, "rows": rows}
+    doc = {
+        "revision": revision("search", "hlo"),
+        "time_limit_s": time_limit,
+        "rows": rows,
+        "peak_rss_bytes": own_peak_rss(),
+    }
+    console.print(f"peak RSS of this process, every model together: {mib(doc['peak_rss_bytes'])}")
     Path(out).write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
     console.print(f"wrote {out}")
 

@@ -15,7 +15,8 @@ step (median of --steps after one warm-up) against the simulator's. The programs
 (model, d) are compiled once and run under both schedules. Times are wall clock on this
 machine's CPU threads (one per stage, sharing its cores): the measured bubble is the
 share of time a stage's thread waited, and on fewer cores than stages the stages' tasks
-slow each other down; bytes and order do not depend on that.
+slow each other down; bytes and order do not depend on that. The peak RSS printed at the
+end (`peak_rss_bytes` in the JSON) is the whole process's, every model together.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import click  # noqa: E402  (jax reads XLA_FLAGS when it starts: set above, first)
-from benchlib import ROOT, revision  # noqa: E402
+from benchlib import ROOT, mib, own_peak_rss, revision  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -186,7 +187,9 @@ def main(models: str, stage_counts: str, microbatches: int, steps: int, out: str
         "microbatches": microbatches,
         "rows": rows,
         "failures": failures,
+        "peak_rss_bytes": own_peak_rss(),
     }
+    console.print(f"peak RSS of this process, every model together: {mib(doc['peak_rss_bytes'])}")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

@@ -25,7 +25,8 @@ row with the error and the others go on.
 
 Timings on simulated CPU devices measure rhino's plumbing (all devices share the host's
 cores), not the speedup a GPU cluster would see; the predicted columns are for the
-cluster model (`--cluster`).
+cluster model (`--cluster`). The peak RSS printed at the end (`peak_rss_bytes` in the
+JSON) is the whole process's, every case together (plans, XLA compiles and runs).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from benchlib import json_default, revision
+from benchlib import json_default, mib, own_peak_rss, revision
 from rich.console import Console
 from rich.table import Table
 
@@ -589,7 +590,9 @@ def main(
         "wall_s": time.perf_counter() - started,
         "failures": failed,
         "rows": rows,
+        "peak_rss_bytes": own_peak_rss(),
     }
+    console.print(f"peak RSS of this process, every case together: {mib(doc['peak_rss_bytes'])}")
     out.write_text(json.dumps(doc, indent=2, default=json_default) + "\n")
     console.print(f"wrote {_rel(out)}")
 

@@ -21,7 +21,9 @@ plan predicts. Stages are timed by wrapping the functions `make_plan` calls:
 
 A stage whose function is missing (renamed) is reported as None, not guessed. Large
 models are generated with scripts/zoo.py into generated/ (not committed). Runs are
-sequential: on a 2-core machine CP-SAT's 2 workers take both cores.
+sequential: on a 2-core machine CP-SAT's 2 workers take both cores. The peak RSS printed
+under the table (and `peak_rss_bytes` in the JSON) is the whole process's, every case
+together (they run in this one process).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Any
 from unittest import mock
 
 import click
-from benchlib import json_default, revision
+from benchlib import json_default, mib, own_peak_rss, revision
 from rich.console import Console
 from rich.table import Table
 
@@ -453,7 +455,9 @@ def main(
         "time_limit_s": time_limit,
         "threads": threads,
         "rows": rows,
+        "peak_rss_bytes": own_peak_rss(),
     }
+    console.print(f"peak RSS of this process, every case together: {mib(doc['peak_rss_bytes'])}")
     out.write_text(json.dumps(doc, indent=2, default=json_default) + "\n")
     console.print(f"wrote {out}")
 
