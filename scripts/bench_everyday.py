@@ -38,7 +38,7 @@ the best run meets it (on a loaded machine the best run is the nearest to a quie
 the table also shows the median. The parse row's reference is XLA's
 `hlo_module_from_text` on the same text in this process, timed as scripts/bench_parse.py
 does, once in each round. The JSON (`--out`) has every run and the load average at the
-start and the end.
+start, at each row's start and at the end.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def run_row(
     """`repeat` rounds of the row, each one run at each revision in turn (and, for the parse
     row, one XLA parse); or the row skipped, saying why."""
     doc: dict[str, Any] = {"key": row.key, "target_s": row.target_s}
-    doc["target_rss_bytes"] = row.target_rss_bytes
+    doc.update(target_rss_bytes=row.target_rss_bytes, loadavg=os.getloadavg())
     why = missing(row.source) if row.source else None
     if why:
         return {**doc, "skipped": why}

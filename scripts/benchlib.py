@@ -67,20 +67,35 @@ class Measured:
 
 
 LAUNCHER = """
-import os, signal, sys, time
+import ctypes, os, resource, signal, sys, time
 report, timeout_s, command = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 start = time.perf_counter()
 pid = os.posix_spawnp(command[0], command, os.environ, setsid=True)
+
+def kill(*_):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
 if timeout_s > 0:
-    signal.signal(signal.SIGALRM, lambda *_: os.killpg(pid, signal.SIGKILL))
+    signal.signal(signal.SIGALRM, kill)
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
-_, status, usage = os.wait4(pid, 0)
+_, status = os.waitpid(pid, 0)
 wall_s = time.perf_counter() - start
+while True:  # descendants the command left behind (a forkserver and its workers) end here
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+maxrss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 with open(report, "w") as out:
-    out.write(f"{wall_s} {usage.ru_maxrss} {os.waitstatus_to_exitcode(status)}")
+    out.write(f"{wall_s} {maxrss} {os.waitstatus_to_exitcode(status)}")
 """
-"""What :func:`measure` runs: starts the command, waits for it, writes its wall time,
-`ru_maxrss` (KiB) and exit status to the file named first."""
+"""What :func:`measure` runs: starts the command, waits for it and for every descendant
+it leaves behind, writes its wall time, the largest `ru_maxrss` (KiB) among them and its
+exit status to the file named first."""
 
 
 def measure(
@@ -92,16 +107,22 @@ def measure(
 ) -> Measured:
     """Run `command` to its end; its wall time, peak RSS and output.
 
-    The peak RSS is the kernel's `ru_maxrss` of the command, read by `os.wait4` when it is
-    reaped: the largest of the command's and of the descendants it waited for, not their
-    sum (two workers that ran at once count as the larger one). The command is started by
-    a small Python process (LAUNCHER), not by this one, because Linux carries a process's
-    peak over into the program it `exec`s: a command started directly by a bench that has
-    itself grown (XLA loaded, a model parsed) would report at least the bench's own peak
-    (`rhino --help` read 193 MiB after an in-process XLA parse, 17 MiB alone), and
-    `RUSAGE_CHILDREN` is the maximum over every child ever reaped. The launcher's own
-    ~10 MiB is the floor of what can be read. The wall time is the launcher's, from
-    spawning the command to reaping it (Python's start-up for the launcher is not in it).
+    The peak RSS is the largest `ru_maxrss` among the command and all its descendants,
+    not their sum (two workers that ran at once count as the larger one). The command is
+    started by a small Python process (LAUNCHER), not by this one, for two reasons:
+
+    - Linux carries a process's peak over into the program it `exec`s, so a command
+      started directly by a bench that has itself grown (XLA loaded, a model parsed)
+      would report at least the bench's own peak (`rhino --help` read 193 MiB after an
+      in-process XLA parse, 17 MiB alone), and this process's `RUSAGE_CHILDREN` is the
+      maximum over every child it ever reaped. The launcher's own ~10 MiB is the floor.
+    - The launcher is a child subreaper (`PR_SET_CHILD_SUBREAPER`): descendants that
+      outlive their parent, e.g. the workers of a multiprocessing forkserver, which the
+      command never reaps, are reaped by it and counted (`rhino plan --devices` read its
+      main process's 107 MiB without them).
+
+    The wall time is the launcher's, from spawning the command to the command's exit
+    (neither Python's start-up for the launcher nor the reaping of leftovers is in it).
     Past `timeout_s` (0: none) the command's process group is killed (returncode -9).
     """
     with (

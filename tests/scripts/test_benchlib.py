@@ -36,6 +36,16 @@ def test_measure_does_not_read_this_processs_peak() -> None:
     assert done.peak_rss_bytes < 100 * MIB
 
 
+def test_measure_counts_descendants_the_command_leaves_behind() -> None:
+    """A grandchild still running when the command exits (as a multiprocessing forkserver's
+    workers are) is waited for and counted."""
+    allocate = ALLOCATE.format(n=200)
+    leave = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {allocate!r}])"
+    done = benchlib.measure([sys.executable, "-c", leave])
+    assert done.returncode == 0
+    assert done.peak_rss_bytes >= 200 * MIB
+
+
 def test_measure_passes_exit_status_and_output_through() -> None:
     script = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"
     done = benchlib.measure([sys.executable, "-c", script])
