@@ -93,7 +93,9 @@ def _real(name: str, venv: str, **config: int) -> Input:
 
 TINY = Input(ROOT / "examples" / "gpt_tiny.hlo")
 GPT72_INPUT = Input(
-    GPT72, "python scripts/zoo.py gpt --config hidden512 --layers 72 --out " + str(GPT72)
+    GPT72,
+    "python scripts/zoo.py gpt --config hidden512 --layers 72 --out "
+    + str(GPT72.relative_to(ROOT)),
 )
 GPT2_48 = _real("hf_gpt2", ".venv-corpus", layers=48)
 T5_LARGE = _real("hf_t5", ".venv-corpus", layers=24, hidden=1024)
@@ -149,7 +151,8 @@ def missing(source: Input) -> str | None:
     if not source.path.exists():
         return f"{rel} is missing: make it with `{source.make}`"
     if source.config:
-        versions = json.loads((source.path.parent / "VERSIONS.json").read_text())
+        record = source.path.parent / "VERSIONS.json"
+        versions = json.loads(record.read_text()) if record.exists() else {}
         got = versions.get(source.path.name.removesuffix(".hlo.gz"), {}).get("config", {})
         wrong = {k: got.get(k) for k, v in source.config.items() if got.get(k) != v}
         if wrong:
@@ -167,12 +170,6 @@ def plain_text(source: Input) -> Path:
     if not plain.exists() or plain.stat().st_mtime < source.path.stat().st_mtime:
         plain.write_text(gzip.decompress(source.path.read_bytes()).decode())
     return plain
-
-
-def read_text(path: Path) -> str:
-    """HLO text of a .hlo or .hlo.gz file."""
-    data = path.read_bytes()
-    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode()
 
 
 def xla_parse_s(text: str) -> float:
@@ -211,7 +208,7 @@ def run_row(
     path = plain_text(row.source) if row.source else None
     args = tuple(str(path.relative_to(ROOT)) if a == "{}" and path else a for a in row.args)
     doc["command"] = "rhino " + " ".join(args)
-    text = read_text(path) if path else ""
+    text = path.read_text() if path else ""
     if path:
         doc["instructions"] = count_instructions(text)
     if row.xla_parse:
