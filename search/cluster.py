@@ -46,7 +46,7 @@ import importlib.resources
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -163,6 +163,19 @@ class Cluster:
     """NICs per node; the node's inter-node bandwidth is nics_per_node x bandwidth."""
     mesh_axes: tuple[tuple[tuple[int, ...], tuple[Link, ...]], ...] = ()
     """Measured per-axis links for particular mesh shapes, overriding the link model."""
+
+    def __hash__(self) -> int:
+        """Hashed once: a cluster is part of the key of every cost cache (reshards,
+        links), and hashing its fields anew on each lookup showed in the search's time."""
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            self.__dict__["_hash"] = found
+        return found  # type: ignore[no-any-return]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the cached hash: string hashes are salted per process."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     def flops_for(self, dtype: str) -> float:
         """Achievable FLOP/s for element type `dtype` (f32's when not listed)."""

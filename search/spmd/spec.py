@@ -141,6 +141,17 @@ class ShardingSpec:
                 chains = self._chains(order)
                 order = tuple(a for d in sorted(chains) for a in chains[d])
         object.__setattr__(self, "order", order)
+        # specs key the caches of the search (reshards, edge matrices), millions of
+        # lookups: hash once
+        object.__setattr__(self, "_hash", hash((axes, order)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
+
+    def __reduce__(self) -> tuple[type[ShardingSpec], tuple[tuple[AxisSpec, ...], tuple[int, ...]]]:
+        """Pickled as its fields: the cached hash (and text) of one process is not
+        another's (string hashes are salted per process)."""
+        return ShardingSpec, (self.axes, self.order)
 
     def _chains(self, order: Sequence[int]) -> dict[int, tuple[int, ...]]:
         chains: dict[int, list[int]] = {}
@@ -321,6 +332,10 @@ class ShardingSpec:
     # -- notation -------------------------------------------------------------------------
 
     def __str__(self) -> str:
+        return self._text
+
+    @cached_property
+    def _text(self) -> str:
         text = "".join(str(s) for s in self.axes)
         if self.order:
             text += " order=" + ",".join(str(a) for a in self.order)
