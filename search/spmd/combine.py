@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -78,30 +79,45 @@ def used_keys(plan: Plan) -> list[GroupKey]:
 
 
 def search_groups(
-    first: Plan, plan_with: Callable[[frozenset[GroupKey]], Plan], time_left: Callable[[], float]
+    first: Plan,
+    plan_with: Callable[[frozenset[GroupKey], frozenset[GroupKey]], Plan],
+    time_left: Callable[[], float],
+    workers: int = 1,
 ) -> tuple[Plan, frozenset[GroupKey], int]:
     """From `first` (planned with no key closed), close keys greedily (see module doc):
-    `plan_with(closed)` plans with those keys' members charged their whole latency.
-    Returns the cheapest plan found by `objective_s`, its closed keys, and how many
-    plans were made."""
+    `plan_with(closed, parent)` plans with those keys' members charged their whole
+    latency, `parent` the closed keys of the plan it varies. The plans of one round
+    (one more key closed each) are made `workers` at a time (threads: the solvers
+    release the GIL) and weighed in the order they would be made one by one, so the
+    answer does not depend on `workers`. Returns the cheapest plan found by
+    `objective_s`, its closed keys, and how many plans were made."""
     best, closed, made = first, frozenset[GroupKey](), 0
     tried = {closed}
-    while (
-        best.combined_latency_s > GROUP_SEARCH_SHARE * best.objective_s and made < MAX_GROUP_PLANS
-    ):
-        improved: tuple[Plan, frozenset[GroupKey]] | None = None
-        for key in used_keys(best):
-            trial = closed | {key}
-            if trial in tried or time_left() <= 0 or made >= MAX_GROUP_PLANS:
-                continue
-            tried.add(trial)
-            plan = plan_with(trial)
-            made += 1
-            if plan.objective_s < (improved[0] if improved else best).objective_s:
-                improved = (plan, trial)
-        if improved is None:
-            break
-        best, closed = improved
+
+    def make(trial: frozenset[GroupKey], parent: frozenset[GroupKey]) -> Plan | None:
+        return plan_with(trial, parent) if time_left() > 0 else None
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        while (
+            best.combined_latency_s > GROUP_SEARCH_SHARE * best.objective_s
+            and made < MAX_GROUP_PLANS
+        ):
+            trials = [closed | {key} for key in used_keys(best)]
+            trials = [t for t in dict.fromkeys(trials) if t not in tried]
+            trials = trials[: MAX_GROUP_PLANS - made]
+            tried.update(trials)
+            improved: tuple[Plan, frozenset[GroupKey]] | None = None
+            for plan, trial in zip(
+                pool.map(make, trials, [closed] * len(trials)), trials, strict=True
+            ):
+                if plan is None:
+                    continue
+                made += 1
+                if plan.objective_s < (improved[0] if improved else best).objective_s:
+                    improved = (plan, trial)
+            if improved is None:
+                break
+            best, closed = improved
     return best, closed, made
 
 

@@ -10,6 +10,14 @@ never taken as the optimum: its row prices give a Lagrangian bound whether or no
 converged (`_lagrangian_bound`), and the plan comes from rounding its point. The LP
 holds (memory) as a running sum over the rows, a node where it enters and where it
 leaves (`_running_usage`), not once per row it is live at.
+
+Warm starts. The combined-collectives search (`rhino.search.spmd.combine`) solves the
+same graph again at other costs, and its reductions leave nearly the same core each
+time. `WarmStart` hands the simplex basis of one LP to the next, each column and row
+named by what it stands for in the original problem (`LpNames`: a node's strategy, a
+pair of an edge's strategy groups), so the next LP starts from the basis of those it
+shares (HiGHS repairs the rest: an "alien" basis). On the README demo such an LP took a
+fifth to a half of a cold start's simplex iterations (scripts/bench_revisions.py).
 """
 
 from __future__ import annotations
@@ -72,6 +80,47 @@ class CoreRows:
 
 
 @dataclass(frozen=True)
+class LpNames:
+    """What an LP's nodes stand for in the problem they were reduced from, so that LPs
+    of one graph at other costs can share a basis (`WarmStart`)."""
+
+    nodes: np.ndarray
+    """Each LP node's index in the original problem."""
+    strategies: list[np.ndarray]
+    """Each LP node's strategies' indices in the original problem."""
+    count: int
+    """Nodes in the original problem."""
+    width: int
+    """Strategies of an original node, at most."""
+
+    def keys(self, fields: list[np.ndarray]) -> np.ndarray | None:
+        """One integer per (kind, a, b, c, d) row of `fields` (kinds below 8, a and b
+        below `count`, c and d below `width`), or None where they do not fit in 63 bits."""
+        dims = (8, self.count + 1, self.count + 1, self.width + 1, self.width + 1)
+        if math.prod(dims) >= 2**63:
+            return None
+        return np.ravel_multi_index(tuple(fields), dims).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class LpBasis:
+    """A simplex basis by names (`LpNames.keys`): sorted keys and their HiGHS statuses."""
+
+    columns: np.ndarray
+    column_status: np.ndarray
+    rows: np.ndarray
+    row_status: np.ndarray
+
+
+@dataclass
+class WarmStart:
+    """A basis to start an LP from and, after it, the basis it ended with."""
+
+    start: LpBasis | None = None
+    found: LpBasis | None = None
+
+
+@dataclass(frozen=True)
 class LpResult:
     """The LP relaxation's answer (`solve_lp`)."""
 
@@ -91,11 +140,14 @@ def solve_lp(
     pair_edges: list[ProblemEdge],
     options: SolveOptions,
     memory: CoreRows | None = None,
+    names: LpNames | None = None,
+    warm: WarmStart | None = None,
 ) -> LpResult:
     """The LP relaxation of the ILP (same variables in [0, 1]) on HiGHS, the constraint
     matrix built as sparse arrays: `node_cost` the nodes' costs with the tie break,
     `pair_edges` the edges left after `fold_single_edges`, `memory` the rows to hold.
-    The LP may take LP_SHARE of the time left (at least MIN_CPSAT_S)."""
+    The LP may take LP_SHARE of the time left (at least MIN_CPSAT_S). With `names` and
+    `warm`, the simplex starts from `warm.start` and leaves its basis in `warm.found`."""
     from scipy.sparse import coo_array
 
     sizes = np.array([len(n.labels) for n in problem.nodes], dtype=np.int64)
@@ -106,6 +158,7 @@ def solve_lp(
     cols: list[np.ndarray] = [np.arange(n_vars)]
     vals: list[np.ndarray] = [np.ones(n_vars)]
     n_rows = len(sizes)
+    naming = _Naming(names, sizes) if names is not None and warm is not None else None
     for e in pair_edges:
         groups_u, of_u = groups(e.cost)
         groups_v, of_v = groups(e.cost.T)
@@ -114,6 +167,8 @@ def solve_lp(
         n_vars += gu * gv
         rep_u = np.array([g[0] for g in groups_u])
         rep_v = np.array([h[0] for h in groups_v])
+        if naming is not None:
+            naming.edge(e.u, e.v, rep_u, rep_v)
         objective.append(e.cost[np.ix_(rep_u, rep_v)].ravel() * LP_UNIT)
         # (rows): sum_h pair[g, h] - sum_{k in g} s_u[k] = 0
         rows += [n_rows + np.repeat(np.arange(gu), gv), n_rows + np.asarray(of_u)]
@@ -133,6 +188,8 @@ def solve_lp(
     rhs[: len(sizes)] = 1.0
     if memory is not None and memory.rows:  # (memory) as a running sum, its own columns
         more_rows, more_cols, more_vals, limits = _running_usage(memory, first, n_rows, n_vars)
+        if naming is not None:
+            naming.memory(len(limits))
         rows, cols, vals = rows + more_rows, cols + more_cols, vals + more_vals
         n_rows, n_vars = n_rows + len(limits), n_vars + len(limits)
         cost = np.concatenate([cost, np.zeros(len(limits))])
@@ -143,6 +200,7 @@ def solve_lp(
     ).tocsc()  # HiGHS takes the matrix by columns
     lower = upper = rhs
     first_order = n_vars >= options.tuning.lp_first_order_variables
+    named = naming.finished() if naming is not None and not first_order else None
     run = _run_highs(
         cost,
         matrix,
@@ -152,6 +210,7 @@ def solve_lp(
         time_limit=max(MIN_CPSAT_S, options.left() * LP_SHARE),
         presolve=n_vars >= LP_PRESOLVE_VARIABLES,
         first_order=first_order,
+        warm=(warm, *named) if warm is not None and named is not None else None,
     )
     if run is None:
         return LpResult(None, 0.0, None, n_vars, n_rows)
@@ -245,6 +304,81 @@ def _lagrangian_bound(
     return float(rows.sum() + np.sum(col_upper * np.minimum(reduced, 0.0)))
 
 
+class _Naming:
+    """The keys (`LpNames.keys`) of an LP's columns and rows, gathered as `solve_lp`
+    lays them out: kinds 0 a strategy (node, -, strategy), 1 a pair of groups (u, v,
+    u's group's first strategy, v's), 2 a node's (one) row, 3 and 4 an edge's (rows)
+    and (cols) rows by group, 5 and 6 a memory row's running column and its row."""
+
+    def __init__(self, names: LpNames, sizes: np.ndarray) -> None:
+        self.names = names
+        nodes = names.nodes
+        zero = np.zeros(int(sizes.sum()), dtype=np.int64)
+        strategies = np.concatenate(names.strategies)
+        self.columns = [[zero, np.repeat(nodes, sizes), zero, strategies, zero]]
+        none = np.zeros(len(nodes), dtype=np.int64)
+        self.rows = [[none + 2, nodes, none, none, none]]
+
+    def edge(self, u: int, v: int, rep_u: np.ndarray, rep_v: np.ndarray) -> None:
+        a, b = int(self.names.nodes[u]), int(self.names.nodes[v])
+        su, sv = self.names.strategies[u][rep_u], self.names.strategies[v][rep_v]
+        n = len(su) * len(sv)
+        pairs = [np.repeat(su, len(sv)), np.tile(sv, len(su))]
+        self.columns.append([np.full(n, 1), np.full(n, a), np.full(n, b), *pairs])
+        zu, zv = np.zeros(len(su), dtype=np.int64), np.zeros(len(sv), dtype=np.int64)
+        self.rows.append([zu + 3, zu + a, zu + b, su, zu])
+        self.rows.append([zv + 4, zv + a, zv + b, zv, sv])
+
+    def memory(self, count: int) -> None:
+        r = np.arange(count, dtype=np.int64) % (self.names.count + 1)
+        z = np.zeros(count, dtype=np.int64)
+        self.columns.append([z + 5, r, r // (self.names.count + 1), z, z])
+        self.rows.append([z + 6, r, r // (self.names.count + 1), z, z])
+
+    def finished(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The columns' and the rows' keys, or None where they cannot be named."""
+        columns = self.names.keys([np.concatenate(f) for f in zip(*self.columns, strict=True)])
+        rows = self.names.keys([np.concatenate(f) for f in zip(*self.rows, strict=True)])
+        if columns is None or rows is None:
+            return None
+        return columns, rows
+
+
+_STATUS = list(highspy.HighsBasisStatus.__members__.values())
+"""HiGHS' basis statuses by value (kLower 0, kBasic 1, kUpper 2, kZero 3, kNonbasic 4)."""
+
+
+def _start_basis(start: LpBasis, columns: np.ndarray, rows: np.ndarray) -> highspy.HighsBasis:
+    """An alien basis for the LP whose columns and rows have these keys: the status each
+    had in `start`; a column it did not have at its lower bound, a row basic."""
+
+    def statuses(
+        keys: np.ndarray, known: np.ndarray, status: np.ndarray, default: int
+    ) -> list[Any]:
+        at = np.minimum(np.searchsorted(known, keys), max(len(known) - 1, 0))
+        found = known[at] == keys if len(known) else np.zeros(len(keys), dtype=bool)
+        values = np.where(found, status[at] if len(known) else default, default)
+        return [_STATUS[v] for v in values.tolist()]
+
+    basis = highspy.HighsBasis()
+    basis.col_status = statuses(columns, start.columns, start.column_status, 0)
+    basis.row_status = statuses(rows, start.rows, start.row_status, 1)
+    basis.alien = True
+    basis.valid = True
+    return basis
+
+
+def _basis(found: highspy.HighsBasis, columns: np.ndarray, rows: np.ndarray) -> LpBasis | None:
+    """The basis HiGHS ended with (`found`), by keys; None where it has none."""
+    if not found.valid:
+        return None
+    by_column = np.argsort(columns)
+    by_row = np.argsort(rows)
+    column_status = np.array([s.value for s in found.col_status], dtype=np.int8)
+    row_status = np.array([s.value for s in found.row_status], dtype=np.int8)
+    return LpBasis(columns[by_column], column_status[by_column], rows[by_row], row_status[by_row])
+
+
 def _run_highs(
     cost: np.ndarray,
     matrix: Any,
@@ -254,10 +388,13 @@ def _run_highs(
     time_limit: float,
     presolve: bool,
     first_order: bool = False,
+    warm: tuple[WarmStart, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, float | None] | None:
     """min cost.x subject to lower <= matrix.x <= upper, 0 <= x <= col_upper (`matrix` a scipy
     CSC array), on HiGHS (`first_order`: PDLP): (x, the row prices or None, the optimum
-    or None when HiGHS did not prove one), or None when it has no point at all."""
+    or None when HiGHS did not prove one), or None when it has no point at all. `warm`:
+    the basis to start from and to leave the final one in, and the columns' and rows'
+    keys."""
     n, m = len(cost), len(lower)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = n, m
@@ -278,7 +415,11 @@ def _run_highs(
         highs.setOptionValue("presolve", "on" if presolve else "off")
         highs.setOptionValue("time_limit", float(time_limit))
         highs.passModel(lp)
+        if warm is not None and warm[0].start is not None:
+            highs.setBasis(_start_basis(warm[0].start, warm[1], warm[2]))
         highs.run()
+    if warm is not None:
+        warm[0].found = _basis(highs.getBasis(), warm[1], warm[2])
     solution = highs.getSolution()
     if not solution.value_valid:
         return None

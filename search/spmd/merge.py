@@ -77,7 +77,7 @@ from rhino.search.problem import (
     SolveOptions,
     SolveStatus,
 )
-from rhino.search.spmd.lp import MIN_CPSAT_S, TIE_BREAK_S_PER_BYTE
+from rhino.search.spmd.lp import MIN_CPSAT_S, TIE_BREAK_S_PER_BYTE, WarmStart
 from rhino.search.spmd.reduce import Reduced, reduce_further, reduce_problem
 from rhino.search.spmd.solver import (
     core_choice,
@@ -205,12 +205,14 @@ def solve_merged(
     options: SolveOptions | None = None,
     start: tuple[int, ...] | None = None,
     memo: WindowMemo | None = None,
+    warm: WarmStart | None = None,
 ) -> Solution:
     """O2 (see module doc): a plan for a problem without a memory budget. `start`, a plan
     of the problem (e.g. of the same graph at other costs), replaces the first plans of
     level 3 and is the whole-core ILP's start: refining it is all that is done. `memo`
     keeps the windows' answers for the next call (on the same graph at other costs: the
-    windows whose costs did not change are not solved again)."""
+    windows whose costs did not change are not solved again), `warm` the whole-core LP's
+    basis (`rhino.search.spmd.lp.WarmStart`)."""
     if problem.budget is not None:
         raise ValueError(
             "O2 plans without a memory constraint (the planner meets a budget by §4.4)"
@@ -243,7 +245,7 @@ def solve_merged(
         share = dataclasses.replace(
             options, deadline=time.perf_counter() + options.left() * WHOLE_SHARE
         )
-        whole = solve_ilp(problem, share, start=start, reduced=reduced)
+        whole = solve_ilp(problem, share, start=start, reduced=reduced, warm=warm)
         report.phases["ilp"] = time.perf_counter() - clock
         if whole.status is SolveStatus.OPTIMAL:
             report.level = 2 if core_ids else 1

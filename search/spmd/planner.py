@@ -10,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -31,9 +33,10 @@ from rhino.search.problem import (
     SolveStatus,
 )
 from rhino.search.spmd.budget import share_of, solve_within_budget
-from rhino.search.spmd.builder import ShardingGraph, build_graph
+from rhino.search.spmd.builder import GraphNode, ShardingGraph, build_graph
 from rhino.search.spmd.combine import combine, node_latencies, search_groups
 from rhino.search.spmd.comm import COMBINE_THRESHOLD_BYTES, GroupKey
+from rhino.search.spmd.lp import LpBasis, WarmStart
 from rhino.search.spmd.merge import WindowMemo, solve_merged, structure
 from rhino.search.spmd.plan import (
     LEVELS,
@@ -110,7 +113,12 @@ def make_plan(
     phases["build"] = time.perf_counter() - clock
     memo: WindowMemo = {}  # O2's windows, solved once for every plan made
     plan = plan_combined(
-        graph, request, lambda p: _solve(graph, p, request, options, memo), options, say, phases
+        graph,
+        request,
+        lambda p, warm: _solve(graph, p, request, options, memo, warm),
+        options,
+        say,
+        phases,
     )
     return dataclasses.replace(
         plan,
@@ -133,19 +141,22 @@ def limit_warnings(plan: Plan, options: SolveOptions) -> tuple[str, ...]:
 def plan_combined(
     graph: ShardingGraph,
     request: PlanRequest,
-    solve: Callable[[ShardingProblem], Solution],
+    solve: Callable[[ShardingProblem, WarmStart], Solution],
     options: SolveOptions,
     say: Callable[[str], None],
     phases: dict[str, float],
 ) -> Plan:
     """The plan `solve` finds for the graph, with the search over combined collectives
-    (`rhino.search.spmd.combine`). `phases` gets "solve" and "plan" (solving the first
-    problem and writing its plan, with the solver's own phases "solve.<phase>" inside
-    "solve") and "combine" (the further plans the search over combined collectives made,
-    solved and written), so that the phases add up to the search time."""
-    spent: list[float] = []  # per plan made: seconds solving, seconds writing
+    (`rhino.search.spmd.combine`). Each plan's LP starts from the basis of the plan it
+    varies (`rhino.search.spmd.lp.WarmStart`); `options.threads` plans are made at once.
+    `phases` gets "solve" and "plan" (solving the first problem and writing its plan,
+    with the solver's own phases "solve.<phase>" inside "solve") and "combine" (the
+    search over combined collectives after it, wall time), so that the phases add up to
+    the search time."""
+    spent: list[float] = []  # the first plan's seconds solving, seconds writing
+    bases: dict[frozenset[GroupKey], LpBasis | None] = {}
 
-    def plan_with(closed: frozenset[GroupKey]) -> Plan:
+    def plan_with(closed: frozenset[GroupKey], parent: frozenset[GroupKey] | None) -> Plan:
         clock = time.perf_counter()
         problem = to_problem(graph, request.budget_bytes, closed)
         keys = ", ".join(f"{k} axis {','.join(map(str, a))}" for k, a in sorted(closed))
@@ -153,16 +164,20 @@ def plan_combined(
             f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges"
             + (f", {keys} not combined" if closed else "")
         )
-        solution = solve(problem)
+        warm = WarmStart(start=bases.get(parent) if parent is not None else None)
+        solution = solve(problem, warm)
+        bases[closed] = warm.found
         solved = time.perf_counter()
         say("writing the plan")
         plan = to_plan(graph, problem, solution, request, 0.0)
-        spent.extend((solved - clock, time.perf_counter() - solved))
+        if parent is None:
+            spent.extend((solved - clock, time.perf_counter() - solved))
         return dataclasses.replace(plan, solver=search_report(plan.solver, solution))
 
-    first = plan_with(frozenset())
-    plan, closed, made = search_groups(first, plan_with, options.left)
-    phases.update(solve=spent[0], plan=spent[1], combine=sum(spent[2:]))
+    first = plan_with(frozenset(), None)
+    clock = time.perf_counter()
+    plan, closed, made = search_groups(first, plan_with, options.left, options.threads)
+    phases.update(solve=spent[0], plan=spent[1], combine=time.perf_counter() - clock)
     # the first problem leaves out the latency of every combined collective: its bound
     # is below every plan's objective_s, whichever problem found the plan
     combined = CombinedSearch(
@@ -190,8 +205,10 @@ def _solve(
     request: PlanRequest,
     options: SolveOptions,
     memo: WindowMemo,
+    warm: WarmStart | None = None,
 ) -> Solution:
-    """The request's level and memory mode on `problem`."""
+    """The request's level and memory mode on `problem` (O2 without a budget: its LP from
+    `warm`)."""
     merged = functools.partial(solve_merged, memo=memo)
     solve = merged if request.level == "O2" else solve_ilp
     if problem.budget is not None and request.memory_mode == "largest":
@@ -200,7 +217,9 @@ def _solve(
         # the budget's rows relaxed into node costs: O2 itself never sees a memory row
         solution = solve_within_budget(problem, options, merged)
     elif request.level == "O3":
-        solution = solve_whole(problem, options, memo)
+        solution = solve_whole(problem, options, memo, warm)
+    elif request.level == "O2":
+        solution = solve_merged(problem, options, memo=memo, warm=warm)
     else:
         solution = solve(problem, options)
     stats = solution.stats
@@ -227,11 +246,14 @@ def search_report(report: SolverReport, solution: Solution) -> SolverReport:
 
 
 def solve_whole(
-    problem: ShardingProblem, options: SolveOptions, memo: WindowMemo | None = None
+    problem: ShardingProblem,
+    options: SolveOptions,
+    memo: WindowMemo | None = None,
+    lp_start: WarmStart | None = None,
 ) -> Solution:
     """O3: the whole-graph ILP, started from O2's plan (given at most half the time), so
     it is never worse than O2. Where O2 itself solved the whole core by one ILP (its level
-    2) that is O3's answer already.
+    2) that is O3's answer already (that LP from `lp_start`, as in `solve_merged`).
 
     With a budget, the problem without it comes first: a budget only removes plans, so
     that problem's optimum and bound are the budget's too where the plan fits. Where
@@ -251,7 +273,7 @@ def solve_whole(
         check_budget(problem)  # the clear message, before anything else
     budget = np.inf if problem.budget is None else float(problem.budget)
     free = ShardingProblem(problem.nodes, problem.edges, None, problem.constant_memory)
-    warm = solve_merged(free, share_of(options, 0.5), memo=memo)
+    warm = solve_merged(free, share_of(options, 0.5), memo=memo, warm=lp_start)
     if warm.peak_memory > budget:  # the budget binds: its bound, O2 within it, the rows
         unbound = solve_ilp(free, share_of(options, 0.5), start=warm.choice)
         fits = unbound.peak_memory <= budget
@@ -380,51 +402,129 @@ def lifted(found: Solution, problem: ShardingProblem, back: list[list[int]]) -> 
     )
 
 
-def to_problem(
-    graph: ShardingGraph, budget: float | None, closed: frozenset[GroupKey] = frozenset()
-) -> ShardingProblem:
-    """The graph as a `ShardingProblem`: the latency of collectives XLA combines left out,
-    except for the `closed` keys' (see `rhino.search.spmd.combine`)."""
+T = TypeVar("T")
+
+_PER_GRAPH: dict[tuple[int, Callable[..., Any]], tuple[weakref.ref[ShardingGraph], Any]] = {}
+"""(id of a graph, function) -> (the graph, weakly, and what the function made of it)."""
+
+
+def _per_graph(make: Callable[[ShardingGraph], T], graph: ShardingGraph) -> T:
+    """`make(graph)`, made once while the graph lives. The search over combined
+    collectives makes up to 9 problems and plans of one graph (`plan_combined`); what
+    does not depend on the closed keys or on the choice is the same for all of them."""
+    key = (id(graph), make)
+    found = _PER_GRAPH.get(key)
+    if found is None or found[0]() is not graph:
+
+        def forget(_: weakref.ref[ShardingGraph]) -> None:
+            _PER_GRAPH.pop(key, None)
+
+        found = _PER_GRAPH[key] = (weakref.ref(graph, forget), make(graph))
+    return cast(T, found[1])
+
+
+@dataclass(frozen=True)
+class _ProblemParts:
+    """What `to_problem` makes of a graph whatever the closed keys: the problem with no
+    key closed, and what closing keys changes in it."""
+
+    nodes: tuple[ProblemNode, ...]
+    edges: tuple[ProblemEdge, ...]
+    quiet: dict[int, tuple[np.ndarray, dict[GroupKey, np.ndarray]]]
+    """Node with combinable collectives of its own -> its cost per strategy with their
+    latency (unweighted), and their latency per key (`node_latencies`)."""
+    combined: dict[tuple[int, int], int]
+    """Edge of `graph.combined` -> its index in `edges`."""
+
+    @functools.cached_property
+    def largest_peak(self) -> float:
+        """Peak memory with every tensor in its largest layout."""
+        largest = [int(np.argmax(n.memory)) for n in self.nodes]
+        return ShardingProblem(self.nodes).peak_memory(largest)[0]
+
+
+def _problem_parts(graph: ShardingGraph) -> _ProblemParts:
+    """The problem of `graph` with no key closed (see `to_problem`). Nodes of one kind
+    share their strategies: costs, memory and labels are made once per kind, and so are
+    the weighted costs of nodes alike in kind and weight (arrays no solver writes to)."""
     end = max((n.last_use for n in graph.nodes), default=0) + 1
     entry = graph.module.entry
     root = entry.root
     outputs = {id(root)} | ({id(op) for op in root.operands} if root is not None else set())
-    nodes = []
-    per_kind: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # kind -> (cost, memory)
-    work = np.array([max(s.compute for s in n.strategies) * n.weight for n in graph.nodes])
-    heavy_work = HEAVY_SHARE * float(work.sum())
-    latencies = node_latencies(graph)
-    for v, n in enumerate(graph.nodes):
+    # per node: cost and memory per strategy, labels, the largest compute (per kind, or
+    # the node's own where it has none: kind -1)
+    per_kind: dict[int, tuple[np.ndarray, np.ndarray, tuple[str, ...], float]] = {}
+    facts = []
+    for n in graph.nodes:
         if n.kind not in per_kind or n.kind < 0:
             per_kind[n.kind] = (
                 np.array([s.cost for s in n.strategies]),
                 np.array([n.memory(k, graph.mesh) for k in range(len(n.strategies))]),
+                tuple(s.label for s in n.strategies),
+                max(s.compute for s in n.strategies),
             )
-        cost, memory = per_kind[n.kind]
-        for key, alpha in latencies[v].items():  # XLA combines these: to_plan charges them
-            if key not in closed:
+        facts.append(per_kind[n.kind])
+    work = np.array(
+        [most * n.weight for (_, _, _, most), n in zip(facts, graph.nodes, strict=True)]
+    )
+    heavy_work = HEAVY_SHARE * float(work.sum())
+    latencies = node_latencies(graph)
+    weighted: dict[tuple[int, float], np.ndarray] = {}
+    nodes = []
+    quiet = {}
+    for v, (n, (cost, memory, labels, _), w) in enumerate(
+        zip(graph.nodes, facts, work.tolist(), strict=True)
+    ):
+        if latencies[v]:  # XLA combines these: to_plan charges them
+            quiet[v] = (cost, latencies[v])
+            for alpha in latencies[v].values():
                 cost = cost - alpha
-        cost = cost * n.weight
+            cost = cost * n.weight
+        elif n.kind >= 0:
+            if (n.kind, n.weight) not in weighted:
+                weighted[(n.kind, n.weight)] = cost * n.weight
+            cost = weighted[(n.kind, n.weight)]
+        else:
+            cost = cost * n.weight
         held = n.inst.opcode.value == "parameter" and n.inst.parent is entry
         live = (0 if held else n.order, end if held or id(n.inst) in outputs else n.last_use)
-        heavy = n.inst.opcode.value in HEAVY_OPCODES or (work[v] > 0 and work[v] >= heavy_work)
-        nodes.append(
-            ProblemNode(
-                n.name, tuple(s.label for s in n.strategies), cost, memory, live, bool(heavy)
-            )
-        )
-    edges = tuple(
-        ProblemEdge(u, v, _closed_edge(graph, (u, v), m, closed), backward=(u, v) in graph.backward)
-        for (u, v), m in graph.edges.items()
-    )
-    problem = ShardingProblem(tuple(nodes), edges, budget)
-    if budget is not None:
-        largest = [int(np.argmax(n.memory)) for n in nodes]
-        if problem.peak_memory(largest)[0] <= budget:
-            # every tensor in its largest layout fits: the budget cannot bind, and without
-            # it the solver's exact reductions apply everywhere
-            problem = ShardingProblem(tuple(nodes), edges, None)
-    return problem
+        heavy = n.inst.opcode.value in HEAVY_OPCODES or (w > 0 and w >= heavy_work)
+        nodes.append(ProblemNode(n.name, labels, cost, memory, live, heavy))
+    edges = []
+    combined = {}
+    for (u, v), m in graph.edges.items():
+        if (u, v) in graph.combined:
+            combined[(u, v)] = len(edges)
+        edges.append(ProblemEdge(u, v, m, backward=(u, v) in graph.backward))
+    return _ProblemParts(tuple(nodes), tuple(edges), quiet, combined)
+
+
+def to_problem(
+    graph: ShardingGraph, budget: float | None, closed: frozenset[GroupKey] = frozenset()
+) -> ShardingProblem:
+    """The graph as a `ShardingProblem`: the latency of collectives XLA combines left out,
+    except for the `closed` keys' (see `rhino.search.spmd.combine`). The problem with no
+    key closed is made once per graph (`_problem_parts`); closing keys changes the costs
+    of the nodes and edges whose combined collectives have those keys."""
+    parts = _per_graph(_problem_parts, graph)
+    nodes, edges = list(parts.nodes), list(parts.edges)
+    if closed:
+        for v, (cost, latency) in parts.quiet.items():
+            if closed.isdisjoint(latency):
+                continue
+            for key, alpha in latency.items():
+                if key not in closed:
+                    cost = cost - alpha
+            nodes[v] = dataclasses.replace(nodes[v], cost=cost * graph.nodes[v].weight)
+        for edge, i in parts.combined.items():
+            if not closed.isdisjoint(graph.combined[edge]):
+                cost = _closed_edge(graph, edge, edges[i].cost, closed)
+                edges[i] = dataclasses.replace(edges[i], cost=cost)
+    if budget is not None and parts.largest_peak <= budget:
+        # every tensor in its largest layout fits: the budget cannot bind, and without
+        # it the solver's exact reductions apply everywhere
+        budget = None
+    return ShardingProblem(tuple(nodes), tuple(edges), budget)
 
 
 def _closed_edge(
@@ -437,6 +537,46 @@ def _closed_edge(
     return matrix
 
 
+Use = tuple[int, int, str, int]
+"""How node v reads a result leaf of node u: (leaf, slot, where, operand), `slot` -1 for v's
+own result (v a loop-carried value, or a parameter its updated state returns into), else
+the operand v reads it as; `where` and `operand` as in PlannedReshard."""
+
+
+@dataclass(frozen=True)
+class _PlanParts:
+    """What `to_plan` reads of a graph whatever the choice."""
+
+    module_hash: str
+    uses: tuple[tuple[int, int, tuple[Use, ...]], ...]
+    """(u, v, how v reads u's results) for each edge where v reads some, in the order of
+    `graph.edges`."""
+    instructions: dict[tuple[int, int], InstructionPlan]
+    """(node, strategy) -> its InstructionPlan, filled as plans are written."""
+
+
+def _plan_parts(graph: ShardingGraph) -> _PlanParts:
+    """The module's fingerprint, and how each node reads its producers' results."""
+    operands: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    for (v, j), (u, leaf) in graph.operand_sources.items():
+        operands[(u, v)].append((j, leaf))
+    found = []
+    for u, v in graph.edges:
+        nu, nv = graph.nodes[u], graph.nodes[v]
+        uses: list[Use] = []
+        if nv.carried:  # the loop's initial value (produced before it) or the body's result
+            if len(nu.leaf_shapes) == 1:
+                uses.append((0, -1, "init" if nu.order < nv.order else "loop", 0))
+        elif nv.inst.opcode.value == "parameter":  # state returning into its parameter's layout
+            if len(nu.leaf_shapes) == 1:
+                uses.append((0, -1, "state", graph.state_leaf.get(nv.name, -1)))
+        else:
+            uses.extend((leaf, j, "operand", j) for j, leaf in sorted(operands.get((u, v), ())))
+        if uses:
+            found.append((u, v, tuple(uses)))
+    return _PlanParts(module_hash(print_module(graph.module)), tuple(found), {})
+
+
 def to_plan(
     graph: ShardingGraph,
     problem: ShardingProblem,
@@ -444,15 +584,20 @@ def to_plan(
     request: PlanRequest,
     search_time: float,
 ) -> Plan:
+    """The plan `solution` chooses: each instruction's layouts, the collectives it runs
+    and those of the conversions between them (readers wanting the same conversion of one
+    value share it), grouped as XLA combines them (`combine`), and what they cost. What
+    does not depend on the choice is read once per graph (`_plan_parts`)."""
     mesh = graph.mesh
+    parts = _per_graph(_plan_parts, graph)
+    chosen = [n.strategies[k] for n, k in zip(graph.nodes, solution.choice, strict=True)]
     instructions = []
     collectives: list[PlannedCollective] = []
     compute = 0.0
     combinable: list[tuple[int, int, int | None]] = []
     """(index in `collectives`, node it happens at, the edge's producer or None) of each
     collective XLA combines with others (see `combine`)."""
-    for v, (n, k) in enumerate(zip(graph.nodes, solution.choice, strict=True)):
-        s = n.strategies[k]
+    for v, (n, s) in enumerate(zip(graph.nodes, chosen, strict=True)):
         compute += s.compute * n.weight
         for c in s.comm:
             if n.quiet and c.kind in COMBINE_THRESHOLD_BYTES:
@@ -464,36 +609,33 @@ def to_plan(
             )
         if n.carried:
             continue
-        instructions.append(
-            InstructionPlan(
-                n.name,
-                n.inst.opcode_text,
-                str(n.inst.shape),
-                s.label,
-                tuple(str(o) for o in s.outs),
-                tuple(None if i is None else str(i) for i in s.ins),
-                _sharding_text(s.outs, n.leaf_shapes, mesh),
-                s.compute,
-                n.weight,
-            )
-        )
+        key = (v, solution.choice[v])
+        planned = parts.instructions.get(key)
+        if planned is None:
+            planned = parts.instructions[key] = _instruction_plan(n, s, mesh)
+        instructions.append(planned)
     reshards: list[PlannedReshard] = []
     converted: set[tuple[int, int, tuple[str, ...], float]] = set()
-    for (u, v), _ in graph.edges.items():
-        nu, nv = graph.nodes[u], graph.nodes[v]
-        su, sv = nu.strategies[solution.choice[u]], nv.strategies[solution.choice[v]]
-        for leaf, dst, where, operand in _edge_uses(graph, u, v, su, sv):
+    for u, v, uses in parts.uses:
+        su, sv = chosen[u], chosen[v]
+        for leaf, slot, where, operand in uses:
+            src = su.outs[leaf]
+            dst = sv.outs[0] if slot < 0 else sv.ins[slot] if slot < len(sv.ins) else None
+            if dst is None or dst == src:
+                # read whole, or as it is: no conversion (and none to share, as a
+                # conversion's path ends in a layout other than `src`)
+                continue
+            nu, nv = graph.nodes[u], graph.nodes[v]
             shape = nu.leaf_shapes[leaf]
-            r = reshard(shape.dims, shape.element_bytes, su.outs[leaf], dst, mesh, graph.cluster)
-            path = tuple(str(step.dst) for step in r.collectives())
+            steps = reshard(shape.dims, shape.element_bytes, src, dst, mesh, graph.cluster)
+            path = tuple(str(step.dst) for step in steps.collectives())
             path = path if path and path[-1] == str(dst) else (*path, str(dst))
-            if su.outs[leaf] != dst:
-                reshards.append(PlannedReshard(nv.name, where, operand, nu.name, leaf, path))
+            reshards.append(PlannedReshard(nv.name, where, operand, nu.name, leaf, path))
             if (u, leaf, path, nv.weight) in converted:
                 continue  # readers wanting the same conversion of one value share it
             converted.add((u, leaf, path, nv.weight))
             combined = (u, v) in graph.combined
-            for step in r.collectives():
+            for step in steps.collectives():
                 if combined and step.kind in COMBINE_THRESHOLD_BYTES:
                     combinable.append((len(collectives), v, u))
                 collectives.append(
@@ -504,24 +646,22 @@ def to_plan(
                         step.seconds,
                         nv.name,
                         nv.weight,
-                        f"reshard of %{nu.name} {su.outs[leaf]} -> {dst}",
+                        f"reshard of %{nu.name} {src} -> {dst}",
                     )
                 )
     collectives, combined_latency_s = combine(graph, collectives, combinable)
     carried = {
-        n.name: str(n.strategies[k].outs[0])
-        for n, k in zip(graph.nodes, solution.choice, strict=True)
-        if n.carried
+        n.name: str(s.outs[0]) for n, s in zip(graph.nodes, chosen, strict=True) if n.carried
     }
     by_kind: dict[str, float] = defaultdict(float)
-    for planned in collectives:
-        by_kind[f"{planned.kind} axis {','.join(map(str, planned.axes))}"] += (
-            planned.seconds * planned.count
+    for collective in collectives:
+        by_kind[f"{collective.kind} axis {','.join(map(str, collective.axes))}"] += (
+            collective.seconds * collective.count
         )
     comm = sum(by_kind.values())
     return Plan(
         module=graph.module.name,
-        module_hash=module_hash(print_module(graph.module)),
+        module_hash=parts.module_hash,
         mesh=mesh,
         cluster=graph.cluster.name,
         level=request.level,
@@ -553,29 +693,19 @@ def to_plan(
     )
 
 
-def _edge_uses(
-    graph: ShardingGraph, u: int, v: int, su: Strategy, sv: Strategy
-) -> list[tuple[int, ShardingSpec, str, int]]:
-    """(leaf of u, layout v wants it in, where, operand) for every use of u's results by v
-    (`where` and `operand` as in PlannedReshard)."""
-    nu, nv = graph.nodes[u], graph.nodes[v]
-    if nv.carried:  # the loop's initial value (produced before it) or the body's result
-        where = "init" if nu.order < nv.order else "loop"
-        return [(0, sv.outs[0], where, 0)] if len(nu.leaf_shapes) == 1 else []
-    if nv.inst.opcode.value == "parameter":  # state returning into its parameter's layout
-        return (
-            [(0, sv.outs[0], "state", graph.state_leaf.get(nv.name, -1))]
-            if len(nu.leaf_shapes) == 1
-            else []
-        )
-    out = []
-    for j, want in enumerate(sv.ins):
-        if want is None:
-            continue
-        src = graph.operand_sources.get((v, j))
-        if src is not None and src[0] == u:
-            out.append((src[1], want, "operand", j))
-    return out
+def _instruction_plan(n: GraphNode, s: Strategy, mesh: DeviceMesh) -> InstructionPlan:
+    """What the plan says of node `n` run by strategy `s`."""
+    return InstructionPlan(
+        n.name,
+        n.inst.opcode_text,
+        str(n.inst.shape),
+        s.label,
+        tuple(str(o) for o in s.outs),
+        tuple(None if i is None else str(i) for i in s.ins),
+        _sharding_text(s.outs, n.leaf_shapes, mesh),
+        s.compute,
+        n.weight,
+    )
 
 
 def _sharding_text(

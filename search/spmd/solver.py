@@ -65,7 +65,9 @@ from rhino.search.spmd.lp import (
     MIN_CPSAT_S,
     TIE_BREAK_S_PER_BYTE,
     CoreRows,
+    LpNames,
     LpResult,
+    WarmStart,
     groups,
     solve_lp,
 )
@@ -90,6 +92,7 @@ def solve_ilp(
     options: SolveOptions | None = None,
     start: tuple[int, ...] | None = None,
     reduced: Reduced | None = None,
+    warm: WarmStart | None = None,
 ) -> Solution:
     """Minimize the problem's cost within its budget; the best plan found by the time
     limit when the search is not finished (status FEASIBLE). `start`, a plan of the
@@ -102,7 +105,9 @@ def solve_ilp(
     memory allows) shrink the problem to a core first; the core's optimum, expanded, is
     an optimum of the whole. With a budget, the core keeps only the memory rows that
     can bind (`rhino.search.spmd.reduce.memory_rows`). `reduced`, when the caller has it
-    already, is `reduce_problem(tie_broken(problem))`.
+    already, is `reduce_problem(tie_broken(problem))`. `warm` carries the LP's basis from
+    a solve of the same graph at other costs to this one, and this one's to the next
+    (`rhino.search.spmd.lp.WarmStart`).
     """
     options = (options or SolveOptions()).started()
     begin = time.perf_counter()
@@ -148,7 +153,13 @@ def solve_ilp(
         on_core = core_choice(reduced, start)
         if on_core is not None:
             core_start = tuple(on_core[v] for v in core_ids)
-    solved = _solve(core, options, rows, core_start)
+    names = LpNames(
+        np.array(core_ids, dtype=np.int64),
+        [reduced.keep[v] for v in core_ids],
+        len(problem.nodes),
+        max(len(n.labels) for n in problem.nodes),
+    )
+    solved = _solve(core, options, rows, core_start, names, warm)
     choice = reduced.expand({v: solved.choice[position[v]] for v in core_ids})
     evaluation = problem.evaluate(choice)
     gap_s = solved.objective - solved.bound  # the core's gap is the whole problem's
@@ -239,9 +250,11 @@ def _solve(
     options: SolveOptions,
     memory: CoreRows | None = None,
     start_choice: tuple[int, ...] | None = None,
+    names: LpNames | None = None,
+    warm: WarmStart | None = None,
 ) -> Solution:
     """The LP relaxation, then CP-SAT (see module doc), within `memory`'s rows, from
-    `start_choice` when it beats the LP's rounding."""
+    `start_choice` when it beats the LP's rounding; the LP from `warm` (see `solve_lp`)."""
     start = time.perf_counter()
     options = options.started()
     # ties go to the plan holding less memory: 1 GiB weighs ~10 ns, a secondary objective
@@ -249,7 +262,7 @@ def _solve(
     # objective do not include it
     node_cost = [n.cost.astype(float) + TIE_BREAK_S_PER_BYTE * n.memory for n in problem.nodes]
     pair_edges = fold_single_edges(problem, node_cost)
-    lp = solve_lp(problem, node_cost, pair_edges, options, memory)
+    lp = solve_lp(problem, node_cost, pair_edges, options, memory, names, warm)
     if lp.choice is not None:  # the relaxation's optimum is integral: a proven optimum
         flag = SolveStats(lp_integral=True)
         return _answer(problem, lp.choice, SolveStatus.OPTIMAL, start, lp, flag)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -289,3 +291,35 @@ def test_the_lps_running_usage_is_each_memory_rows_usage(seed: int) -> None:
     ]
     assert usage == pytest.approx(expected)
     assert limits == pytest.approx([rhs / unit for _, rhs in rows])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_warm_started_lp_finds_the_cold_optimum(seed: int) -> None:
+    """The LP started from the basis of the same graph at other costs, one strategy
+    fewer (the reductions of the combined-collectives search leave nearly, not exactly,
+    the same core each time), finds what it finds cold, and hands its own basis on."""
+    from rhino.search.spmd.lp import WarmStart
+
+    problem = _dense(7, 5, budget=seed % 2 == 1)
+    first = WarmStart()
+    solve_ilp(problem, TO_THE_END, warm=first)
+    assert first.found is not None
+    rng = np.random.default_rng(seed)
+    nodes = tuple(
+        dataclasses.replace(n, cost=n.cost + rng.random(len(n.cost)) * (rng.random() < 0.5))
+        for n in problem.nodes
+    )
+    edges = tuple(
+        dataclasses.replace(e, cost=e.cost + rng.random(e.cost.shape) * (rng.random() < 0.3))
+        for e in problem.edges
+    )
+    gone = np.where(np.arange(5) == seed % 5, np.inf, nodes[seed % 7].cost)
+    nodes = tuple(
+        dataclasses.replace(n, cost=gone) if v == seed % 7 else n for v, n in enumerate(nodes)
+    )
+    other = ShardingProblem(nodes, edges, problem.budget)
+    cold = solve_ilp(other, TO_THE_END)
+    warm = WarmStart(start=first.found)
+    warmed = solve_ilp(other, TO_THE_END, warm=warm)
+    assert warmed.objective == pytest.approx(cold.objective, rel=1e-9)
+    assert warm.found is not None
