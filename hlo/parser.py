@@ -76,6 +76,12 @@ _FAST_VALUE = re.compile(
     r"(?:" + BRACED1 + r"|" + STRING + r"|[^\s,{}()\"\[\]]+)(?=[ \t]*(?:,|\n|$|/\*))"
 )
 _SHAPE_START = re.compile(DTYPE + r"\[|\(")
+# what scan_balanced may step over at once: characters that open, close, quote or
+# comment nothing, and bracket pairs with only such characters inside
+_PLAIN = r'[^"{}\[\]()\n/]'
+_BALANCED_RUN = re.compile(
+    r"(?:" + _PLAIN + r"+|\[" + _PLAIN + r"*\]|\{" + _PLAIN + r"*\}|\(" + _PLAIN + r"*\))+"
+)
 _SECTION_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 _CLOSERS = {"{": "}", "[": "]", "(": ")"}
 # a line that starts a new instruction or closes a computation: an open bracket never spans it
@@ -302,9 +308,10 @@ class _Parser:
         root: Instruction | None = None
         fast_line = INSTRUCTION_LINE.match if self.fast else None
         by_name = comp.by_name
+        build_fast = self.build_fast
         while True:
             m = fast_line(text, pos) if fast_line is not None else None
-            fast_inst = self.build_fast(comp, by_name, m) if m is not None else None
+            fast_inst = build_fast(comp, by_name, m) if m is not None else None
             if fast_inst is not None and m is not None:
                 inst, is_root, pos = fast_inst, m.group(1) is not None, m.end()
             else:
@@ -434,13 +441,11 @@ class _Parser:
         elif opcode is _CONSTANT:
             literal = args.strip()
             literal_pos = m.start(5) + len(args) - len(args.lstrip())
-        elif args.strip():
-            for part in args.split(","):
-                ref = part.strip()
-                op = by_name.get(ref[1:] if ref[:1] == "%" else ref)
-                if op is None:
-                    return None
-                operands.append(op)
+        elif args:
+            found = _operands(args, by_name)
+            if found is None:
+                return None
+            operands = found
         start = m.start(1) if is_root else m.start(2)
         if not is_root and self.text[start - 1] == "%":
             start -= 1
@@ -683,6 +688,11 @@ class _Parser:
                     raise self.error("unterminated comment", i)
                 i = j + 2
                 continue
+            elif c != "/" and c != "\n":
+                # plain text, and brackets with only plain text inside (`[512,512]`,
+                # `{1,0}`: balanced, so the stack is as before) in one step
+                i = _BALANCED_RUN.match(text, i).end()  # type: ignore[union-attr]
+                continue
             i += 1
         raise self.error(f"'{text[opened[-1]]}' is never closed", opened[-1])
 
@@ -701,6 +711,32 @@ class _Parser:
                 break
             i += 1
         raise self.error("unterminated string", pos)
+
+
+def _operands(args: str, by_name: Mapping[str, Instruction]) -> list[Instruction] | None:
+    """The instructions named in `args`, the text between an opcode's parentheses
+    (`[%]a, [%]b`, any spacing), or None if a name is not in `by_name`."""
+    # as XLA prints them, `%a, %b` or `a, b`: split at C speed (every piece that names an
+    # instruction is a bare name, so the split was right)
+    refs = args[1:].split(", %") if args[:1] == "%" else args.split(", ")
+    operands = []
+    for ref in refs:
+        op = by_name.get(ref)
+        if op is None:
+            break
+        operands.append(op)
+    else:
+        return operands
+    if not args.strip():
+        return []
+    operands = []
+    for part in args.split(","):
+        ref = part.strip()
+        op = by_name.get(ref[1:] if ref[:1] == "%" else ref)
+        if op is None:
+            return None
+        operands.append(op)
+    return operands
 
 
 def uniquify_names(module: Module) -> None:
