@@ -26,6 +26,7 @@ import contextlib
 import math
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -431,18 +432,37 @@ def _run_highs(
     )
 
 
-@contextlib.contextmanager
-def _quiet_stdout() -> Iterator[None]:
-    """Silence what native code writes to file descriptor 1 (not only sys.stdout)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "wb") as devnull:
-            os.dup2(devnull.fileno(), 1)
+class _QuietStdout:
+    """Silence what native code writes to file descriptor 1 (not only sys.stdout) while
+    any thread is inside: the first one in points it at /dev/null, the last one out
+    points it back (threads that each saved and restored it would leave it pointing at
+    /dev/null when their spans overlap)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.saved = -1
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self.lock:
+            if self.inside == 0:
+                sys.stdout.flush()
+                self.saved = os.dup(1)
+                with open(os.devnull, "wb") as devnull:
+                    os.dup2(devnull.fileno(), 1)
+            self.inside += 1
+        try:
             yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+        finally:
+            with self.lock:
+                self.inside -= 1
+                if self.inside == 0:
+                    os.dup2(self.saved, 1)
+                    os.close(self.saved)
+
+
+_quiet_stdout = _QuietStdout()
 
 
 def groups(matrix: np.ndarray) -> tuple[list[list[int]], list[int]]:

@@ -323,3 +323,37 @@ def test_a_warm_started_lp_finds_the_cold_optimum(seed: int) -> None:
     warmed = solve_ilp(other, TO_THE_END, warm=warm)
     assert warmed.objective == pytest.approx(cold.objective, rel=1e-9)
     assert warm.found is not None
+
+
+def test_stdout_comes_back_after_overlapping_quiet_spans(capfd: pytest.CaptureFixture[str]) -> None:
+    """HiGHS runs on two threads at once (the combined-collectives search): stdout is
+    silenced while either is inside and comes back when both are out, whatever the
+    order (a plan printed with --json once came out empty)."""
+    import os
+    import threading
+
+    from rhino.search.spmd.lp import _quiet_stdout
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with _quiet_stdout():
+            first_in.set()
+            second_in.wait()
+            os.write(1, b"lost\n")
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait()
+        with _quiet_stdout():
+            second_in.set()
+            first_out.wait()
+            os.write(1, b"lost too\n")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    os.write(1, b"kept\n")
+    assert capfd.readouterr().out == "kept\n"
