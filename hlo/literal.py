@@ -11,14 +11,15 @@ Grammar:
 An elided literal `{...}` (XLA's print_large_constants=false) decodes to None.
 Values come back as float64 / int64 / bool / complex128 arrays (bf16 and f8 widen to
 float64); the planner only reads small constants (trip counts, iota bounds).
+`check_literal` reads a literal as `decode_literal` does without building the arrays
+(and so, for the usual values, without importing numpy: `rhino parse` checks every
+literal and needs none of their values).
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
-
-import numpy as np
 
 from rhino.hlo.errors import TextError
 from rhino.hlo.shape import Shape
@@ -35,12 +36,22 @@ def decode_literal(text: str, shape: Shape) -> Any:
     XLA prints large constants as `{...}` when asked to elide them; their value is
     unknown and decodes to None.
     """
+    return _read(text, shape, build=True)
+
+
+def check_literal(text: str, shape: Shape) -> None:
+    """Raise what `decode_literal(text, shape)` would raise, and nothing if it would
+    succeed; arrays are built (numpy imported) only for values numpy might refuse."""
+    _read(text, shape, build=False)
+
+
+def _read(text: str, shape: Shape, *, build: bool) -> Any:
     if text.strip() == "{...}":
         return None
     tokens = [
         (m.group(0), m.start()) for m in _TOKEN.finditer(text) if not m.group(0).startswith("/*")
     ]
-    reader = _Reader(tokens, text)
+    reader = _Reader(tokens, text, build=build)
     value = reader.literal(shape)
     if reader.i != len(tokens):
         tok, pos = tokens[reader.i]
@@ -49,10 +60,12 @@ def decode_literal(text: str, shape: Shape) -> Any:
 
 
 class _Reader:
-    def __init__(self, tokens: list[tuple[str, int]], text: str) -> None:
+    def __init__(self, tokens: list[tuple[str, int]], text: str, *, build: bool) -> None:
         self.tokens = tokens
         self.text = text
         self.i = 0
+        self.build = build
+        """Return numpy arrays; else None where numpy would surely accept the values."""
 
     def peek(self) -> tuple[str, int]:
         if self.i >= len(self.tokens):
@@ -79,6 +92,10 @@ class _Reader:
             return None
         values: list[Any] = []
         self.array(shape, 0, values)
+        if not self.build and _numpy_accepts(shape, values):
+            return None
+        import numpy as np
+
         kind = _kind(shape.dtype)
         arr = np.array(values, dtype=kind) if values else np.zeros((0,), dtype=kind)
         return arr.reshape(shape.dims)
@@ -122,8 +139,7 @@ class _Reader:
             raise TextError(f"expected true or false, got {tok!r}", pos)
         if not _NUMBER.fullmatch(tok):
             raise TextError(f"expected a number, got {tok or 'end of literal'!r}", pos)
-        kind = _kind(dtype)
-        if kind is np.int64 or kind is np.uint64:
+        if _is_integer(dtype):
             try:
                 return int(tok)
             except ValueError:
@@ -131,7 +147,25 @@ class _Reader:
         return float(tok.split("(")[0])
 
 
+def _is_integer(dtype: str) -> bool:
+    """Is `dtype` read as int64 or uint64 (see `_kind`)?"""
+    return dtype != "pred" and dtype.startswith(("s", "u"))
+
+
+def _numpy_accepts(shape: Shape, values: list[Any]) -> bool:
+    """Would `np.array(values, _kind(dtype)).reshape(dims)` surely succeed? (Integers
+    outside int64/uint64, or two unknown dims, make numpy raise.)"""
+    if any(d < 0 for d in shape.dims):
+        return False
+    if _is_integer(shape.dtype):
+        low, high = (-(2**63), 2**63) if shape.dtype.startswith("s") else (0, 2**64)
+        return all(low <= v < high for v in values)
+    return True
+
+
 def _kind(dtype: str) -> Any:
+    import numpy as np
+
     if dtype == "pred":
         return np.bool_
     if dtype.startswith("s"):

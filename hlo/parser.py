@@ -147,14 +147,14 @@ def parse_file(path: str | Path, *, lazy: bool = True) -> Module:
 
 def force_decode(module: Module) -> None:
     """Decode every attribute and constant literal, raising on the first malformed one."""
-    from rhino.hlo.literal import decode_literal
+    from rhino.hlo.literal import check_literal
 
     for inst in module.instructions():
         for key in inst.attrs:
             inst.attr(key)
         if inst.literal is not None:
             try:
-                decode_literal(inst.literal, inst.shape)
+                check_literal(inst.literal, inst.shape)
             except TextError as e:
                 offset = inst.literal_pos if inst.literal_pos >= 0 else inst.pos
                 raise (
