@@ -262,3 +262,58 @@ def test_not_utf8(tmp_path: Path) -> None:
     p.write_bytes(b"HloModule m\n\xff\xfe")
     with pytest.raises(HloParseError, match="not UTF-8"):
         parse_file(p)
+
+
+@pytest.mark.parametrize(
+    ("literal", "shape"),
+    [
+        ("{1, 2}", "s32[2]"),
+        ("{1, 2, 3}", "s32[2]"),
+        ("{1.5, 2}", "s32[2]"),
+        ("{true, 0}", "pred[2]"),
+        ("{maybe}", "pred[1]"),
+        ("(1, 2)", "c64[]"),
+        ("(1, {2})", "(s32[], f32[1])"),
+        ("{nan, -inf, 1e-05}", "f32[3]"),
+        ("{-1}", "u64[1]"),  # numpy refuses: the same OverflowError
+        ("99999999999999999999", "s64[]"),
+        ("{...}", "f32[4]"),
+        ("{1} 2", "s32[1]"),
+        ("", "f32[]"),
+    ],
+)
+def test_check_literal_raises_what_decode_literal_raises(literal: str, shape: str) -> None:
+    from rhino.hlo.literal import check_literal, decode_literal
+
+    def outcome(read) -> object:  # type: ignore[no-untyped-def]
+        try:
+            read(literal, parse_shape(shape))
+        except Exception as e:
+            return type(e), str(e), getattr(e, "offset", None)
+        return "ok"
+
+    assert outcome(check_literal) == outcome(decode_literal)
+
+
+def test_eager_parse_verify_and_summary_import_no_numpy() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from rhino.hlo.analysis import summarize\n"
+        "from rhino.hlo.parser import parse_file\n"
+        "from rhino.hlo.verify import verify\n"
+        "module = parse_file(sys.argv[1], lazy=False)\n"
+        "verify(module)\n"
+        "summarize(module)\n"
+        "print('numpy' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(ROOT / "examples" / "mlp.hlo")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
