@@ -157,6 +157,7 @@ def cache_clear() -> None:
     """Forget cached reshards and search trees."""
     _reshard.cache_clear()
     _tree.cache_clear()
+    _costed_moves.cache_clear()
     _expand.cache_clear()
 
 
@@ -276,17 +277,28 @@ def _tree(
         if spec in done:
             continue
         done.add(spec)
-        for move in _expand(spec, space):
+        for move, cost in _costed_moves(spec, space, dtype_bytes, cluster):
             nxt = move.dst
             if nxt in done:
                 continue
-            cost = _move_seconds(move, dtype_bytes, space.mesh, cluster)
             key = (seconds + cost, colls + (move.kind != LOCAL), nsteps + 1)
             if nxt not in best or key < best[nxt]:
                 best[nxt] = key
                 came[nxt] = (spec, move)
                 heapq.heappush(heap, (*key, str(nxt), nxt))
     return came
+
+
+@lru_cache(maxsize=1 << 15)
+def _costed_moves(
+    spec: ShardingSpec, space: _Space, dtype_bytes: float, cluster: Cluster
+) -> tuple[tuple[_Move, float], ...]:
+    """`_expand` with the seconds of each move: the trees from every source of a space
+    pass through the same specs."""
+    return tuple(
+        (move, _move_seconds(move, dtype_bytes, space.mesh, cluster))
+        for move in _expand(spec, space)
+    )
 
 
 @lru_cache(maxsize=1 << 15)
