@@ -209,9 +209,18 @@ UNREAD_ATTRIBUTES = frozenset(
 that differ only in these get the same strategies."""
 
 
-def _signature(inst: Instruction, ctx: Context) -> tuple[object, ...]:
-    """Everything `rules.strategies` reads of `inst` (see UNREAD_ATTRIBUTES)."""
-    attrs = tuple(sorted((k, v) for k, v in inst.attrs.items() if k not in UNREAD_ATTRIBUTES))
+def _signature(
+    inst: Instruction, ctx: Context, read: dict[str, tuple[tuple[str, str], ...]]
+) -> tuple[object, ...]:
+    """Everything `rules.strategies` reads of `inst` (see UNREAD_ATTRIBUTES). `read`
+    memoizes the attributes read by attribute text: repeated layers repeat the text, and
+    most instructions then never split theirs."""
+    text = inst.attr_text
+    attrs = read.get(text)
+    if attrs is None:
+        attrs = read[text] = tuple(
+            sorted((k, v) for k, v in inst.attrs.items() if k not in UNREAD_ATTRIBUTES)
+        )
     return (
         inst.opcode_text,
         inst.shape,
@@ -298,6 +307,10 @@ class _Builder:
         self.leaves: dict[int, list[Source | None]] = {}
         self.warned: set[str] = set()
         self.kind_of: dict[tuple[object, ...], int] = {}
+        self.kind_leaves: dict[int, tuple[Shape, ...]] = {}
+        """Kind of instruction -> the array shapes of its result leaves."""
+        self.read_attrs: dict[str, tuple[tuple[str, str], ...]] = {}
+        """Attribute text -> the attributes rules read (`_signature`)."""
         # (kind of u, leaf, kind of v, slot, combined) -> unweighted edge matrix and its
         # combined latencies (`_matrix`); slot is the operand index v reads, or -1 for v's
         # own result layout (carried values, state)
@@ -348,9 +361,41 @@ class _Builder:
         return self.leaves[id(gte.operands[0])][start : start + count]
 
     def instruction(self, inst: Instruction, weight: float) -> None:
-        kind = self.kind(_signature(inst, self.ctx), lambda: rule_strategies(inst, self.ctx))
-        found = self.graph.kinds[kind]
-        if not found:
+        signature = _signature(inst, self.ctx, self.read_attrs)
+        kind = self.kind_of.get(signature)
+        if kind is None:
+            kind = self.instruction_kind(inst, signature)
+        leaves = self.kind_leaves[kind]
+        heavy = self.heavy
+        quiet = id(inst) in heavy and not any(heavy.get(id(u), True) for u in inst.users)
+        tail = quiet and not heavy[id(inst)]
+        v = self.add_node(
+            GraphNode(
+                inst.name,
+                inst,
+                self.graph.kinds[kind],
+                weight,
+                leaves,
+                quiet=quiet,
+                tail=tail,
+                kind=kind,
+            )
+        )
+        self.leaves[id(inst)] = [(v, i) for i in range(len(leaves))]
+        for j, op in enumerate(inst.operands):
+            sources = self.leaves.get(id(op), [])
+            if len(sources) != 1:
+                continue  # a tuple-typed operand: read as is (rules replicate those)
+            if sources[0] is not None:
+                self.graph.operand_sources[(v, j)] = sources[0]
+            self.edge(sources[0], v, j, weight)
+
+    def instruction_kind(self, inst: Instruction, signature: tuple[object, ...]) -> int:
+        """The kind of the first instruction with `signature`: its strategies (raising
+        when a pin leaves none), a warning the first time an opcode is not modelled (its
+        first instruction is the first of a kind, as the signature holds the opcode)."""
+        kind = self.kind(signature, lambda: rule_strategies(inst, self.ctx))
+        if not self.graph.kinds[kind]:
             pinned = self.ctx.pinned.get(inst.name)
             raise InfeasibleError(
                 f"%{inst.name}: pinned layout {pinned} is not one rhino can give it "
@@ -362,22 +407,8 @@ class _Builder:
                 f"opcode {inst.opcode_text} is not modelled: %{inst.name} and others like it "
                 "are planned replicated"
             )
-        leaves = inst.shape.leaves()
-        quiet = id(inst) in self.heavy and not any(self.heavy.get(id(u), True) for u in inst.users)
-        tail = quiet and not self.heavy[id(inst)]
-        v = self.add_node(
-            GraphNode(
-                inst.name, inst, found, weight, tuple(leaves), quiet=quiet, tail=tail, kind=kind
-            )
-        )
-        self.leaves[id(inst)] = [(v, i) for i in range(len(leaves))]
-        for j, op in enumerate(inst.operands):
-            sources = self.leaves.get(id(op), [])
-            if len(sources) != 1:
-                continue  # a tuple-typed operand: read as is (rules replicate those)
-            if sources[0] is not None:
-                self.graph.operand_sources[(v, j)] = sources[0]
-            self.edge(sources[0], v, j, weight)
+        self.kind_leaves[kind] = tuple(inst.shape.leaves())
+        return kind
 
     def edge(
         self,
@@ -399,7 +430,8 @@ class _Builder:
         if u == v:
             return  # a loop body passing a carried value through unchanged: no conversion
         nu, nv = self.graph.nodes[u], self.graph.nodes[v]
-        nu.last_use = max(nu.last_use, self.clock)
+        if nu.last_use < self.clock:
+            nu.last_use = self.clock
         combined = nv.tail if combined is None else combined
         key = (nu.kind, leaf, nv.kind, slot, combined)
         found = self.matrices.get(key)
