@@ -223,6 +223,21 @@ class Instruction:
             return self._attr_text or ""
         return "".join(f", {k}={v}" for k, v in self._attrs.items())
 
+    @property
+    def unsplit_attr_text(self) -> str | None:
+        """The attribute tail as parsed, `, key=value, ...`, while nothing has read
+        `attrs` (which splits it); else None."""
+        return self._attr_text if self._attrs is None else None
+
+    def split_attrs_like(self, other: Instruction) -> None:
+        """Split this instruction's attribute tail as `other`'s was split: `other` was
+        parsed with the same tail text and has read `attrs`. The same texts, offsets
+        moved to this tail, no regex run."""
+        assert other._attrs is not None and self._attr_text == other._attr_text
+        shift = self._attr_text_pos - other._attr_text_pos
+        self._attrs = dict(other._attrs)
+        self._attr_pos = {key: offset + shift for key, offset in other.attr_offsets.items()}
+
     def _split_attr_text(self) -> dict[str, str]:
         from rhino.hlo.lexemes import ATTR_ITEM
 

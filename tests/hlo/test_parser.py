@@ -317,3 +317,25 @@ def test_eager_parse_verify_and_summary_import_no_numpy() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_an_eager_parse_locates_each_copy_of_a_repeated_attribute_tail() -> None:
+    text = """HloModule m
+
+ENTRY e {
+  p = f32[4] parameter(0)
+  a = f32[4,2] broadcast(p), dimensions={0}
+  b = f32[4,2] broadcast(p), dimensions={0}
+  ROOT c = f32[4,2] add(a, b)
+}
+"""
+    m = parse_module(text, lazy=False)
+    for name in ("a", "b"):
+        inst = m.entry[name]
+        assert text[inst.attr_offsets["dimensions"] :].startswith("{0}\n")
+        assert text[inst.pos :].startswith(f"{name} = ")
+        assert inst.attr("dimensions") == (0,)
+    bad = text.replace("dimensions={0}", "dimensions={x}")
+    with pytest.raises(HloParseError) as e:
+        parse_module(bad, lazy=False)
+    assert (e.value.span.line, e.value.span.col) == (5, 42)
