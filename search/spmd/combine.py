@@ -97,6 +97,8 @@ def search_groups(
     def make(trial: frozenset[GroupKey], parent: frozenset[GroupKey]) -> Plan | None:
         return plan_with(trial, parent) if time_left() > 0 else None
 
+    # one by one on this thread where there is one worker or one plan: a worker thread
+    # gets its own malloc arena, ~70 MiB more peak memory on the README demo
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         while (
             best.combined_latency_s > GROUP_SEARCH_SHARE * best.objective_s
@@ -106,10 +108,11 @@ def search_groups(
             trials = [t for t in dict.fromkeys(trials) if t not in tried]
             trials = trials[: MAX_GROUP_PLANS - made]
             tried.update(trials)
+            parents = [closed] * len(trials)
+            at_once = workers > 1 and len(trials) > 1
+            plans = pool.map(make, trials, parents) if at_once else map(make, trials, parents)
             improved: tuple[Plan, frozenset[GroupKey]] | None = None
-            for plan, trial in zip(
-                pool.map(make, trials, [closed] * len(trials)), trials, strict=True
-            ):
+            for plan, trial in zip(plans, trials, strict=True):
                 if plan is None:
                     continue
                 made += 1
