@@ -6,9 +6,12 @@ Plain data, versioned JSON on disk (`rhino plan --out`), consumed by `rhino run`
 
 from __future__ import annotations
 
+import functools
+import gc
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -274,22 +277,79 @@ class Plan:
         return Plan.from_dict(doc, str(path))
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+"""The types JSON takes as they are (exactly these: a subclass, say a numpy float, goes the
+long way)."""
+
+
 def jsonable(value: Any) -> Any:
     """Dataclasses (field by field, or by their own `to_json` where they have one: a mesh
     as its axis sizes, the solver's report as in the plan file), tuples and numpy scalars
-    as plain JSON types; what `dataclasses.asdict` gives, without its deep copies (a
-    40k-instruction plan: seconds)."""
+    as plain JSON types; what `dataclasses.asdict` gives, without its deep copies.
+
+    A 40k-instruction plan is some 600k values, most of them strings and numbers in
+    dataclasses and tuples: those take a short path (`_PLAIN`, `_converter`). The
+    collector is paused meanwhile, as in the parser: many objects are made and none freed,
+    and it would rescan the search's whole heap over and over."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _json(value)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _json(value: Any) -> Any:
+    """`jsonable`, the collector left as it is."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is tuple or kind is list:
+        if all(type(v) in _PLAIN for v in value):
+            return list(value)
+        return [_json(v) for v in value]
+    if kind is dict:
+        return {str(k): v if type(v) in _PLAIN else _json(v) for k, v in value.items()}
+    return _converter(kind)(value)
+
+
+@functools.cache
+def _converter(kind: type) -> Callable[[Any], Any]:
+    """How `jsonable` turns a value of type `kind` (not plain, not a tuple, list or dict)
+    into JSON, decided once per type."""
+    if issubclass(kind, str | int | float | bool):
+        return lambda value: value
+    if callable(getattr(kind, "to_json", None)) and not issubclass(kind, type):
+        return lambda value: _json(value.to_json())
+    if issubclass(kind, dict | list | tuple):
+        return _jsonable_slowly
+    if is_dataclass(kind):
+        names = tuple(f.name for f in fields(kind))
+
+        def fields_of(value: Any) -> dict[str, Any]:
+            return {
+                name: v if type(v := getattr(value, name)) in _PLAIN else _json(v) for name in names
+            }
+
+        return fields_of
+    return _jsonable_slowly
+
+
+def _jsonable_slowly(value: Any) -> Any:
+    """`jsonable` of a value whose type `_converter` has no short way for (a subclass of
+    dict, list or tuple, a numpy scalar, ...)."""
     if isinstance(value, str | int | float | bool) or value is None:
         return value
     own = getattr(value, "to_json", None)
     if callable(own) and not isinstance(value, type):
-        return jsonable(own())
+        return _json(own())
     if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {str(k): _json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
+        return [_json(v) for v in value]
     if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
+        return {f.name: _json(getattr(value, f.name)) for f in fields(value)}
     if hasattr(value, "item") and callable(value.item):
         return value.item()
     return value
@@ -316,22 +376,31 @@ class MeshUse:
 
 
 def mesh_use(plan: Plan) -> MeshUse:
-    """Which mesh axes the plan splits work along, and the useful share of the compute."""
+    """Which mesh axes the plan splits work along, and the useful share of the compute.
+
+    Instructions repeat a few layouts and shapes: each distinct layout text is parsed
+    once, each distinct combination of an instruction's layouts weighed once, and each
+    distinct shape read once."""
     from rhino.search.spmd.spec import parse_spec
     from rhino.search.spmd.strategy import dividing_axes, work_fraction
 
     mesh = plan.mesh
+    parse = functools.cache(functools.partial(parse_spec, mesh_ndim=mesh.ndim))
+    fraction: dict[tuple[tuple[str, ...], tuple[str | None, ...]], float] = {}
+    shapes: set[str] = set()
     used: set[int] = set()
     ideal = actual = 0.0
-    sizes: set[int] = set()
     for inst in plan.instructions:
-        specs = [parse_spec(text, mesh.ndim) for text in inst.outs]
-        specs += [parse_spec(text, mesh.ndim) for text in inst.ins if text is not None]
-        used |= dividing_axes(specs)
+        share = fraction.get((inst.outs, inst.ins))
+        if share is None:
+            specs = [parse(text) for text in (*inst.outs, *inst.ins) if text is not None]
+            used |= dividing_axes(specs)
+            share = fraction[(inst.outs, inst.ins)] = work_fraction(specs, mesh)
         cost = inst.compute_s * inst.weight
-        ideal += cost / (work_fraction(specs, mesh) * mesh.size)
+        ideal += cost / (share * mesh.size)
         actual += cost
-        sizes.update(int(d) for dims in _DIMS.findall(inst.shape) for d in dims.split(",") if d)
+        shapes.add(inst.shape)
+    sizes = {int(d) for s in shapes for dims in _DIMS.findall(s) for d in dims.split(",") if d}
     idle = tuple(a for a, size in enumerate(mesh.shape) if size > 1 and a not in used)
     undividable = tuple(a for a in idle if not any(d % mesh.shape[a] == 0 for d in sizes if d > 1))
     return MeshUse(ideal / actual if actual > 0 else 1.0, idle, undividable)
