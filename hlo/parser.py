@@ -456,13 +456,23 @@ class _Parser:
             literal = args.strip()
             literal_pos = m.start(5) + len(args) - len(args.lstrip())
         elif args:
-            found = _operands(args, by_name)
-            if found is None:
-                return None
-            operands = found
-        start = m.start(1) if is_root else m.start(2)
-        if not is_root and self.text[start - 1] == "%":
-            start -= 1
+            # as XLA prints them, `a, b` or `%a, %b`: split at C speed (when every piece
+            # names an instruction, each was a bare name and the split was right)
+            for ref in args[1:].split(", %") if args[0] == "%" else args.split(", "):
+                op = by_name.get(ref)
+                if op is None:
+                    found = _operands(args, by_name)
+                    if found is None:
+                        return None
+                    operands = found
+                    break
+                operands.append(op)
+        if is_root:
+            start = m.start(1)
+        else:
+            start = m.start(2)
+            if self.text[start - 1] == "%":
+                start -= 1
         inst = Instruction.parsed(
             comp, name, opcode, opcode_text, shape, operands, start, tail, m.start(6) if tail else 0
         )
@@ -729,18 +739,8 @@ class _Parser:
 
 def _operands(args: str, by_name: Mapping[str, Instruction]) -> list[Instruction] | None:
     """The instructions named in `args`, the text between an opcode's parentheses
-    (`[%]a, [%]b`, any spacing), or None if a name is not in `by_name`."""
-    # as XLA prints them, `%a, %b` or `a, b`: split at C speed (every piece that names an
-    # instruction is a bare name, so the split was right)
-    refs = args[1:].split(", %") if args[:1] == "%" else args.split(", ")
-    operands = []
-    for ref in refs:
-        op = by_name.get(ref)
-        if op is None:
-            break
-        operands.append(op)
-    else:
-        return operands
+    (`[%]a, [%]b`, any spacing, read part by part), or None if a name is not in
+    `by_name`."""
     if not args.strip():
         return []
     operands = []
