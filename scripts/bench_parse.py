@@ -15,13 +15,15 @@ It also times the whole command as a user runs it: `python -m rhino.cli.main par
 (and with `--json`) in a fresh process, wall clock from start to exit (interpreter start,
 imports, read, parse, eager check, verify, summary, output), against XLA's in-process
 parse of the same text measured in the same rounds; and the command's peak RSS (the
-child's ru_maxrss). `--no-command` leaves the command out.
+child's ru_maxrss). The command runs from compiled bytecode, as an installed rhino does
+(one untimed run first writes it). `--no-command` leaves the command out.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 import time
@@ -53,13 +55,14 @@ for line in sys.stdin:
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t
     code = os.waitstatus_to_exitcode(status)
-    print(json.dumps([wall, usage.ru_maxrss * 1024, code, err.decode()]), flush=True)
+    cpu = usage.ru_utime + usage.ru_stime
+    print(json.dumps([wall, cpu, usage.ru_maxrss * 1024, code, err.decode()]), flush=True)
 """
 
 
 class CommandTimer:
-    """Runs commands from a small launcher process and reports each one's wall time and
-    peak RSS.
+    """Runs commands from a small launcher process and reports each one's wall time, CPU
+    time and peak RSS.
 
     Not straight from this process: Linux carries a process's peak RSS over `exec` into
     the child's `ru_maxrss`, so a child of this process (jax loaded: hundreds of MiB)
@@ -67,24 +70,28 @@ class CommandTimer:
     """
 
     def __init__(self) -> None:
+        # as an installed rhino runs: from compiled bytecode (PYTHONDONTWRITEBYTECODE,
+        # set in some development shells, would have every run compile rhino's sources)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _LAUNCHER],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=env,
         )
 
-    def run(self, args: list[str]) -> tuple[float, int]:
-        """Run `python -m rhino.cli.main ARGS` (output discarded); its wall time in
-        seconds and peak resident memory in bytes. Exits if it fails."""
+    def run(self, args: list[str]) -> tuple[float, float, int]:
+        """Run `python -m rhino.cli.main ARGS` (output discarded); its wall and CPU (user
+        + system) time in seconds and peak resident memory in bytes. Exits if it fails."""
         cmd = [sys.executable, "-m", "rhino.cli.main", *args]
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
-        wall, rss, code, err = json.loads(self.proc.stdout.readline())
+        wall, cpu, rss, code, err = json.loads(self.proc.stdout.readline())
         if code != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({code}):\n{err}")
-        return wall, rss
+        return wall, cpu, rss
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -137,25 +144,28 @@ def main(files: tuple[str, ...], layers: int, repeat: int, command: bool, out: s
         ensure_gpt(layers),
     ]
     timer = CommandTimer() if command else None
+    if timer is not None:  # untimed: writes the bytecode of the modules parse imports
+        timer.run(["parse", str(paths[0])])
     rows = []
     for path in paths:
         text = path.read_text()
         n = parse_module(text).instruction_count
-        lazy = eager = xla = cmd = cmd_json = float("inf")
+        lazy = eager = xla = cmd = cmd_json = cmd_cpu = float("inf")
         rss = 0
         for _ in range(repeat):  # interleaved: each round runs every one of them once
             lazy = min(lazy, best_of(lambda text=text: parse_module(text), 1))
             eager = min(eager, best_of(lambda text=text: parse_module(text, lazy=False), 1))
             xla = min(xla, best_of(lambda text=text: xla_parse_only(text), 1))
             if timer is not None:
-                wall, peak = timer.run(["parse", str(path)])
-                cmd = min(cmd, wall)
-                wall, peak_json = timer.run(["parse", str(path), "--json"])
+                wall, cpu, peak = timer.run(["parse", str(path)])
+                cmd, cmd_cpu = min(cmd, wall), min(cmd_cpu, cpu)
+                wall, _, peak_json = timer.run(["parse", str(path), "--json"])
                 cmd_json = min(cmd_json, wall)
                 rss = max(rss, peak, peak_json)
         whole = (
             {
                 "command_s": cmd,
+                "command_cpu_s": cmd_cpu,
                 "command_json_s": cmd_json,
                 "command_peak_rss_bytes": rss,
                 "xla_vs_command": xla / cmd,
