@@ -119,15 +119,32 @@ class ShardingSpec:
     """The splitting mesh axes, outer split first, when some dim is split by several
     axes in other than mesh order; () means mesh order (canonical for that case)."""
 
+    if TYPE_CHECKING:  # set by __post_init__ (not fields: not compared, printed or copied)
+        _hash: int
+        _key: tuple[tuple[object, ...], tuple[int, ...]]
+        split_order: tuple[int, ...]
+        """The splitting mesh axes in split order (outer first)."""
+        _chain_map: dict[int, tuple[int, ...]]
+        """Tensor dim -> the mesh axes that split it, outermost first."""
+        _split_dims: tuple[int, ...]
+
     def __post_init__(self) -> None:
         axes = tuple(self.axes)
         object.__setattr__(self, "axes", axes)
         if not axes:
             raise SpecError("a sharding spec needs at least one mesh axis")
-        for a in axes:
-            if not isinstance(a, Replicate | Split | Partial):
-                raise SpecError(f"mesh axis entry must be R, Split or Partial, got {a!r}")
-        splitting = [a for a, s in enumerate(axes) if isinstance(s, Split)]
+        splitting = []
+        entries: list[object] = []  # each axis as plain values, for a fast __eq__
+        for a, s in enumerate(axes):
+            if isinstance(s, Split):
+                splitting.append(a)
+                entries.append(s.dim if s.stride is None else (s.dim, s.stride))
+            elif isinstance(s, Replicate):
+                entries.append(None)
+            elif isinstance(s, Partial):
+                entries.append(s.op)
+            else:
+                raise SpecError(f"mesh axis entry must be R, Split or Partial, got {s!r}")
         order = tuple(self.order)
         if order:
             if sorted(order) != splitting:
@@ -141,12 +158,24 @@ class ShardingSpec:
                 chains = self._chains(order)
                 order = tuple(a for d in sorted(chains) for a in chains[d])
         object.__setattr__(self, "order", order)
-        # specs key the caches of the search (reshards, edge matrices), millions of
-        # lookups: hash once
+        # a spec is made once and read many times by the search (its caches are keyed by
+        # specs, its moves read the chains): the hash and the structure are kept
+        split_order = order or tuple(splitting)
+        chain_map = self._chains(split_order)
         object.__setattr__(self, "_hash", hash((axes, order)))
+        object.__setattr__(self, "_key", (tuple(entries), order))
+        object.__setattr__(self, "split_order", split_order)
+        object.__setattr__(self, "_chain_map", chain_map)
+        object.__setattr__(self, "_split_dims", tuple(sorted(chain_map)))
 
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined, no-any-return]
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        """Equal axes and order (as the fields compare, without a Python call per axis)."""
+        if other.__class__ is not ShardingSpec:
+            return NotImplemented
+        return self._key == other._key  # type: ignore[attr-defined, no-any-return]
 
     def __reduce__(self) -> tuple[type[ShardingSpec], tuple[tuple[AxisSpec, ...], tuple[int, ...]]]:
         """Pickled as its fields: the cached hash (and text) of one process is not
@@ -175,24 +204,13 @@ class ShardingSpec:
         """Mesh rank the spec is for."""
         return len(self.axes)
 
-    @property
-    def split_order(self) -> tuple[int, ...]:
-        """The splitting mesh axes in split order (outer first)."""
-        if self.order:
-            return self.order
-        return tuple(a for a, s in enumerate(self.axes) if isinstance(s, Split))
-
-    @cached_property
-    def _chain_map(self) -> dict[int, tuple[int, ...]]:
-        return self._chains(self.split_order)
-
     def dim_axes(self, dim: int) -> tuple[int, ...]:
         """Mesh axes that split tensor dim `dim`, outermost first."""
         return self._chain_map.get(dim, ())
 
     def split_dims(self) -> tuple[int, ...]:
         """Tensor dims split by at least one mesh axis, ascending."""
-        return tuple(sorted(self._chain_map))
+        return self._split_dims
 
     def partial_axes(self) -> tuple[int, ...]:
         """Mesh axes holding partial results."""
