@@ -161,13 +161,11 @@ def solve_lp(
     n_rows = len(sizes)
     naming = _Naming(names, sizes) if names is not None and warm is not None else None
     for e in pair_edges:
-        groups_u, of_u = groups(e.cost)
-        groups_v, of_v = groups(e.cost.T)
-        gu, gv = len(groups_u), len(groups_v)
+        rep_u, of_u = _grouped(e.cost)
+        rep_v, of_v = _grouped(e.cost.T)
+        gu, gv = len(rep_u), len(rep_v)
         pair = n_vars + np.arange(gu * gv).reshape(gu, gv)  # pair[g, h]
         n_vars += gu * gv
-        rep_u = np.array([g[0] for g in groups_u])
-        rep_v = np.array([h[0] for h in groups_v])
         if naming is not None:
             naming.edge(e.u, e.v, rep_u, rep_v)
         objective.append(e.cost[np.ix_(rep_u, rep_v)].ravel() * LP_UNIT)
@@ -466,15 +464,25 @@ _quiet_stdout = _QuietStdout()
 
 
 def groups(matrix: np.ndarray) -> tuple[list[list[int]], list[int]]:
-    """Rows of `matrix` grouped by equal content: (members of each group, group of each row)."""
-    seen: dict[bytes, int] = {}
-    groups: list[list[int]] = []
-    row_of = []
-    for k, row in enumerate(matrix):
-        key = row.tobytes()
-        g = seen.setdefault(key, len(groups))
-        if g == len(groups):
-            groups.append([])
-        groups[g].append(k)
-        row_of.append(g)
-    return groups, row_of
+    """Rows of `matrix` grouped by equal content (bit for bit), the groups in the order of
+    their first rows: (members of each group, group of each row)."""
+    first, row_of = _grouped(matrix)
+    members: list[list[int]] = [[] for _ in first]
+    for k, g in enumerate(row_of.tolist()):
+        members[g].append(k)
+    return members, row_of.tolist()
+
+
+def _grouped(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`groups` as arrays: the first row of each group, and the group of each row."""
+    rows = np.ascontiguousarray(matrix)
+    if rows.shape[0] <= 1 or rows.shape[1] == 0:
+        return np.zeros(min(rows.shape[0], 1), dtype=np.int64), np.zeros(
+            rows.shape[0], dtype=np.int64
+        )
+    whole = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    _, first, inverse = np.unique(whole, return_index=True, return_inverse=True)
+    order = np.argsort(first)  # groups by their first row
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return first[order].astype(np.int64), rank[inverse.ravel()]
