@@ -515,6 +515,11 @@ class ModuleSummary:
     unknown_opcodes: list[str] = field(default_factory=list)
 
 
+# tuples and their elements: the tensors they hold are listed where they are made
+_ALIASES = frozenset({Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT})
+_UNKNOWN = Opcode.UNKNOWN
+
+
 def _largest(insts: list[Instruction], top: int) -> list[Instruction]:
     """`sorted(insts, key=(-bytes, name))[:top]`, sorting only the instructions at least
     as large as the top-th largest (a 48k-instruction module has ~50 of them; sorting
@@ -533,18 +538,12 @@ def _largest(insts: list[Instruction], top: int) -> list[Instruction]:
 def summarize(module: Module, *, top: int = 10) -> ModuleSummary:
     """Counts, histogram, parameter bytes, FLOPs (loops weighted by trip count), loops."""
     entry = module.entry
-    hist = Counter(i.opcode_text for i in module.instructions())
+    insts = [i for c in module.computations for i in c.instructions]
+    hist = Counter(i.opcode_text for i in insts)
     params = entry.parameters
     walker = CostWalker(module)
     flops, traffic = walker.computation_cost(entry)
-    tensors = _largest(
-        [
-            i
-            for i in module.instructions()
-            if i.opcode not in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT)
-        ],
-        top,
-    )
+    tensors = _largest([i for i in insts if i.opcode not in _ALIASES], top)
     loops = []
     for comp in module.computations:
         for inst in comp.instructions:
@@ -584,7 +583,5 @@ def summarize(module: Module, *, top: int = 10) -> ModuleSummary:
         ],
         while_loops=loops,
         fusions=hist.get("fusion", 0),
-        unknown_opcodes=sorted(
-            {i.opcode_text for i in module.instructions() if i.opcode is Opcode.UNKNOWN}
-        ),
+        unknown_opcodes=sorted({i.opcode_text for i in insts if i.opcode is _UNKNOWN}),
     )
