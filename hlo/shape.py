@@ -163,6 +163,14 @@ _COMMENT_WS_RE = re.compile(r"(?:\s+|/\*.*?\*/)*", re.S)
 _DIM_RE = re.compile(r"\s*(<=)?\s*(\d+|\?)\s*$")
 _SIMPLE_DIMS_RE = re.compile(r"(?:\d+(?:,\d+)*)?")
 
+# an array shape (group 1, as _ARRAY_RE matches it) and the ',' after it in a tuple,
+# with the spaces and comments around the ',' (possessive, as `_skip` reads them: a
+# comment ends at its first `*/`)
+_ARRAY_THEN_COMMA = re.compile(
+    r"(" + _ARRAY_RE.pattern + r")" + _COMMENT_WS_RE.pattern + r"+," + _COMMENT_WS_RE.pattern,
+    re.S,
+)
+
 _cache: dict[str, Shape] = {}
 
 
@@ -232,6 +240,11 @@ def _parse_tuple_at(text: str, pos: int) -> tuple[Shape, int]:
     if pos < len(text) and text[pos] == ")":
         return tuple_shape(()), pos + 1
     while True:
+        m = _ARRAY_THEN_COMMA.match(text, pos)
+        if m is not None and m.group(1) in _cache:  # the common element, in one match
+            elements.append(_cache[m.group(1)])
+            pos = m.end()
+            continue
         shape, pos = parse_shape_at(text, pos)
         elements.append(shape)
         pos = _skip(text, pos)
