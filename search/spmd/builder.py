@@ -221,13 +221,14 @@ def _signature(
         attrs = read[text] = tuple(
             sorted((k, v) for k, v in inst.attrs.items() if k not in UNREAD_ATTRIBUTES)
         )
+    operands, strided = inst.operands, ctx.strided
     return (
         inst.opcode_text,
         inst.shape,
-        tuple(op.shape for op in inst.operands),
+        tuple([op.shape for op in operands]),
         attrs,
-        ctx.strided.get(inst.name),
-        tuple(ctx.strided.get(op.name) for op in inst.operands),
+        strided.get(inst.name),
+        tuple([strided.get(op.name) for op in operands]),
         ctx.pinned.get(inst.name),
     )
 

@@ -285,15 +285,25 @@ def strided_candidates(
     from rhino.hlo.opcode import ELEMENTWISE, Opcode
 
     extra: dict[str, set[ShardingSpec]] = {}
+    # (operand dims, result dims, the operand's strided layouts) -> the reshape's strided
+    # layouts: repeated layers repeat their reshapes
+    mapped: dict[tuple[object, ...], set[ShardingSpec]] = {}
     for inst in instructions:
         if inst.shape.is_tuple:
             continue
         if inst.opcode in (Opcode.RESHAPE, Opcode.BITCAST) and not inst.operands[0].shape.is_tuple:
             src = inst.operands[0]
-            for spec in (*candidate_specs(src.shape.dims, mesh), *extra.get(src.name, ())):
-                out = reshape_spec(spec, src.shape.dims, inst.shape.dims, mesh)
-                if out is not None and not out.is_maximal():
-                    extra.setdefault(inst.name, set()).add(out)
+            strided = frozenset(extra.get(src.name, ()))
+            key = (src.shape.dims, inst.shape.dims, strided)
+            found = mapped.get(key)
+            if found is None:
+                found = mapped[key] = set()
+                for spec in (*candidate_specs(src.shape.dims, mesh), *strided):
+                    out = reshape_spec(spec, src.shape.dims, inst.shape.dims, mesh)
+                    if out is not None and not out.is_maximal():
+                        found.add(out)
+            if found:
+                extra.setdefault(inst.name, set()).update(found)
         elif inst.opcode in ELEMENTWISE:
             for op in inst.operands:
                 if op.shape.dims == inst.shape.dims and op.name in extra:
