@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import numpy as np
@@ -52,7 +54,6 @@ from rhino.search.spmd.plan import (
 from rhino.search.spmd.reshard import reshard
 from rhino.search.spmd.solver import PROVEN_GAP, check_budget, solve_ilp
 from rhino.search.spmd.spec import ShardingSpec, SpecError
-from rhino.search.spmd.strategy import Strategy
 
 HEAVY_OPCODES = ("dot", "convolution")
 HEAVY_SHARE = 0.005
@@ -402,6 +403,20 @@ def lifted(found: Solution, problem: ShardingProblem, back: list[list[int]]) -> 
     )
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (then as it was): a problem or a
+    plan of a large graph is ~10 new objects per node, none freed, and each collection
+    would rescan the search's whole heap (as in the parser and `build_graph`)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 T = TypeVar("T")
 
 _PER_GRAPH: dict[tuple[int, Callable[..., Any]], tuple[weakref.ref[ShardingGraph], Any]] = {}
@@ -499,6 +514,7 @@ def _problem_parts(graph: ShardingGraph) -> _ProblemParts:
     return _ProblemParts(tuple(nodes), tuple(edges), quiet, combined)
 
 
+@_collector_paused()
 def to_problem(
     graph: ShardingGraph, budget: float | None, closed: frozenset[GroupKey] = frozenset()
 ) -> ShardingProblem:
@@ -545,38 +561,75 @@ the operand v reads it as; `where` and `operand` as in PlannedReshard."""
 
 @dataclass(frozen=True)
 class _PlanParts:
-    """What `to_plan` reads of a graph whatever the choice."""
+    """What `to_plan` reads of a graph whatever the choice, and what it has written of
+    the graph's instructions so far."""
 
     module_hash: str
     uses: tuple[tuple[int, int, tuple[Use, ...]], ...]
     """(u, v, how v reads u's results) for each edge where v reads some, in the order of
     `graph.edges`."""
-    instructions: dict[tuple[int, int], InstructionPlan]
-    """(node, strategy) -> its InstructionPlan, filled as plans are written."""
+    mesh: DeviceMesh
+    instructions: dict[tuple[int, int], InstructionPlan] = field(default_factory=dict)
+    """(node, strategy) -> what the plan says of it."""
+    shapes: dict[Shape, str] = field(default_factory=dict)
+    """Shape -> its text (a module has a few dozen distinct shapes)."""
+    layouts: dict[
+        tuple[int, tuple[Shape, ...]], tuple[tuple[str, ...], tuple[str | None, ...], str | None]
+    ] = field(default_factory=dict)
+    """(id of a strategy of the graph, the leaf shapes of a node it runs) -> the texts of
+    its result layouts, operand layouts and result HloSharding (nodes of a kind share
+    their strategies)."""
+
+    def instruction(self, v: int, n: GraphNode, k: int) -> InstructionPlan:
+        """What the plan says of node v (`n`) run by its strategy k."""
+        found = self.instructions.get((v, k))
+        if found is not None:
+            return found
+        s = n.strategies[k]
+        shape = self.shapes.get(n.inst.shape)
+        if shape is None:
+            shape = self.shapes[n.inst.shape] = str(n.inst.shape)
+        layouts = self.layouts.get((id(s), n.leaf_shapes))
+        if layouts is None:
+            layouts = self.layouts[(id(s), n.leaf_shapes)] = (
+                tuple(str(o) for o in s.outs),
+                tuple(None if i is None else str(i) for i in s.ins),
+                _sharding_text(s.outs, n.leaf_shapes, self.mesh),
+            )
+        outs, ins, sharding = layouts
+        found = self.instructions[(v, k)] = InstructionPlan(
+            n.name, n.inst.opcode_text, shape, s.label, outs, ins, sharding, s.compute, n.weight
+        )
+        return found
 
 
 def _plan_parts(graph: ShardingGraph) -> _PlanParts:
     """The module's fingerprint, and how each node reads its producers' results."""
-    operands: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    reads = [  # how each node reads its producers' results (see `Use`)
+        "own" if n.carried or n.inst.opcode.value == "parameter" else "operand" for n in graph.nodes
+    ]
+    operands: dict[tuple[int, int], list[Use]] = defaultdict(list)
     for (v, j), (u, leaf) in graph.operand_sources.items():
-        operands[(u, v)].append((j, leaf))
+        if reads[v] == "operand":
+            operands[(u, v)].append((leaf, j, "operand", j))
     found = []
     for u, v in graph.edges:
+        if reads[v] == "operand":
+            uses = operands.get((u, v))
+            if uses:
+                found.append((u, v, tuple(sorted(uses, key=lambda use: use[1]))))
+            continue
         nu, nv = graph.nodes[u], graph.nodes[v]
-        uses: list[Use] = []
+        if len(nu.leaf_shapes) != 1:
+            continue
         if nv.carried:  # the loop's initial value (produced before it) or the body's result
-            if len(nu.leaf_shapes) == 1:
-                uses.append((0, -1, "init" if nu.order < nv.order else "loop", 0))
-        elif nv.inst.opcode.value == "parameter":  # state returning into its parameter's layout
-            if len(nu.leaf_shapes) == 1:
-                uses.append((0, -1, "state", graph.state_leaf.get(nv.name, -1)))
-        else:
-            uses.extend((leaf, j, "operand", j) for j, leaf in sorted(operands.get((u, v), ())))
-        if uses:
-            found.append((u, v, tuple(uses)))
-    return _PlanParts(module_hash(print_module(graph.module)), tuple(found), {})
+            found.append((u, v, ((0, -1, "init" if nu.order < nv.order else "loop", 0),)))
+        else:  # state returning into its parameter's layout
+            found.append((u, v, ((0, -1, "state", graph.state_leaf.get(nv.name, -1)),)))
+    return _PlanParts(module_hash(print_module(graph.module)), tuple(found), graph.mesh)
 
 
+@_collector_paused()
 def to_plan(
     graph: ShardingGraph,
     problem: ShardingProblem,
@@ -607,13 +660,8 @@ def to_plan(
                     c.kind, c.axes, c.nbytes, c.seconds, n.name, n.weight, "in the instruction"
                 )
             )
-        if n.carried:
-            continue
-        key = (v, solution.choice[v])
-        planned = parts.instructions.get(key)
-        if planned is None:
-            planned = parts.instructions[key] = _instruction_plan(n, s, mesh)
-        instructions.append(planned)
+        if not n.carried:
+            instructions.append(parts.instruction(v, n, solution.choice[v]))
     reshards: list[PlannedReshard] = []
     converted: set[tuple[int, int, tuple[str, ...], float]] = set()
     for u, v, uses in parts.uses:
@@ -621,7 +669,7 @@ def to_plan(
         for leaf, slot, where, operand in uses:
             src = su.outs[leaf]
             dst = sv.outs[0] if slot < 0 else sv.ins[slot] if slot < len(sv.ins) else None
-            if dst is None or dst == src:
+            if dst is None or dst is src or dst == src:
                 # read whole, or as it is: no conversion (and none to share, as a
                 # conversion's path ends in a layout other than `src`)
                 continue
@@ -690,21 +738,6 @@ def to_plan(
         carried=carried,
         reshards=tuple(reshards),
         combined_latency_s=combined_latency_s,
-    )
-
-
-def _instruction_plan(n: GraphNode, s: Strategy, mesh: DeviceMesh) -> InstructionPlan:
-    """What the plan says of node `n` run by strategy `s`."""
-    return InstructionPlan(
-        n.name,
-        n.inst.opcode_text,
-        str(n.inst.shape),
-        s.label,
-        tuple(str(o) for o in s.outs),
-        tuple(None if i is None else str(i) for i in s.ins),
-        _sharding_text(s.outs, n.leaf_shapes, mesh),
-        s.compute,
-        n.weight,
     )
 
 
