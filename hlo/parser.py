@@ -320,26 +320,20 @@ class _Parser:
         module.add_computation(comp)
         pos = brace + 1
         root: Instruction | None = None
-        fast_line = INSTRUCTION_LINE.match if self.fast else None
-        by_name = comp.by_name
-        build_fast = self.build_fast
         while True:
-            m = fast_line(text, pos) if fast_line is not None else None
-            fast_inst = build_fast(comp, by_name, m) if m is not None else None
-            if fast_inst is not None and m is not None:
-                inst, is_root, pos = fast_inst, m.group(1) is not None, m.end()
-            else:
-                pos = self.skip(pos)
-                if pos >= len(text):
-                    raise self.error(f"computation {name} is not closed: expected '}}'", len(text))
-                if text[pos] == "}":
-                    after = _INLINE_WS.match(text, pos + 1).end()  # type: ignore[union-attr]
-                    if after < len(text) and text[after] == ",":  # `}, execution_thread="host"`
-                        comp.attrs, _, pos = self.parse_attributes(pos + 1)
-                    else:
-                        pos += 1
-                    break
-                inst, is_root, pos = self.parse_instruction(comp, pos)
+            if self.fast:
+                pos, root = self.fast_lines(comp, pos, root)
+            pos = self.skip(pos)
+            if pos >= len(text):
+                raise self.error(f"computation {name} is not closed: expected '}}'", len(text))
+            if text[pos] == "}":
+                after = _INLINE_WS.match(text, pos + 1).end()  # type: ignore[union-attr]
+                if after < len(text) and text[after] == ",":  # `}, execution_thread="host"`
+                    comp.attrs, _, pos = self.parse_attributes(pos + 1)
+                else:
+                    pos += 1
+                break
+            inst, is_root, pos = self.parse_instruction(comp, pos)
             if is_root:
                 if root is not None:
                     raise self.error(f"a second ROOT in computation {name}", inst.pos)
@@ -424,6 +418,31 @@ class _Parser:
         if references is not None:
             self.note_references(inst, references)
         return inst, is_root, pos
+
+    def fast_lines(
+        self, comp: Computation, pos: int, root: Instruction | None
+    ) -> tuple[int, Instruction | None]:
+        """Read the ordinary instruction lines of `comp` from `pos` on (INSTRUCTION_LINE
+        and build_fast), up to the first line they leave to the exact path; return where
+        that line starts and the ROOT so far (`root`: the one before `pos`, if any)."""
+        text, match, build, by_name = (
+            self.text,
+            INSTRUCTION_LINE.match,
+            self.build_fast,
+            comp.by_name,
+        )
+        m = match(text, pos)
+        while m is not None:
+            inst = build(comp, by_name, m)
+            if inst is None:
+                break
+            pos = m.end()
+            if m.group(1) is not None:
+                if root is not None:
+                    raise self.error(f"a second ROOT in computation {comp.name}", inst.pos)
+                root = inst
+            m = match(text, pos)
+        return pos, root
 
     def build_fast(
         self, comp: Computation, by_name: Mapping[str, Instruction], m: re.Match[str]
