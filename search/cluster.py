@@ -164,18 +164,16 @@ class Cluster:
     mesh_axes: tuple[tuple[tuple[int, ...], tuple[Link, ...]], ...] = ()
     """Measured per-axis links for particular mesh shapes, overriding the link model."""
 
-    def __hash__(self) -> int:
-        """Hashed once: a cluster is part of the key of every cost cache (reshards,
-        links), and hashing its fields anew on each lookup showed in the search's time."""
-        found = self.__dict__.get("_hash")
-        if found is None:
-            found = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            self.__dict__["_hash"] = found
-        return found  # type: ignore[no-any-return]
+    def __post_init__(self) -> None:
+        # hashed once: a cluster is part of the key of every cost cache (reshards, links)
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled without the cached hash: string hashes are salted per process."""
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
+
+    def __reduce__(self) -> tuple[type[Cluster], tuple[Any, ...]]:
+        """Pickled as its fields: string hashes are salted per process."""
+        return Cluster, tuple(getattr(self, f.name) for f in fields(self))
 
     def flops_for(self, dtype: str) -> float:
         """Achievable FLOP/s for element type `dtype` (f32's when not listed)."""

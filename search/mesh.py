@@ -33,6 +33,12 @@ class DeviceMesh:
     def __post_init__(self) -> None:
         if not self.shape or any(not isinstance(n, int) or n < 1 for n in self.shape):
             raise ConfigError(f"mesh shape must be one or more positive sizes, got {self.shape}")
+        # a mesh is part of the key of every cost cache; the hash of ints is the same in
+        # every process, so a pickled mesh may carry it
+        object.__setattr__(self, "_hash", hash((self.shape,)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
 
     # -- basic facts -------------------------------------------------------------------
 

@@ -159,6 +159,7 @@ def cache_clear() -> None:
     _tree.cache_clear()
     _costed_moves.cache_clear()
     _expand.cache_clear()
+    _interned.cache_clear()
 
 
 @lru_cache(maxsize=1 << 16)
@@ -311,6 +312,7 @@ def _expand(spec: ShardingSpec, space: _Space) -> tuple[_Move, ...]:
     for kind, axes, nxt, bytes_of, dims in candidates:
         if nxt == spec or not nxt.is_valid(space.shape, space.mesh):
             continue
+        nxt = _interned(nxt)
         if kind == LOCAL or space.mesh.axes_size(axes) == 1:
             moves.append(_Move(LOCAL, (), nxt, 0, dims))
             continue
@@ -320,6 +322,13 @@ def _expand(spec: ShardingSpec, space: _Space) -> tuple[_Move, ...]:
             pairs = _permute_pairs(spec, nxt, space.mesh, len(space.shape))
         moves.append(_Move(kind, axes, nxt, elements, dims, pairs))
     return tuple(moves)
+
+
+@lru_cache(maxsize=1 << 15)
+def _interned(spec: ShardingSpec) -> ShardingSpec:
+    """The first spec equal to `spec` that the moves reached: the trees look specs up in
+    their dicts over and over, and the same object is found without comparing."""
+    return spec
 
 
 _Candidate = tuple[str, tuple[int, ...], ShardingSpec, ShardingSpec, tuple[int, ...]]
