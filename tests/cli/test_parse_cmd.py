@@ -131,3 +131,21 @@ def test_stablehlo_text_is_named_and_the_way_to_hlo_said(tmp_path: Path) -> None
     assert r.exit_code == 2
     assert f"{mlir}:1:1: error: this is StableHLO/MLIR text" in r.output
     assert 'as_text(dialect="hlo")' in r.output and "Traceback" not in r.output
+
+
+def test_the_garbage_collector_is_as_it_was_after_the_command(tmp_path: Path) -> None:
+    import gc
+
+    bad = tmp_path / "bad.hlo"
+    bad.write_text("HloModule m\nENTRY e {\n  ROOT x = f32[] add(p)\n}\n")
+    assert gc.isenabled()
+    assert run("parse", str(MLP)).exit_code == 0
+    assert gc.isenabled()
+    assert run("parse", str(bad)).exit_code == 2
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        assert run("parse", str(MLP)).exit_code == 0
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
