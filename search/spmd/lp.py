@@ -23,6 +23,7 @@ fifth to a half of a cold start's simplex iterations (scripts/bench_revisions.py
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -105,12 +106,45 @@ class LpNames:
 
 @dataclass(frozen=True)
 class LpBasis:
-    """A simplex basis by names (`LpNames.keys`): sorted keys and their HiGHS statuses."""
+    """A simplex basis by names: the keys (`LpNames.keys`) of an LP's columns and rows,
+    and the basis HiGHS ended that LP with (read into statuses only when an LP starts
+    from it: most plans' bases are never a start)."""
 
     columns: np.ndarray
-    column_status: np.ndarray
     rows: np.ndarray
-    row_status: np.ndarray
+    basis: highspy.HighsBasis
+
+    def statuses(self, columns: np.ndarray, rows: np.ndarray) -> highspy.HighsBasis:
+        """An alien basis for the LP whose columns and rows have these keys: the status
+        each had here; a column it did not have at its lower bound, a row basic."""
+        known_columns, known_rows = self._sorted
+        start = highspy.HighsBasis()
+        start.col_status = _carried(*known_columns, columns, 0)
+        start.row_status = _carried(*known_rows, rows, 1)
+        start.alien = True
+        start.valid = True
+        return start
+
+    @functools.cached_property
+    def _sorted(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """(keys, status values) of the columns and of the rows, by key (read once: the
+        plans of a round all start from their parent's basis)."""
+
+        def by_key(keys: np.ndarray, status: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+            order = np.argsort(keys)
+            return keys[order], np.array([s.value for s in status], dtype=np.int8)[order]
+
+        return by_key(self.columns, self.basis.col_status), by_key(self.rows, self.basis.row_status)
+
+
+def _carried(known: np.ndarray, values: np.ndarray, keys: np.ndarray, default: int) -> list[Any]:
+    """The status of each of `keys` where the sorted `known` has it (`values`), else
+    `default` (a HiGHS basis status value)."""
+    if not len(known):
+        return [_STATUS[default]] * len(keys)
+    at = np.minimum(np.searchsorted(known, keys), len(known) - 1)
+    found = known[at] == keys
+    return [_STATUS[v] for v in np.where(found, values[at], default).tolist()]
 
 
 @dataclass
@@ -347,35 +381,9 @@ _STATUS = list(highspy.HighsBasisStatus.__members__.values())
 """HiGHS' basis statuses by value (kLower 0, kBasic 1, kUpper 2, kZero 3, kNonbasic 4)."""
 
 
-def _start_basis(start: LpBasis, columns: np.ndarray, rows: np.ndarray) -> highspy.HighsBasis:
-    """An alien basis for the LP whose columns and rows have these keys: the status each
-    had in `start`; a column it did not have at its lower bound, a row basic."""
-
-    def statuses(
-        keys: np.ndarray, known: np.ndarray, status: np.ndarray, default: int
-    ) -> list[Any]:
-        at = np.minimum(np.searchsorted(known, keys), max(len(known) - 1, 0))
-        found = known[at] == keys if len(known) else np.zeros(len(keys), dtype=bool)
-        values = np.where(found, status[at] if len(known) else default, default)
-        return [_STATUS[v] for v in values.tolist()]
-
-    basis = highspy.HighsBasis()
-    basis.col_status = statuses(columns, start.columns, start.column_status, 0)
-    basis.row_status = statuses(rows, start.rows, start.row_status, 1)
-    basis.alien = True
-    basis.valid = True
-    return basis
-
-
 def _basis(found: highspy.HighsBasis, columns: np.ndarray, rows: np.ndarray) -> LpBasis | None:
     """The basis HiGHS ended with (`found`), by keys; None where it has none."""
-    if not found.valid:
-        return None
-    by_column = np.argsort(columns)
-    by_row = np.argsort(rows)
-    column_status = np.array([s.value for s in found.col_status], dtype=np.int8)
-    row_status = np.array([s.value for s in found.row_status], dtype=np.int8)
-    return LpBasis(columns[by_column], column_status[by_column], rows[by_row], row_status[by_row])
+    return LpBasis(columns, rows, found) if found.valid else None
 
 
 def _run_highs(
@@ -415,7 +423,7 @@ def _run_highs(
         highs.setOptionValue("time_limit", float(time_limit))
         highs.passModel(lp)
         if warm is not None and warm[0].start is not None:
-            highs.setBasis(_start_basis(warm[0].start, warm[1], warm[2]))
+            highs.setBasis(warm[0].start.statuses(warm[1], warm[2]))
         highs.run()
     if warm is not None:
         warm[0].found = _basis(highs.getBasis(), warm[1], warm[2])
