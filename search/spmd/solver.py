@@ -43,10 +43,12 @@ import dataclasses
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from ortools.sat.python import cp_model
+
+if TYPE_CHECKING:  # CP-SAT is imported where it runs: most plans never need it (0.4 s)
+    from ortools.sat.python import cp_model
 
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.problem import (
@@ -292,6 +294,8 @@ def _run_cpsat(
     """CP-SAT on the model from the hint, for the time left (at least MIN_CPSAT_S); the
     plan it finds, or the fallback where that is cheaper or CP-SAT found none. The bound
     is the better of CP-SAT's and the LP's (`lp_bound`); `start` is when `_solve` began."""
+    from ortools.sat.python import cp_model
+
     for v, row in enumerate(built.s):
         for k, var in enumerate(row):
             built.model.add_hint(var, k == starts.hint[v])
@@ -394,6 +398,8 @@ def _cpsat_model(
     edges with one side of one strategy folded (`pair_edges` the others)."""
     total = sum(_finite_max(c) for c in node_cost) + sum(_finite_max(e.cost) for e in pair_edges)
     scale = COST_SCALE if total * COST_SCALE < COST_SUM_MAX else COST_SUM_MAX / max(total, 1e-30)
+    from ortools.sat.python import cp_model
+
     model = cp_model.CpModel()
     # s[v][k]
     s = [
@@ -455,6 +461,8 @@ def _price(
 def cpsat_solver(options: SolveOptions, time_limit_s: float) -> cp_model.CpSolver:
     """CP-SAT set up from `options` (threads, seed, gap, deterministic work limit), run
     for at most `time_limit_s`."""
+    from ortools.sat.python import cp_model
+
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     if options.work_limit is not None:
