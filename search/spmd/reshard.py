@@ -160,6 +160,8 @@ def cache_clear() -> None:
     _costed_moves.cache_clear()
     _expand.cache_clear()
     _interned.cache_clear()
+    _problem.cache_clear()
+    _maximal_space.cache_clear()
 
 
 @lru_cache(maxsize=1 << 16)
@@ -171,12 +173,19 @@ def _reshard(
     mesh: DeviceMesh,
     cluster: Cluster,
 ) -> Reshard:
-    src.check(shape, mesh)
-    dst.check(shape, mesh)
+    for spec in (src, dst):
+        if _problem(spec, shape, mesh) is not None:
+            spec.check(shape, mesh)  # raises, saying why
     steps: tuple[ReshardStep, ...] = ()
     if src != dst:
         steps = _shortest_path(shape, dtype_bytes, src, dst, mesh, cluster)
     return Reshard(shape, dtype_bytes, src, dst, steps)
+
+
+@lru_cache(maxsize=1 << 14)
+def _problem(spec: ShardingSpec, shape: tuple[int, ...], mesh: DeviceMesh) -> str | None:
+    """`spec.problem(shape, mesh)`, for every pair of specs on a tensor."""
+    return spec.problem(shape, mesh)
 
 
 # -- shortest path ---------------------------------------------------------------------------
@@ -193,6 +202,14 @@ class _Space:
     partial_targets: tuple[tuple[int, Partial], ...]
     """(mesh axis, Partial) pairs a replicated axis may turn into for free."""
 
+    def __post_init__(self) -> None:
+        # a space keys the trees and moves of every reshard on it: hashed once
+        fields = (self.shape, self.mesh, self.strides, self.partial_targets)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
+
 
 @dataclass(frozen=True)
 class _Move:
@@ -207,13 +224,11 @@ class _Move:
     pairs: tuple[tuple[int, int], ...] = ()
 
 
-def _make_step(
-    move: _Move, src: ShardingSpec, dtype_bytes: float, mesh: DeviceMesh, cluster: Cluster
-) -> ReshardStep:
+def _make_step(move: _Move, src: ShardingSpec, dtype_bytes: float, seconds: float) -> ReshardStep:
+    """The step of `move` out of `src`, which takes `seconds` (`_move_seconds`)."""
     if move.kind == LOCAL:
         return ReshardStep(LOCAL, (), 0.0, 0.0, src, move.dst, move.dims)
     nbytes = move.elements * dtype_bytes
-    seconds = _move_seconds(move, dtype_bytes, mesh, cluster)
     return ReshardStep(move.kind, move.axes, nbytes, seconds, src, move.dst, move.dims, move.pairs)
 
 
@@ -229,6 +244,8 @@ def _move_seconds(move: _Move, dtype_bytes: float, mesh: DeviceMesh, cluster: Cl
 def _space(
     shape: tuple[int, ...], mesh: DeviceMesh, src: ShardingSpec, dst: ShardingSpec
 ) -> _Space:
+    if src.is_maximal() and dst.is_maximal() and not dst.partial_axes():
+        return _maximal_space(shape, mesh)  # the common case, made once
     strides: list[list[int | None]] = [[None] for _ in shape]
     for spec in (src, dst):
         for entry in spec.axes:
@@ -236,6 +253,12 @@ def _space(
                 strides[entry.dim].append(entry.stride)
     partial = tuple((a, e) for a, e in enumerate(dst.axes) if isinstance(e, Partial))
     return _Space(shape, mesh, tuple(tuple(s) for s in strides), partial)
+
+
+@lru_cache(maxsize=4096)
+def _maximal_space(shape: tuple[int, ...], mesh: DeviceMesh) -> _Space:
+    """The space of a reshard between maximal specs to a spec with no partial axes."""
+    return _Space(shape, mesh, ((None,),) * len(shape), ())
 
 
 def _shortest_path(
@@ -252,9 +275,9 @@ def _shortest_path(
     path = []
     spec = dst
     while spec != src:
-        parent, move = tree[spec]
+        parent, move, seconds = tree[spec]
         assert parent is not None and move is not None
-        path.append(_make_step(move, parent, dtype_bytes, mesh, cluster))
+        path.append(_make_step(move, parent, dtype_bytes, seconds))
         spec = parent
     return tuple(reversed(path))
 
@@ -262,15 +285,18 @@ def _shortest_path(
 @lru_cache(maxsize=4096)
 def _tree(
     src: ShardingSpec, space: _Space, dtype_bytes: float, cluster: Cluster
-) -> dict[ShardingSpec, tuple[ShardingSpec | None, _Move | None]]:
-    """Dijkstra from `src` over the whole space: spec -> (parent, move from the parent).
+) -> dict[ShardingSpec, tuple[ShardingSpec | None, _Move | None, float]]:
+    """Dijkstra from `src` over the whole space: spec -> (parent, move from the parent,
+    the move's seconds).
 
     Key = (seconds, collectives, steps, notation): cheapest first, then fewest
     collectives, then fewest steps; the notation makes ties deterministic. One tree
     answers every target with the same space, which is how the solver asks.
     """
     best: dict[ShardingSpec, tuple[float, int, int]] = {src: (0.0, 0, 0)}
-    came: dict[ShardingSpec, tuple[ShardingSpec | None, _Move | None]] = {src: (None, None)}
+    came: dict[ShardingSpec, tuple[ShardingSpec | None, _Move | None, float]] = {
+        src: (None, None, 0.0)
+    }
     heap: list[tuple[float, int, int, str, ShardingSpec]] = [(0.0, 0, 0, str(src), src)]
     done: set[ShardingSpec] = set()
     while heap:
@@ -285,7 +311,7 @@ def _tree(
             key = (seconds + cost, colls + (move.kind != LOCAL), nsteps + 1)
             if nxt not in best or key < best[nxt]:
                 best[nxt] = key
-                came[nxt] = (spec, move)
+                came[nxt] = (spec, move, cost)
                 heapq.heappush(heap, (*key, str(nxt), nxt))
     return came
 

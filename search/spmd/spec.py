@@ -127,21 +127,26 @@ class ShardingSpec:
         _chain_map: dict[int, tuple[int, ...]]
         """Tensor dim -> the mesh axes that split it, outermost first."""
         _split_dims: tuple[int, ...]
+        _partial_axes: tuple[int, ...]
+        _maximal: bool
 
     def __post_init__(self) -> None:
         axes = tuple(self.axes)
         object.__setattr__(self, "axes", axes)
         if not axes:
             raise SpecError("a sharding spec needs at least one mesh axis")
-        splitting = []
+        splitting, partial = [], []
+        maximal = True
         entries: list[object] = []  # each axis as plain values, for a fast __eq__
         for a, s in enumerate(axes):
             if isinstance(s, Split):
                 splitting.append(a)
                 entries.append(s.dim if s.stride is None else (s.dim, s.stride))
+                maximal = maximal and s.stride is None
             elif isinstance(s, Replicate):
                 entries.append(None)
             elif isinstance(s, Partial):
+                partial.append(a)
                 entries.append(s.op)
             else:
                 raise SpecError(f"mesh axis entry must be R, Split or Partial, got {s!r}")
@@ -167,6 +172,8 @@ class ShardingSpec:
         object.__setattr__(self, "split_order", split_order)
         object.__setattr__(self, "_chain_map", chain_map)
         object.__setattr__(self, "_split_dims", tuple(sorted(chain_map)))
+        object.__setattr__(self, "_partial_axes", tuple(partial))
+        object.__setattr__(self, "_maximal", maximal)
 
     def __hash__(self) -> int:
         return self._hash
@@ -214,7 +221,7 @@ class ShardingSpec:
 
     def partial_axes(self) -> tuple[int, ...]:
         """Mesh axes holding partial results."""
-        return tuple(a for a, s in enumerate(self.axes) if isinstance(s, Partial))
+        return self._partial_axes
 
     def is_replicated(self) -> bool:
         """True when every axis replicates (no split, no partial)."""
@@ -222,7 +229,7 @@ class ShardingSpec:
 
     def is_maximal(self) -> bool:
         """True when no split names an explicit stride."""
-        return all(not isinstance(s, Split) or s.stride is None for s in self.axes)
+        return self._maximal
 
     def with_axis(self, axis: int, entry: AxisSpec, *, inner: bool = True) -> ShardingSpec:
         """This spec with mesh axis `axis` replaced by `entry`.
