@@ -367,9 +367,14 @@ class _Builder:
         if kind is None:
             kind = self.instruction_kind(inst, signature)
         leaves = self.kind_leaves[kind]
-        heavy = self.heavy
-        quiet = id(inst) in heavy and not any(heavy.get(id(u), True) for u in inst.users)
-        tail = quiet and not heavy[id(inst)]
+        quiet = tail = False
+        heavy = self.heavy.get(id(inst))
+        if heavy is not None:  # an entry instruction: quiet when no reader reaches heavy,
+            # which `reaches_heavy` has said already unless the instruction is heavy itself
+            if inst.opcode in HEAVY:
+                quiet = not any(self.heavy.get(id(u), True) for u in inst.users)
+            else:
+                quiet = tail = not heavy
         v = self.add_node(
             GraphNode(
                 inst.name,
