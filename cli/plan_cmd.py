@@ -6,8 +6,10 @@ from dataclasses import fields
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from rhino.cli.common import (
+    PIPE_WIDTH,
     SECONDS,
     cluster_option,
     debug_option,
@@ -42,6 +44,12 @@ MERGE_LEVELS = {
     2: "one ILP over the merged graph",
     3: "segments between critical nodes",
 }
+
+SHARDING = (
+    "sharding (result = operands; one token per mesh axis: R replicated, S<d> split dim d)",
+    ("instruction", "opcode", "shape", "strategy"),
+)
+"""The title and columns of the table of instructions."""
 
 EPILOG = """
 \b
@@ -276,18 +284,56 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
             )
         t.add_row("  budget", text)
     out.print(t)
-    table = Table(
-        title="sharding (result = operands; one token per mesh axis: R replicated, "
-        "S<d> split dim d)",
-        title_justify="left",
-    )
-    for col in ("instruction", "opcode", "shape", "strategy"):
-        table.add_column(col)
-    for inst in plan.instructions:
-        if show_all or inst.opcode in ("parameter", "dot", "convolution"):
-            table.add_row(f"%{inst.name}", inst.opcode, inst.shape, inst.strategy)
-    out.print(table)
+    rows = [
+        (f"%{inst.name}", inst.opcode, inst.shape, inst.strategy)
+        for inst in plan.instructions
+        if show_all or inst.opcode in ("parameter", "dot", "convolution")
+    ]
+    drawn = None if out.is_terminal or out.color_system else _drawn_table(SHARDING, rows)
+    if drawn is not None:
+        out.file.write(drawn)
+    else:
+        table = Table(title=SHARDING[0], title_justify="left")
+        for col in SHARDING[1]:
+            table.add_column(col)
+        for row in rows:  # as text: a strided layout's `[s=2]` is no markup
+            table.add_row(*map(Text, row))
+        out.print(table)
     for note in plan.notes:
         out.print(f"[dim]note:[/] {note}")
     for w in plan.warnings:
         out.print(f"[yellow]warning:[/] {in_flags(w)}")
+
+
+def _drawn_table(
+    head: tuple[str, tuple[str, ...]], rows: list[tuple[str, ...]], width: int = PIPE_WIDTH
+) -> str | None:
+    """The table (title, columns; `rows`) as rich draws it off a terminal, without colour,
+    `width` columns wide: drawn line by line here, as rich takes about a millisecond a
+    row (seconds for the thousands of parameters and dots of a large model). None where
+    rich would fold a line (a title wider than the table, a table wider than `width`) or
+    measure a cell otherwise (a character that is not printable ASCII): rich draws those."""
+    title, columns = head
+    if not all(cell.isascii() and cell.isprintable() for row in rows for cell in row):
+        return None
+    widths = [max([len(col), *(len(row[i]) for row in rows)]) for i, col in enumerate(columns)]
+    total = sum(widths) + 3 * len(widths) + 1
+    if len(title) > total or total > width:
+        return None
+
+    def line(left: str, fill: str, cross: str, right: str) -> str:
+        return left + cross.join(fill * (w + 2) for w in widths) + right + "\n"
+
+    def cells(bar: str, row: tuple[str, ...]) -> str:
+        return bar + bar.join(f" {cell:<{w}} " for cell, w in zip(row, widths, strict=True)) + bar
+
+    return "".join(
+        [
+            title.ljust(total) + "\n",
+            line("┏", "━", "┳", "┓"),
+            cells("┃", columns) + "\n",
+            line("┡", "━", "╇", "┩"),
+            *(cells("│", row) + "\n" for row in rows),
+            line("└", "─", "┴", "┘"),
+        ]
+    )
