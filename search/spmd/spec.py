@@ -132,15 +132,16 @@ class ShardingSpec:
 
     def __post_init__(self) -> None:
         axes = tuple(self.axes)
-        object.__setattr__(self, "axes", axes)
         if not axes:
             raise SpecError("a sharding spec needs at least one mesh axis")
         splitting, partial = [], []
+        chains: dict[int, list[int]] = {}  # in mesh order
         maximal = True
-        entries: list[object] = []  # each axis as plain values, for a fast __eq__
+        entries: list[object] = []  # each axis as plain values: a fast __eq__ and hash
         for a, s in enumerate(axes):
             if isinstance(s, Split):
                 splitting.append(a)
+                chains.setdefault(s.dim, []).append(a)
                 entries.append(s.dim if s.stride is None else (s.dim, s.stride))
                 maximal = maximal and s.stride is None
             elif isinstance(s, Replicate):
@@ -157,23 +158,37 @@ class ShardingSpec:
                     f"order {order} must list exactly the splitting mesh axes {splitting}"
                 )
             # canonical: () when every dim's axes come in mesh order
-            if all(list(chain) == sorted(chain) for chain in self._chains(order).values()):
+            in_order = self._chains(axes, order)
+            if all(list(chain) == sorted(chain) for chain in in_order.values()):
                 order = ()
             else:  # canonical: grouped by dim, each group in split order
-                chains = self._chains(order)
-                order = tuple(a for d in sorted(chains) for a in chains[d])
-        object.__setattr__(self, "order", order)
+                order = tuple(a for d in sorted(in_order) for a in in_order[d])
+                chains = self._chains(axes, order)
+        chain_map = {d: tuple(chain) for d, chain in chains.items()}
+        key = (tuple(entries), order)
         # a spec is made once and read many times by the search (its caches are keyed by
         # specs, its moves read the chains): the hash and the structure are kept
-        split_order = order or tuple(splitting)
-        chain_map = self._chains(split_order)
-        object.__setattr__(self, "_hash", hash((axes, order)))
-        object.__setattr__(self, "_key", (tuple(entries), order))
-        object.__setattr__(self, "split_order", split_order)
-        object.__setattr__(self, "_chain_map", chain_map)
-        object.__setattr__(self, "_split_dims", tuple(sorted(chain_map)))
-        object.__setattr__(self, "_partial_axes", tuple(partial))
-        object.__setattr__(self, "_maximal", maximal)
+        vars(self).update(
+            axes=axes,
+            order=order,
+            _key=key,
+            _hash=hash(key),
+            split_order=order or tuple(splitting),
+            _chain_map=chain_map,
+            _split_dims=tuple(sorted(chain_map)),
+            _partial_axes=tuple(partial),
+            _maximal=maximal,
+        )
+
+    @staticmethod
+    def _chains(axes: Sequence[AxisSpec], order: Sequence[int]) -> dict[int, list[int]]:
+        """Tensor dim -> the axes of `order` that split it, in that order."""
+        chains: dict[int, list[int]] = {}
+        for a in order:
+            spec = axes[a]
+            assert isinstance(spec, Split)
+            chains.setdefault(spec.dim, []).append(a)
+        return chains
 
     def __hash__(self) -> int:
         return self._hash
@@ -188,14 +203,6 @@ class ShardingSpec:
         """Pickled as its fields: the cached hash (and text) of one process is not
         another's (string hashes are salted per process)."""
         return ShardingSpec, (self.axes, self.order)
-
-    def _chains(self, order: Sequence[int]) -> dict[int, tuple[int, ...]]:
-        chains: dict[int, list[int]] = {}
-        for a in order:
-            spec = self.axes[a]
-            assert isinstance(spec, Split)
-            chains.setdefault(spec.dim, []).append(a)
-        return {d: tuple(c) for d, c in chains.items()}
 
     # -- constructors ---------------------------------------------------------------------
 
