@@ -169,7 +169,7 @@ class Cluster:
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
 
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined, no-any-return]
+        return self._hash  # type: ignore[attr-defined]
 
     def __reduce__(self) -> tuple[type[Cluster], tuple[Any, ...]]:
         """Pickled as its fields: string hashes are salted per process."""

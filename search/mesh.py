@@ -38,7 +38,7 @@ class DeviceMesh:
         object.__setattr__(self, "_hash", hash((self.shape,)))
 
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined, no-any-return]
+        return self._hash  # type: ignore[attr-defined]
 
     # -- basic facts -------------------------------------------------------------------
 

@@ -208,7 +208,7 @@ class _Space:
         object.__setattr__(self, "_hash", hash(fields))
 
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined, no-any-return]
+        return self._hash  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)

@@ -105,8 +105,26 @@ AxisSpec = Replicate | Split | Partial
 R = Replicate()
 
 
+class _Derived:
+    """What a `ShardingSpec` derives from its fields when made (a spec is made once and
+    read many times by the search): attributes, not dataclass fields, so they are not
+    compared, printed or copied."""
+
+    _key: tuple[tuple[object, ...], tuple[int, ...]]
+    """The fields as plain values: each axis a dim, (dim, stride), None (R) or the
+    partial op; and the order."""
+    _hash: int
+    split_order: tuple[int, ...]
+    """The splitting mesh axes in split order (outer first)."""
+    _chain_map: dict[int, tuple[int, ...]]
+    """Tensor dim -> the mesh axes that split it, outermost first."""
+    _split_dims: tuple[int, ...]
+    _partial_axes: tuple[int, ...]
+    _maximal: bool
+
+
 @dataclass(frozen=True)
-class ShardingSpec:
+class ShardingSpec(_Derived):
     """How a tensor lies on a device mesh: one `AxisSpec` per mesh axis.
 
     A spec knows the mesh rank but not the mesh sizes or the tensor shape; the methods
@@ -118,17 +136,6 @@ class ShardingSpec:
     order: tuple[int, ...] = ()
     """The splitting mesh axes, outer split first, when some dim is split by several
     axes in other than mesh order; () means mesh order (canonical for that case)."""
-
-    if TYPE_CHECKING:  # set by __post_init__ (not fields: not compared, printed or copied)
-        _hash: int
-        _key: tuple[tuple[object, ...], tuple[int, ...]]
-        split_order: tuple[int, ...]
-        """The splitting mesh axes in split order (outer first)."""
-        _chain_map: dict[int, tuple[int, ...]]
-        """Tensor dim -> the mesh axes that split it, outermost first."""
-        _split_dims: tuple[int, ...]
-        _partial_axes: tuple[int, ...]
-        _maximal: bool
 
     def __post_init__(self) -> None:
         axes = tuple(self.axes)
@@ -197,7 +204,7 @@ class ShardingSpec:
         """Equal axes and order (as the fields compare, without a Python call per axis)."""
         if other.__class__ is not ShardingSpec:
             return NotImplemented
-        return self._key == other._key  # type: ignore[attr-defined, no-any-return]
+        return self._key == other._key
 
     def __reduce__(self) -> tuple[type[ShardingSpec], tuple[tuple[AxisSpec, ...], tuple[int, ...]]]:
         """Pickled as its fields: the cached hash (and text) of one process is not
