@@ -609,15 +609,15 @@ def _plan_parts(graph: ShardingGraph) -> _PlanParts:
         "own" if n.carried or n.inst.opcode.value == "parameter" else "operand" for n in graph.nodes
     ]
     operands: dict[tuple[int, int], list[Use]] = defaultdict(list)
-    for (v, j), (u, leaf) in graph.operand_sources.items():
+    for v, j in sorted(graph.operand_sources):  # each reader's operands in order
         if reads[v] == "operand":
+            u, leaf = graph.operand_sources[(v, j)]
             operands[(u, v)].append((leaf, j, "operand", j))
     found = []
     for u, v in graph.edges:
         if reads[v] == "operand":
-            uses = operands.get((u, v))
-            if uses:
-                found.append((u, v, tuple(sorted(uses, key=lambda use: use[1]))))
+            if (u, v) in operands:
+                found.append((u, v, tuple(operands[(u, v)])))
             continue
         nu, nv = graph.nodes[u], graph.nodes[v]
         if len(nu.leaf_shapes) != 1:
