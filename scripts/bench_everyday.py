@@ -227,24 +227,23 @@ def run_row(
 
 
 def summarize(row: Row, runs: list[dict[str, Any]], xla_s: float | None) -> dict[str, Any]:
-    """Best and median wall time and peak RSS of one revision's runs, and whether the best
-    run meets the row's targets (False if any run failed)."""
-    walls = [r["wall_s"] for r in runs]
-    rss = [r["peak_rss_bytes"] for r in runs]
-    best_s, best_rss = min(walls), min(rss)
-    met = all(r["exit"] == 0 for r in runs)
+    """Best and median wall time and peak RSS of one revision's successful runs, how many
+    failed, and whether the best run meets the row's targets (not if any run failed)."""
+    ok = [r for r in runs if r["exit"] == 0]
+    out: dict[str, Any] = {"failed": len(runs) - len(ok)}
+    if not ok:
+        return {**out, "met": False}
+    walls = [r["wall_s"] for r in ok]
+    rss = [r["peak_rss_bytes"] for r in ok]
+    out.update(best_s=min(walls), median_s=statistics.median(walls))
+    out.update(best_rss_bytes=min(rss), median_rss_bytes=statistics.median(rss))
+    met = len(ok) == len(runs)
     if row.target_s is not None:
-        met = met and best_s <= row.target_s
+        met = met and out["best_s"] <= row.target_s
     if row.target_rss_bytes is not None:
-        met = met and best_rss <= row.target_rss_bytes
-    out: dict[str, Any] = {
-        "best_s": best_s,
-        "median_s": statistics.median(walls),
-        "best_rss_bytes": best_rss,
-        "median_rss_bytes": statistics.median(rss),
-    }
+        met = met and out["best_rss_bytes"] <= row.target_rss_bytes
     if xla_s is not None:
-        out["vs_xla"] = xla_s / best_s  # above 1: the whole command beats XLA's parse alone
+        out["vs_xla"] = xla_s / out["best_s"]  # above 1: the command beats XLA's parse alone
         met = met and out["vs_xla"] >= 1.0
     return {**out, "met": met}
 
@@ -260,7 +259,12 @@ def _target(row: Row, doc: dict[str, Any]) -> str:
 
 def _met(summary: dict[str, Any]) -> str:
     ratio = f" ({summary['vs_xla']:.2f}x XLA)" if "vs_xla" in summary else ""
-    return ("yes" if summary["met"] else "NO") + ratio
+    failed = f", {summary['failed']} failed" if summary["failed"] else ""
+    return ("yes" if summary["met"] else "NO") + ratio + failed
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def render(rows: list[dict[str, Any]], names: list[str], title: str) -> Table:
@@ -284,10 +288,13 @@ def render(rows: list[dict[str, Any]], names: list[str], title: str) -> Table:
             if i == 0:
                 n = doc.get("instructions")
                 head = [doc["command"], f"{n:,}" if n else "", _target(by_key[doc["key"]], doc)]
-            runs = " / ".join(f"{r['wall_s']:.2f}" for r in doc["runs"][name])
-            cells = [*head, name, runs, f"{s['best_s']:.2f}", f"{s['median_s']:.2f}"]
-            cells += [mib(s["median_rss_bytes"]), _met(s)]
-            if i == 1:
+            runs = " / ".join(
+                f"{r['wall_s']:.2f}" + (f" (exit {r['exit']})" if r["exit"] else "")
+                for r in doc["runs"][name]
+            )
+            cells = [*head, name, runs, _s(s.get("best_s")), _s(s.get("median_s"))]
+            cells += [mib(s.get("median_rss_bytes")), _met(s)]
+            if i == 1 and "best_s" in s and "best_s" in stats[0]:
                 base = stats[0]
                 wall = s["best_s"] / base["best_s"]
                 rss = s["median_rss_bytes"] / base["median_rss_bytes"]

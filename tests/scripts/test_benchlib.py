@@ -61,7 +61,8 @@ def test_a_target_is_met_by_the_best_run() -> None:
     met = bench_everyday.summarize(row, _runs(3.0, 0.9, 2.0), None)
     assert met["met"] and met["best_s"] == 0.9 and met["median_s"] == 2.0
     assert not bench_everyday.summarize(row, _runs(1.1, 1.2), None)["met"]
-    assert not bench_everyday.summarize(row, _runs(0.5, exit=1), None)["met"]
+    failed = bench_everyday.summarize(row, [*_runs(0.1, exit=1), *_runs(3.0)], None)
+    assert not failed["met"] and failed["failed"] == 1 and failed["best_s"] == 3.0
     tight = bench_everyday.Row("r", ("--help",), None, target_s=1.0, target_rss_bytes=50 * MIB)
     assert not bench_everyday.summarize(tight, _runs(0.5), None)["met"]
 
@@ -69,6 +70,7 @@ def test_a_target_is_met_by_the_best_run() -> None:
 def test_the_parse_row_is_met_when_the_command_beats_xla() -> None:
     row = bench_everyday.Row("parse", ("parse", "{}"), None, xla_parse=True)
     assert bench_everyday.summarize(row, _runs(0.8), 1.0) == {
+        "failed": 0,
         "best_s": 0.8,
         "median_s": 0.8,
         "best_rss_bytes": 100 * MIB,
