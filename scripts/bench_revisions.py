@@ -20,6 +20,7 @@ tree's over the base's) and writes JSON (`--out`).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -52,21 +53,22 @@ def _ratio(here: float, base: float) -> str:
 
 
 def render(args: tuple[str, ...], rounds: int, runs: dict[str, list[dict[str, Any]]]) -> Table:
-    """Per revision: the runs, min and median wall and peak RSS, objectives, exit codes;
-    the last row is this tree over the base (below 1: this tree is faster / smaller)."""
+    """Per revision: the runs, min and median wall and peak RSS of those that exited 0
+    (nan if none did), objectives, exit codes; the last row is this tree over the base
+    (below 1: this tree is faster / smaller)."""
     table = Table(title=f"rhino {' '.join(args)}: alternating, {rounds} rounds")
     columns = ("revision", "runs (s)", "min s", "median s", "min RSS", "median RSS")
     for col in (*columns, "objective_s", "exit codes"):
         table.add_column(col, justify="left" if col in ("revision", "runs (s)") else "right")
     stats: list[tuple[float, float, float, float]] = []
     for name, rows in runs.items():
-        walls = [r["wall_s"] for r in rows]
-        rss = [r["peak_rss_bytes"] for r in rows]
+        walls = [r["wall_s"] for r in rows if r["exit"] == 0] or [math.nan]
+        rss = [r["peak_rss_bytes"] for r in rows if r["exit"] == 0] or [math.nan]
         stats.append((min(walls), statistics.median(walls), min(rss), statistics.median(rss)))
         objectives = sorted({r.get("objective_s") for r in rows}, key=str)
         table.add_row(
             name,
-            " / ".join(f"{w:.1f}" for w in walls),
+            " / ".join(f"{r['wall_s']:.2f}" for r in rows),
             f"{stats[-1][0]:.2f}",
             f"{stats[-1][1]:.2f}",
             mib(stats[-1][2]),
