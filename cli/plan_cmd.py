@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import fields
 
 import click
@@ -306,7 +307,7 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
 
 
 def _drawn_table(
-    head: tuple[str, tuple[str, ...]], rows: list[tuple[str, ...]], width: int = PIPE_WIDTH
+    head: tuple[str, tuple[str, ...]], rows: Sequence[tuple[str, ...]], width: int = PIPE_WIDTH
 ) -> str | None:
     """The table (title, columns; `rows`) as rich draws it off a terminal, without colour,
     `width` columns wide: drawn line by line here, as rich takes about a millisecond a

@@ -311,10 +311,16 @@ def _json(value: Any) -> Any:
         return [_json(v) for v in value]
     if kind is dict:
         return {str(k): v if type(v) in _PLAIN else _json(v) for k, v in value.items()}
-    return _converter(kind)(value)
+    convert = _CONVERTERS.get(kind)
+    if convert is None:
+        convert = _CONVERTERS[kind] = _converter(kind)
+    return convert(value)
 
 
-@functools.cache
+_CONVERTERS: dict[type, Callable[[Any], Any]] = {}
+"""Type -> `_converter(type)`, decided as values of the type are met."""
+
+
 def _converter(kind: type) -> Callable[[Any], Any]:
     """How `jsonable` turns a value of type `kind` (not plain, not a tuple, list or dict)
     into JSON, decided once per type."""
