@@ -13,7 +13,9 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rhino.hlo.attrs import decode_attr
 from rhino.hlo.errors import HloParseError, SourceSpan, TextError
+from rhino.hlo.lexemes import ATTR_ITEM
 from rhino.hlo.opcode import Opcode
 from rhino.hlo.shape import Shape
 
@@ -239,8 +241,6 @@ class Instruction:
         self._attr_pos = {key: offset + shift for key, offset in other.attr_offsets.items()}
 
     def _split_attr_text(self) -> dict[str, str]:
-        from rhino.hlo.lexemes import ATTR_ITEM
-
         text = self._attr_text or ""
         base = self._attr_text_pos
         attrs: dict[str, str] = {}
@@ -280,8 +280,6 @@ class Instruction:
         text = self.attrs.get(key)
         if text is None:
             return default
-        from rhino.hlo.attrs import decode_attr
-
         try:
             value = decode_attr(key, text)
         except TextError as e:
