@@ -163,9 +163,12 @@ def rhino_command(args: Sequence[str]) -> list[str]:
 def rhino_env(site: Path | None) -> dict[str, str]:
     """This environment with rhino taken from `site` (an installed revision, see
     :func:`installed`) or, for None, from this Python's own install (the working tree
-    for an editable install)."""
+    for an editable install). Without PYTHONDONTWRITEBYTECODE (set in some development
+    shells): rhino runs from compiled bytecode, as an installed rhino does, once a first
+    run has written it."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if site is not None:
         env["PYTHONPATH"] = str(site)
     return env
