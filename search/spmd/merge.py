@@ -204,7 +204,7 @@ def solve_merged(
     problem: ShardingProblem,
     options: SolveOptions | None = None,
     start: tuple[int, ...] | None = None,
-    memo: WindowMemo | None = None,
+    memo: SearchMemo | None = None,
     warm: WarmStart | None = None,
 ) -> Solution:
     """O2 (see module doc): a plan for a problem without a memory budget. `start`, a plan
@@ -221,7 +221,8 @@ def solve_merged(
     begin = time.perf_counter()
     report = Report()
     clock = time.perf_counter()
-    crit, report.sizes = structure(problem)
+    memo = SearchMemo() if memo is None else memo
+    crit, report.sizes = memo.structure(problem)
     report.phases["critical"] = time.perf_counter() - clock
     clock = time.perf_counter()
     # dominated strategies stay: the refinement's windows settle them themselves, and
@@ -255,7 +256,7 @@ def solve_merged(
     report.level = 3
     segments = _segments(reduced, core_ids, crit, options.tuning.segment_nodes)
     report.measured(segments=len(segments))
-    search = _SegmentSearch(problem, reduced, options, {} if memo is None else memo)
+    search = _SegmentSearch(problem, reduced, options, memo.windows)
     report.phases["segments"] = report.phases["refine"] = 0.0
     passes = 0
     starts = []
@@ -356,17 +357,42 @@ def _segments(
     return segments
 
 
-WindowMemo = dict[tuple[bytes, tuple[int, ...]], tuple[int, ...]]
-"""(window digest, strategies of the nodes outside it) -> the window's answer. The digest
-covers every cost the window's answer depends on (its nodes', its edges', those to the
-nodes outside it), so the memo is valid across problems."""
+@dataclass
+class SearchMemo:
+    """What O2 keeps from one problem to the next of the same graph at other costs (the
+    plans of the combined-collectives search, the budget's relaxations)."""
+
+    windows: dict[tuple[bytes, tuple[int, ...]], tuple[int, ...]] = field(default_factory=dict)
+    """(window digest, strategies of the nodes outside it) -> the window's answer. The
+    digest covers every cost the window's answer depends on (its nodes', its edges', those
+    to the nodes outside it), so the answer is valid across problems."""
+    structures: dict[bytes, tuple[Critical, Sizes]] = field(default_factory=dict)
+    """Digest of a problem's shape (nodes, edges, which are backward, which nodes are
+    heavy: what `structure` reads) -> its `structure`."""
+
+    def structure(self, problem: ShardingProblem) -> tuple[Critical, Sizes]:
+        """`structure(problem)`, computed once per shape."""
+        edges = np.array([(e.u, e.v, e.backward) for e in problem.edges], dtype=np.int64)
+        heavy = np.array([n.heavy for n in problem.nodes], dtype=bool)
+        key = hashlib.blake2b(
+            np.int64(len(problem.nodes)).tobytes() + edges.tobytes() + heavy.tobytes(),
+            digest_size=16,
+        ).digest()
+        found = self.structures.get(key)
+        if found is None:
+            found = self.structures[key] = structure(problem)
+        return found
 
 
 class _SegmentSearch:
     """Segments of the core solved in order, then refined (see module doc)."""
 
     def __init__(
-        self, problem: ShardingProblem, reduced: Reduced, options: SolveOptions, memo: WindowMemo
+        self,
+        problem: ShardingProblem,
+        reduced: Reduced,
+        options: SolveOptions,
+        memo: dict[tuple[bytes, tuple[int, ...]], tuple[int, ...]],
     ) -> None:
         self.problem = problem
         self.r = reduced

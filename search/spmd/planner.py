@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from rhino.search.spmd.builder import GraphNode, ShardingGraph, build_graph
 from rhino.search.spmd.combine import combine, node_latencies, search_groups
 from rhino.search.spmd.comm import COMBINE_THRESHOLD_BYTES, GroupKey
 from rhino.search.spmd.lp import LpBasis, WarmStart
-from rhino.search.spmd.merge import WindowMemo, solve_merged, structure
+from rhino.search.spmd.merge import SearchMemo, solve_merged
 from rhino.search.spmd.plan import (
     LEVELS,
     CombinedSearch,
@@ -112,7 +112,7 @@ def make_plan(
         strides=request.strides,
     )
     phases["build"] = time.perf_counter() - clock
-    memo: WindowMemo = {}  # O2's windows, solved once for every plan made
+    memo = SearchMemo()  # O2's windows and critical path, found once for every plan made
     plan = plan_combined(
         graph,
         request,
@@ -205,7 +205,7 @@ def _solve(
     problem: ShardingProblem,
     request: PlanRequest,
     options: SolveOptions,
-    memo: WindowMemo,
+    memo: SearchMemo,
     warm: WarmStart | None = None,
 ) -> Solution:
     """The request's level and memory mode on `problem` (O2 without a budget: its LP from
@@ -225,7 +225,7 @@ def _solve(
         solution = solve(problem, options)
     stats = solution.stats
     if stats.sizes.nodes is None:  # the sizes O2 reports, for every path
-        sizes = structure(problem)[1].updated(stats.sizes)
+        sizes = memo.structure(problem)[1].updated(stats.sizes)
         solution = dataclasses.replace(solution, stats=dataclasses.replace(stats, sizes=sizes))
     return solution
 
@@ -249,7 +249,7 @@ def search_report(report: SolverReport, solution: Solution) -> SolverReport:
 def solve_whole(
     problem: ShardingProblem,
     options: SolveOptions,
-    memo: WindowMemo | None = None,
+    memo: SearchMemo | None = None,
     lp_start: WarmStart | None = None,
 ) -> Solution:
     """O3: the whole-graph ILP, started from O2's plan (given at most half the time), so
@@ -450,12 +450,26 @@ class _ProblemParts:
     latency (unweighted), and their latency per key (`node_latencies`)."""
     combined: dict[tuple[int, int], int]
     """Edge of `graph.combined` -> its index in `edges`."""
+    largest: tuple[int, ...]
+    """Per node, its strategy of the largest results."""
 
     @functools.cached_property
     def largest_peak(self) -> float:
         """Peak memory with every tensor in its largest layout."""
-        largest = [int(np.argmax(n.memory)) for n in self.nodes]
-        return ShardingProblem(self.nodes).peak_memory(largest)[0]
+        return ShardingProblem(self.nodes).peak_memory(self.largest)[0]
+
+
+class _Kind(NamedTuple):
+    """What `_problem_parts` reads of a kind of node (see `GraphNode.kind`)."""
+
+    cost: np.ndarray
+    """Seconds per strategy, unweighted."""
+    memory: np.ndarray
+    labels: tuple[str, ...]
+    most: float
+    """The largest compute of a strategy."""
+    largest: int
+    """The strategy of the largest results."""
 
 
 def _problem_parts(graph: ShardingGraph) -> _ProblemParts:
@@ -466,30 +480,27 @@ def _problem_parts(graph: ShardingGraph) -> _ProblemParts:
     entry = graph.module.entry
     root = entry.root
     outputs = {id(root)} | ({id(op) for op in root.operands} if root is not None else set())
-    # per node: cost and memory per strategy, labels, the largest compute (per kind, or
-    # the node's own where it has none: kind -1)
-    per_kind: dict[int, tuple[np.ndarray, np.ndarray, tuple[str, ...], float]] = {}
-    facts = []
+    per_kind: dict[int, _Kind] = {}  # a node of no kind (-1) has its own
+    kinds = []
     for n in graph.nodes:
         if n.kind not in per_kind or n.kind < 0:
-            per_kind[n.kind] = (
+            memory = np.array([n.memory(k, graph.mesh) for k in range(len(n.strategies))])
+            per_kind[n.kind] = _Kind(
                 np.array([s.cost for s in n.strategies]),
-                np.array([n.memory(k, graph.mesh) for k in range(len(n.strategies))]),
+                memory,
                 tuple(s.label for s in n.strategies),
                 max(s.compute for s in n.strategies),
+                int(np.argmax(memory)),
             )
-        facts.append(per_kind[n.kind])
-    work = np.array(
-        [most * n.weight for (_, _, _, most), n in zip(facts, graph.nodes, strict=True)]
-    )
+        kinds.append(per_kind[n.kind])
+    work = np.array([kind.most * n.weight for kind, n in zip(kinds, graph.nodes, strict=True)])
     heavy_work = HEAVY_SHARE * float(work.sum())
     latencies = node_latencies(graph)
     weighted: dict[tuple[int, float], np.ndarray] = {}
     nodes = []
     quiet = {}
-    for v, (n, (cost, memory, labels, _), w) in enumerate(
-        zip(graph.nodes, facts, work.tolist(), strict=True)
-    ):
+    for v, (n, kind, w) in enumerate(zip(graph.nodes, kinds, work.tolist(), strict=True)):
+        cost = kind.cost
         if latencies[v]:  # XLA combines these: to_plan charges them
             quiet[v] = (cost, latencies[v])
             for alpha in latencies[v].values():
@@ -501,17 +512,19 @@ def _problem_parts(graph: ShardingGraph) -> _ProblemParts:
             cost = weighted[(n.kind, n.weight)]
         else:
             cost = cost * n.weight
-        held = n.inst.opcode.value == "parameter" and n.inst.parent is entry
+        opcode = n.inst.opcode.value
+        held = opcode == "parameter" and n.inst.parent is entry
         live = (0 if held else n.order, end if held or id(n.inst) in outputs else n.last_use)
-        heavy = n.inst.opcode.value in HEAVY_OPCODES or (w > 0 and w >= heavy_work)
-        nodes.append(ProblemNode(n.name, labels, cost, memory, live, heavy))
-    edges = []
+        heavy = opcode in HEAVY_OPCODES or (w > 0 and w >= heavy_work)
+        nodes.append(ProblemNode(n.name, kind.labels, cost, kind.memory, live, heavy))
+    edges: list[ProblemEdge] = []
     combined = {}
     for (u, v), m in graph.edges.items():
         if (u, v) in graph.combined:
             combined[(u, v)] = len(edges)
         edges.append(ProblemEdge(u, v, m, backward=(u, v) in graph.backward))
-    return _ProblemParts(tuple(nodes), tuple(edges), quiet, combined)
+    largest = tuple(kind.largest for kind in kinds)
+    return _ProblemParts(tuple(nodes), tuple(edges), quiet, combined, largest)
 
 
 @_collector_paused()
