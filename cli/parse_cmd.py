@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import click
-from rich.table import Table
 
 from rhino.cli.common import (
     debug_option,
@@ -21,9 +20,7 @@ from rhino.cli.common import (
     stdout,
 )
 from rhino.hlo.analysis import ModuleSummary, summarize
-from rhino.hlo.dot import entry_to_dot
 from rhino.hlo.parser import parse_file
-from rhino.hlo.printer import print_module
 from rhino.hlo.verify import verify
 from rhino.search.units import format_bytes
 
@@ -73,8 +70,12 @@ def parse_command(
             verify(module)
             summary = summarize(module, top=top)
         if emit:
+            from rhino.hlo.printer import print_module
+
             save_output(emit, print_module(module), "reprinted module")
         if dot_file:
+            from rhino.hlo.dot import entry_to_dot
+
             save_output(dot_file, entry_to_dot(module), "Graphviz view")
         if as_json:
             emit_json("parse", {"file": file, **summary.__dict__})
@@ -100,6 +101,8 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 def render(file: str, s: ModuleSummary) -> None:
+    from rich.table import Table  # not needed for --json
+
     out = stdout
     out.print(f"[bold]{s.name}[/]  ({file})")
     facts = Table(show_header=False, box=None, pad_edge=False)
