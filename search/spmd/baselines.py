@@ -49,6 +49,7 @@ from rhino.search.cluster import Cluster
 from rhino.search.mesh import DeviceMesh
 from rhino.search.problem import ShardingProblem, Solution, SolveOptions
 from rhino.search.spmd.builder import ShardingGraph, build_graph, state_pairs
+from rhino.search.spmd.lp import WarmStart
 from rhino.search.spmd.plan import Plan
 from rhino.search.spmd.planner import PlanRequest, lifted, plan_combined, restrict
 from rhino.search.spmd.solver import solve_ilp
@@ -301,9 +302,9 @@ def data_parallel_plan(
     choices = data_parallel_choices(graph, inputs.split)
     say(f"solving: {choices.free} of {len(graph.nodes)} decisions free")
 
-    def solve_restricted(problem: ShardingProblem) -> Solution:
-        sub, back = restrict(problem, choices.allowed)
-        return lifted(solve_ilp(sub, solve), problem, back)
+    def solve_restricted(problem: ShardingProblem, warm: WarmStart) -> Solution:
+        sub, back = restrict(problem, choices.allowed)  # the same nodes for every plan
+        return lifted(solve_ilp(sub, solve, warm=warm), problem, back)
 
     plan = plan_combined(graph, request, solve_restricted, solve.started(), say, {})
     plan = dataclasses.replace(plan, search_time_s=time.perf_counter() - start)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import multiprocessing
 import time
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar, cast
@@ -54,6 +56,7 @@ from rhino.search.spmd.plan import (
 from rhino.search.spmd.reshard import reshard
 from rhino.search.spmd.solver import PROVEN_GAP, check_budget, solve_ilp
 from rhino.search.spmd.spec import ShardingSpec, SpecError
+from rhino.search.workers import worker_context
 
 HEAVY_OPCODES = ("dot", "convolution")
 HEAVY_SHARE = 0.005
@@ -120,6 +123,7 @@ def make_plan(
         options,
         say,
         phases,
+        memo,
     )
     return dataclasses.replace(
         plan,
@@ -146,16 +150,21 @@ def plan_combined(
     options: SolveOptions,
     say: Callable[[str], None],
     phases: dict[str, float],
+    memo: SearchMemo | None = None,
 ) -> Plan:
     """The plan `solve` finds for the graph, with the search over combined collectives
-    (`rhino.search.spmd.combine`). Each plan's LP starts from the basis of the plan it
-    varies (`rhino.search.spmd.lp.WarmStart`); `options.threads` plans are made at once.
-    `phases` gets "solve" and "plan" (solving the first problem and writing its plan,
-    with the solver's own phases "solve.<phase>" inside "solve") and "combine" (the
-    search over combined collectives after it, wall time), so that the phases add up to
-    the search time."""
+    (`rhino.search.spmd.combine`). `options.threads` plans are made at once: on threads
+    where the first plan's search was one LP (each plan's LP starts from the basis of the
+    plan it varies, `rhino.search.spmd.lp.WarmStart`; HiGHS releases the GIL), in worker
+    processes where it was O2's level 3 (segments and windows, mostly Python, which
+    threads would take turns at), given `memo` (the windows solved so far) and handing
+    back the windows they solved. `phases` gets "solve" and "plan" (solving the first
+    problem and writing its plan, with the solver's own phases "solve.<phase>" inside
+    "solve") and "combine" (the search over combined collectives after it, wall time), so
+    that the phases add up to the search time."""
     spent: list[float] = []  # the first plan's seconds solving, seconds writing
     bases: dict[frozenset[GroupKey], LpBasis | None] = {}
+    workers: list[ProcessPoolExecutor] = []
 
     def plan_with(closed: frozenset[GroupKey], parent: frozenset[GroupKey] | None) -> Plan:
         clock = time.perf_counter()
@@ -165,9 +174,15 @@ def plan_combined(
             f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges"
             + (f", {keys} not combined" if closed else "")
         )
-        warm = WarmStart(start=bases.get(parent) if parent is not None else None)
-        solution = solve(problem, warm)
-        bases[closed] = warm.found
+        if workers and memo is not None:
+            # copies: the pool pickles on its own thread while others add windows
+            work = (problem, request, options, dict(memo.windows), dict(memo.structures))
+            solution, windows = workers[0].submit(_solve_apart, work).result()
+            memo.windows.update(windows)
+        else:
+            warm = WarmStart(start=bases.get(parent) if parent is not None else None)
+            solution = solve(problem, warm)
+            bases[closed] = warm.found
         solved = time.perf_counter()
         say("writing the plan")
         plan = to_plan(graph, problem, solution, request, 0.0)
@@ -177,7 +192,19 @@ def plan_combined(
 
     first = plan_with(frozenset(), None)
     clock = time.perf_counter()
-    plan, closed, made = search_groups(first, plan_with, options.left, options.threads)
+    if (
+        first.solver.merge_level == 3
+        and options.threads > 1
+        and memo is not None
+        and request.memory_mode != "largest"  # its search reads the graph
+        and multiprocessing.parent_process() is None  # a worker of --devices: no more
+    ):
+        workers.append(ProcessPoolExecutor(options.threads, mp_context=worker_context(__name__)))
+    try:
+        plan, closed, made = search_groups(first, plan_with, options.left, options.threads)
+    finally:
+        for pool in workers:
+            pool.shutdown(cancel_futures=True)
     phases.update(solve=spent[0], plan=spent[1], combine=time.perf_counter() - clock)
     # the first problem leaves out the latency of every combined collective: its bound
     # is below every plan's objective_s, whichever problem found the plan
@@ -200,8 +227,21 @@ def plan_combined(
     return dataclasses.replace(plan, solver=solver)
 
 
+def _solve_apart(
+    work: tuple[
+        ShardingProblem, PlanRequest, SolveOptions, dict[Any, tuple[int, ...]], dict[bytes, Any]
+    ],
+) -> tuple[Solution, dict[Any, tuple[int, ...]]]:
+    """`_solve` in a worker process (see `plan_combined`): the solution, and the windows
+    it solved that the memo it was given did not have."""
+    problem, request, options, windows, structures = work
+    memo = SearchMemo(windows=dict(windows), structures=dict(structures))
+    solution = _solve(None, problem, request, options, memo)
+    return solution, {k: v for k, v in memo.windows.items() if k not in windows}
+
+
 def _solve(
-    graph: ShardingGraph,
+    graph: ShardingGraph | None,
     problem: ShardingProblem,
     request: PlanRequest,
     options: SolveOptions,
@@ -213,6 +253,7 @@ def _solve(
     merged = functools.partial(solve_merged, memo=memo)
     solve = merged if request.level == "O2" else solve_ilp
     if problem.budget is not None and request.memory_mode == "largest":
+        assert graph is not None, "the largest-sharded search reads the graph"
         solution = solve_largest_sharded(graph, problem, options, solve)  # Rhino §4.4
     elif problem.budget is not None and request.level == "O2":
         # the budget's rows relaxed into node costs: O2 itself never sees a memory row

@@ -196,3 +196,42 @@ def test_state_paired_by_shape_is_said_and_an_alias_is_taken_as_given() -> None:
     assert state_pairs(aliased) == [(1, 1)]
     graph = build_graph(aliased, parse_mesh("1x2"), load_cluster("m8"))
     assert not any("no input_output_alias" in n for n in graph.notes)
+
+
+def test_the_plans_of_the_combined_search_made_apart_are_the_plans_made_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The combined-collectives search makes a round's plans in worker processes where
+    O2 searched by segments (level 3): the same plan as one by one, the windows the
+    workers solved handed back."""
+    import dataclasses
+    from concurrent.futures import ProcessPoolExecutor
+
+    from rhino.search.problem import SolveOptions, Tuning
+    from rhino.search.spmd import planner
+
+    pools: list[int] = []
+
+    class Counted(ProcessPoolExecutor):
+        def submit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            pools.append(id(self))
+            return super().submit(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "ProcessPoolExecutor", Counted)
+
+    segments = SolveOptions(tuning=Tuning(whole_core_pairs=0))  # level 3 on a small model
+    plans = [
+        plan_for(
+            ROOT / "examples" / "gpt_tiny.hlo",
+            "2x4",
+            solve=dataclasses.replace(segments, threads=threads),
+        )
+        for threads in (1, 2)
+    ]
+    one, apart = plans
+    assert len(pools) == one.solver.combined.plans - 1  # every plan after the first, apart
+    assert one.solver.merge_level == apart.solver.merge_level == 3
+    assert one.solver.combined is not None and one.solver.combined.plans >= 3
+    assert apart.solver.combined == one.solver.combined
+    assert apart.objective_s == one.objective_s
+    assert [i.outs for i in apart.instructions] == [i.outs for i in one.instructions]
