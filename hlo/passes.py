@@ -5,8 +5,7 @@ Pre- and postcondition of every pass: the module verifies (`rhino.hlo.verify`).
 
 from __future__ import annotations
 
-import gc
-
+from rhino.hlo.collector import collector_paused
 from rhino.hlo.ir import Computation, Instruction, Module
 from rhino.hlo.opcode import Opcode
 
@@ -15,13 +14,8 @@ def clone_module(module: Module) -> Module:
     """A deep copy: new computations and instructions, the same names, shapes, attribute
     texts and source locations (shapes and decoded attribute values are immutable and
     shared). Printing the copy prints the module."""
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # as the parser does: many objects, none freed
-    try:
+    with collector_paused():  # as the parser does: many objects, none freed
         return _clone(module)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
 
 def _clone(module: Module) -> Module:
