@@ -76,7 +76,7 @@ def _inline(
     module: Module, opcodes: tuple[Opcode, ...], origin: dict[str, str] | None = None
 ) -> Module:
     out = clone_module(module)
-    used = {inst.name for inst in out.instructions()}
+    used = _Names({inst.name for inst in out.instructions()})
     for comp in out.computations:
         while True:
             calls = [i for i in comp.instructions if i.opcode in opcodes and len(i.called) == 1]
@@ -88,16 +88,17 @@ def _inline(
 
 
 def _inline_one(
-    comp: Computation, call: Instruction, used: set[str], origin: dict[str, str] | None
+    comp: Computation, call: Instruction, used: _Names, origin: dict[str, str] | None
 ) -> None:
     callee = call.called[0]
     mapping: dict[int, Instruction] = {}
+    clones: list[Instruction] = []
     for inst in callee.instructions:
         if inst.opcode is Opcode.PARAMETER:
             mapping[id(inst)] = call.operands[inst.parameter_number or 0]
             continue
         clone = Instruction(
-            _fresh(inst.name, used),
+            used.fresh(inst.name),
             inst.opcode,
             inst.shape,
             [mapping[id(op)] for op in inst.operands],
@@ -107,10 +108,11 @@ def _inline_one(
         )
         clone.called = inst.called
         clone.control_predecessors = tuple(mapping[id(p)] for p in inst.control_predecessors)
-        comp.insert_before(call, clone)
+        clones.append(clone)
         mapping[id(inst)] = clone
         if origin is not None:
             origin[clone.name] = origin.get(call.name, call.name)
+    comp.insert_all_before(call, clones)
     assert callee.root is not None
     result = mapping[id(callee.root)]
     call.replace_all_uses_with(result)
@@ -119,14 +121,28 @@ def _inline_one(
     comp.remove(call)
 
 
-def _fresh(name: str, used: set[str]) -> str:
-    candidate = name
-    k = 0
-    while candidate in used:
-        k += 1
-        candidate = f"{name}.i{k}"
-    used.add(candidate)
-    return candidate
+class _Names:
+    """The instruction names taken in a module, and fresh ones: `name`, else the first
+    free of `name.i1`, `name.i2`, ..."""
+
+    def __init__(self, used: set[str]) -> None:
+        self.used = used
+        self.tried: dict[str, int] = {}
+        """name -> the k of the last `name.ik` handed out: every lower one is taken (names
+        are only ever added), so the search for the next goes on from there (a body
+        inlined 500 times tried 1, 2, ..., 500 for its 500th copy)."""
+
+    def fresh(self, name: str) -> str:
+        candidate = name
+        k = self.tried.get(name, 0)
+        if k:
+            candidate = f"{name}.i{k}"
+        while candidate in self.used:
+            k += 1
+            candidate = f"{name}.i{k}"
+        self.tried[name] = k
+        self.used.add(candidate)
+        return candidate
 
 
 def drop_unreachable(module: Module) -> Module:

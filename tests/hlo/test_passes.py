@@ -91,3 +91,37 @@ def test_flatten_leaves_no_call_or_fusion_and_verifies(path) -> None:
     assert [p.shape for p in after.entry.parameters] == [p.shape for p in before.entry.parameters]
     if path.name == "mlp_optimized.hlo":
         assert any(i.opcode is Opcode.FUSION for i in before.instructions())
+
+
+def test_inserting_several_before_an_instruction_keeps_their_order_and_refuses_a_taken_name() -> (
+    None
+):
+    from rhino.hlo.ir import Instruction
+    from rhino.hlo.opcode import Opcode
+    from rhino.hlo.parser import parse_module
+    from rhino.hlo.shape import parse_shape
+
+    module = parse_module(
+        "HloModule m\nENTRY e {\n  a = f32[] parameter(0)\n  ROOT b = f32[] negate(a)\n}\n"
+    )
+    comp = module.entry
+    a, b = comp.instructions
+    made = [Instruction(n, Opcode.NEGATE, parse_shape("f32[]"), [a]) for n in ("c", "d")]
+    comp.insert_all_before(b, made)
+    assert [i.name for i in comp.instructions] == ["a", "c", "d", "b"]
+    assert comp.get("d") is made[1] and made[1].parent is comp
+    for names in (["e", "a"], ["f", "f"]):
+        with pytest.raises(ValueError, match="already has"):
+            comp.insert_all_before(
+                b, [Instruction(n, Opcode.NEGATE, parse_shape("f32[]"), [a]) for n in names]
+            )
+    assert [i.name for i in comp.instructions] == ["a", "c", "d", "b"]  # nothing half done
+    assert comp.get("e") is None
+
+
+def test_a_body_inlined_many_times_gets_the_names_a_search_from_one_would_give() -> None:
+    from rhino.hlo.passes import _Names
+
+    names = _Names({"x", "x.i2"})
+    assert [names.fresh("x") for _ in range(3)] == ["x.i1", "x.i3", "x.i4"]
+    assert names.fresh("y") == "y" and names.fresh("y") == "y.i1"
