@@ -45,8 +45,11 @@ def plan_best_mesh(
 ) -> tuple[Plan, tuple[MeshTrial, ...]]:
     """Plan `text` on every 1-D and 2-D mesh of `devices` devices; the best plan (lowest
     predicted step time; ties to the earlier mesh in `mesh_factorizations` order) and
-    how each mesh did. `request.mesh` is replaced per trial."""
+    how each mesh did. `request.mesh` is replaced per trial. The meshes share one
+    deadline, `request.solve`'s time limit from now (`time.perf_counter` is the system's
+    monotonic clock, the same in the worker processes)."""
     meshes = mesh_factorizations(devices)
+    request = dataclasses.replace(request, solve=request.solve.started())
     work = [(text, filename, dataclasses.replace(request, mesh=m)) for m in meshes]
     say = progress or (lambda _msg: None)
     results: list[tuple[Plan | None, str | None]]

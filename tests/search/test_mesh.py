@@ -87,3 +87,23 @@ def test_mesh_factorizations() -> None:
     assert all(m.size == 12 for m in mesh_factorizations(12))
     with pytest.raises(ConfigError):
         mesh_factorizations(0)
+
+
+def test_the_meshes_of_a_device_count_share_one_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rhino.search.cluster import load_cluster
+    from rhino.search.mesh import DeviceMesh
+    from rhino.search.spmd import meshsearch
+    from rhino.search.spmd.planner import PlanRequest
+
+    seen = []
+
+    def trial(args):  # type: ignore[no-untyped-def]
+        seen.append(args[2].solve.deadline)
+        return None, "not planned here"
+
+    monkeypatch.setattr(meshsearch, "_trial", trial)
+    request = PlanRequest(DeviceMesh((1,)), load_cluster("m8"))
+    with pytest.raises(meshsearch.InfeasibleError):
+        meshsearch.plan_best_mesh("", "x.hlo", 8, request, jobs=1)
+    assert len(seen) == len(meshsearch.mesh_factorizations(8)) > 1
+    assert seen[0] is not None and len(set(seen)) == 1
