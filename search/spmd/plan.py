@@ -7,7 +7,6 @@ Plain data, versioned JSON on disk (`rhino plan --out`), consumed by `rhino run`
 from __future__ import annotations
 
 import functools
-import gc
 import hashlib
 import json
 import re
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from rhino.hlo.collector import collector_paused
 from rhino.hlo.errors import ConfigError
 from rhino.search.mesh import DeviceMesh
 from rhino.search.problem import BudgetStats, Sizes, SolveStatus
@@ -291,13 +291,8 @@ def jsonable(value: Any) -> Any:
     dataclasses and tuples: those take a short path (`_PLAIN`, `_converter`). The
     collector is paused meanwhile, as in the parser: many objects are made and none freed,
     and it would rescan the search's whole heap over and over."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         return _json(value)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _json(value: Any) -> Any:

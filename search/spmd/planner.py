@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import multiprocessing
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 
+from rhino.hlo.collector import collector_paused
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
@@ -444,20 +443,6 @@ def lifted(found: Solution, problem: ShardingProblem, back: list[list[int]]) -> 
     )
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for the block (then as it was): a problem or a
-    plan of a large graph is ~10 new objects per node, none freed, and each collection
-    would rescan the search's whole heap (as in the parser and `build_graph`)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
-
-
 T = TypeVar("T")
 
 _PER_GRAPH: dict[tuple[int, Callable[..., Any]], tuple[weakref.ref[ShardingGraph], Any]] = {}
@@ -568,7 +553,7 @@ def _problem_parts(graph: ShardingGraph) -> _ProblemParts:
     return _ProblemParts(tuple(nodes), tuple(edges), quiet, combined, largest)
 
 
-@_collector_paused()
+@collector_paused()
 def to_problem(
     graph: ShardingGraph, budget: float | None, closed: frozenset[GroupKey] = frozenset()
 ) -> ShardingProblem:
@@ -683,7 +668,7 @@ def _plan_parts(graph: ShardingGraph) -> _PlanParts:
     return _PlanParts(module_hash(print_module(graph.module)), tuple(found), graph.mesh)
 
 
-@_collector_paused()
+@collector_paused()
 def to_plan(
     graph: ShardingGraph,
     problem: ShardingProblem,
