@@ -5,6 +5,7 @@ and `rhino parse` do not pay for the solvers, jax or matplotlib."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 
 import click
@@ -99,7 +100,12 @@ def cli() -> None:
 
 
 def main() -> None:
-    cli(prog_name="rhino")
+    try:
+        cli(prog_name="rhino")
+    finally:
+        # what the command built is garbage now, freed as the process ends: frozen, the
+        # collection at exit skips walking it (rhino parse of the 72-layer GPT: 0.13 s)
+        gc.freeze()
 
 
 if __name__ == "__main__":
