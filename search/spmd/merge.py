@@ -630,12 +630,13 @@ class _SegmentSearch:
     def _digest(self, v: int, w: int) -> bytes:
         """Digest of the matrix of edge (v, w), oriented v (rows) x w."""
         d = self.digests.get((v, w))
-        if d is None:
-            m = self.r.matrix(v, w)
-            d = hashlib.blake2b(
-                np.round(m, 15).tobytes() + bytes(str(m.shape), "ascii"), digest_size=16
-            ).digest()
-            self.digests[(v, w)] = d
+        if d is None:  # both orientations at once: one rounding of the matrix
+            m = np.round(self.r.matrix(v, w), 15)
+            for key, oriented in (((v, w), m), ((w, v), m.T)):
+                self.digests[key] = hashlib.blake2b(
+                    oriented.tobytes() + bytes(str(oriented.shape), "ascii"), digest_size=16
+                ).digest()
+            d = self.digests[(v, w)]
         return d
 
 
