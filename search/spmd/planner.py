@@ -15,6 +15,7 @@ import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -173,15 +174,22 @@ def plan_combined(
             f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges"
             + (f", {keys} not combined" if closed else "")
         )
+        found = None
         if workers and memo is not None:
             # copies: the pool pickles on its own thread while others add windows
             work = (problem, request, options, dict(memo.windows), dict(memo.structures))
-            solution, windows = workers[0].submit(_solve_apart, work).result()
-            memo.windows.update(windows)
-        else:
+            try:
+                found, windows = workers[0].submit(_solve_apart, work).result()
+                memo.windows.update(windows)
+            except BrokenProcessPool:
+                # the workers could not start (a script that plans at import, with no
+                # `if __name__ == "__main__":`, runs again in each): here, as before
+                pass
+        if found is None:
             warm = WarmStart(start=bases.get(parent) if parent is not None else None)
-            solution = solve(problem, warm)
+            found = solve(problem, warm)
             bases[closed] = warm.found
+        solution = found
         solved = time.perf_counter()
         say("writing the plan")
         plan = to_plan(graph, problem, solution, request, 0.0)

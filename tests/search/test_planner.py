@@ -235,3 +235,35 @@ def test_the_plans_of_the_combined_search_made_apart_are_the_plans_made_one_by_o
     assert apart.solver.combined == one.solver.combined
     assert apart.objective_s == one.objective_s
     assert [i.outs for i in apart.instructions] == [i.outs for i in one.instructions]
+
+
+def test_the_combined_search_plans_here_when_its_workers_cannot_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A script that plans at import (no `if __name__ == "__main__":`) breaks the worker
+    processes, which import it again: the plans are then made here, the same."""
+    import dataclasses
+    from concurrent.futures import Future, ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    from rhino.search.problem import SolveOptions, Tuning
+    from rhino.search.spmd import planner
+
+    tried: list[int] = []
+
+    class Broken(ProcessPoolExecutor):
+        def submit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            tried.append(1)
+            future: Future[object] = Future()
+            future.set_exception(BrokenProcessPool("a child terminated abruptly"))
+            return future
+
+    monkeypatch.setattr(planner, "ProcessPoolExecutor", Broken)
+    segments = SolveOptions(tuning=Tuning(whole_core_pairs=0), threads=2)
+    broken = plan_for(ROOT / "examples" / "mlp.hlo", "2x4", solve=segments)
+    here = plan_for(
+        ROOT / "examples" / "mlp.hlo", "2x4", solve=dataclasses.replace(segments, threads=1)
+    )
+    assert tried  # the search did try its workers
+    assert broken.objective_s == here.objective_s
+    assert [i.outs for i in broken.instructions] == [i.outs for i in here.instructions]
