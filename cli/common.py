@@ -124,9 +124,9 @@ def handle_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         debug = kwargs.get("debug", False)
         if not debug:
-            from rhino.runtime import xla_bridge
+            from rhino.runtime.environment import quiet_native_logs
 
-            xla_bridge.quiet_native_logs()
+            quiet_native_logs()
         try:
             result = fn(*args, **kwargs)
             sys.stdout.flush()  # a reader that went away shows here, not at exit
@@ -162,15 +162,16 @@ def print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
     Python; with a warning when that jax is outside the tested range."""
     if not value or ctx.resilient_parsing:
         return
-    from rhino.runtime import xla_bridge
+    from rhino.runtime import environment
 
-    found = xla_bridge.versions()
+    found = environment.versions()
     click.echo(f"rhino {found['rhino']}")
     click.echo(f"jax {found['jax']}, jaxlib {found['jaxlib']}, Python {found['python']}")
-    for name, version in xla_bridge.jax_plugins().items():
+    for name, version in environment.jax_plugins().items():
         click.echo(f"plugin {name} {version}")
-    click.echo(f"tested with jax {xla_bridge.SUPPORTED_JAX[0]} to {xla_bridge.SUPPORTED_JAX[1]}")
-    if reason := xla_bridge.untested_jax(found):
+    low, high = environment.SUPPORTED_JAX
+    click.echo(f"tested with jax {low} to {high}")
+    if reason := environment.untested_jax(found):
         click.echo(f"warning: {reason}", err=True)
     ctx.exit()
 
@@ -222,12 +223,12 @@ def stdout_is_terminal() -> bool:
 def emit_json(command: str, payload: dict[str, Any]) -> None:
     """Print `{"schema": "rhino.<command>/<version>", "versions": {...}, ...payload}` on
     stdout; "versions" names the rhino, jax, jaxlib and Python that produced it."""
-    from rhino.runtime import xla_bridge
+    from rhino.runtime.environment import versions
     from rhino.search.spmd.plan import jsonable
 
     doc = {
         "schema": f"rhino.{command}/{JSON_SCHEMA_VERSION}",
-        "versions": xla_bridge.versions(),
+        "versions": versions(),
         **jsonable(payload),
     }
     # indented for a person at a terminal; one line for a pipe (a 40k-instruction plan is

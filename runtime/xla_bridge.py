@@ -41,6 +41,21 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 
 from rhino.hlo.errors import ExecutionError
+from rhino.runtime.environment import (  # versions and logs: no jax, no numpy there
+    SUPPORTED_JAX as SUPPORTED_JAX,
+)
+from rhino.runtime.environment import (
+    jax_plugins as jax_plugins,
+)
+from rhino.runtime.environment import (
+    quiet_native_logs as quiet_native_logs,
+)
+from rhino.runtime.environment import (
+    untested_jax as untested_jax,
+)
+from rhino.runtime.environment import (
+    versions as versions,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import jax
@@ -63,71 +78,6 @@ class XlaRejected(ExecutionError):
         self.line: int | None = int(match.group(1)) if match else None
         self.col: int | None = int(match.group(2)) if match else None
         super().__init__(f"XLA rejected the {what}: {xla_message}")
-
-
-# --------------------------------------------------------------------------------------
-# Versions
-
-SUPPORTED_JAX = ("0.10.2", "0.12.0.1")
-"""The oldest and the newest jax (== jaxlib) release rhino is tested with (CI runs both);
-pyproject.toml allows this range."""
-
-
-def versions() -> dict[str, str]:
-    """The rhino, jax, jaxlib and Python versions in use: `{"rhino": "0.1.0", "jax":
-    "0.12.0.1", "jaxlib": "0.12.0.1", "python": "3.12.1"}`. Read from the installed
-    distributions without importing jax (cheap), or from jax itself once it is imported;
-    a package that is missing reads "none"."""
-    from importlib import metadata
-
-    found = {}
-    for name in ("rhino", "jax", "jaxlib"):
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = "none"
-    if "jax" in sys.modules:
-        found["jax"] = str(getattr(sys.modules["jax"], "__version__", found["jax"]))
-    found["python"] = ".".join(str(n) for n in sys.version_info[:3])
-    return found
-
-
-def jax_plugins() -> dict[str, str]:
-    """The installed jax backend plugins (CUDA, ROCm, TPU...) and their versions."""
-    from importlib import metadata
-
-    plugins = {}
-    for dist in metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if name.startswith(("jax-cuda", "jax-rocm", "libtpu", "jax-tpu", "jax-metal")):
-            plugins[name] = dist.version
-    return dict(sorted(plugins.items()))
-
-
-def untested_jax(found: Mapping[str, str] | None = None) -> str | None:
-    """Why the jax in use is outside the tested range, or None when it is inside."""
-    found = found or versions()
-
-    def key(version: str) -> tuple[int, ...]:
-        return tuple(int(n) for n in re.findall(r"\d+", version.split("+")[0])[:4])
-
-    low, high = (key(v) for v in SUPPORTED_JAX)
-    for name in ("jax", "jaxlib"):
-        if found[name] == "none" or not low <= key(found[name]) <= high:
-            return (
-                f"{name} {found[name]} is outside the range rhino is tested with "
-                f"({SUPPORTED_JAX[0]} to {SUPPORTED_JAX[1]})"
-            )
-    return None
-
-
-def quiet_native_logs() -> None:
-    """Keep XLA's own INFO and WARNING log lines (e.g. "GSPMD sharding propagation is
-    going to be deprecated", printed on every compile) off stderr; its errors still show.
-    Takes effect only before jax is first imported, and never overrides a
-    TF_CPP_MIN_LOG_LEVEL the user set."""
-    if "jax" not in sys.modules and "jaxlib" not in sys.modules:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 # --------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """`rhino` imports a command's module only when the command runs: `rhino --help` and
-`rhino parse` load no solver, no jax, no plotting library."""
+`rhino parse` load no solver, no jax, no plotting library, no numpy."""
 
 from __future__ import annotations
 
@@ -13,7 +13,17 @@ from click.testing import CliRunner
 from rhino.cli.main import COMMANDS, cli
 from tests.hlo.corpus import ROOT
 
-HEAVY = ("ortools", "highspy", "pytoulbar2", "scipy", "jax", "jaxlib", "matplotlib", "pandas")
+HEAVY = (
+    "ortools",
+    "highspy",
+    "pytoulbar2",
+    "scipy",
+    "jax",
+    "jaxlib",
+    "matplotlib",
+    "pandas",
+    "numpy",  # a module without loops needs no array (trip counts, replica groups do)
+)
 
 PROBE = """
 import sys
