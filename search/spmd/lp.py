@@ -363,10 +363,11 @@ class _Naming:
         self.rows.append([zv + 4, zv + a, zv + b, zv, sv])
 
     def memory(self, count: int) -> None:
-        r = np.arange(count, dtype=np.int64) % (self.names.count + 1)
+        # row r's number split over the two node fields (there may be more rows than nodes)
+        a, b = np.divmod(np.arange(count, dtype=np.int64), self.names.count + 1)[::-1]
         z = np.zeros(count, dtype=np.int64)
-        self.columns.append([z + 5, r, r // (self.names.count + 1), z, z])
-        self.rows.append([z + 6, r, r // (self.names.count + 1), z, z])
+        self.columns.append([z + 5, a, b, z, z])
+        self.rows.append([z + 6, a, b, z, z])
 
     def finished(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The columns' and the rows' keys, or None where they cannot be named."""

@@ -164,7 +164,7 @@ def plan_combined(
     that the phases add up to the search time."""
     spent: list[float] = []  # the first plan's seconds solving, seconds writing
     bases: dict[frozenset[GroupKey], LpBasis | None] = {}
-    workers: list[ProcessPoolExecutor] = []
+    pool: ProcessPoolExecutor | None = None  # set once the first plan says level 3
 
     def plan_with(closed: frozenset[GroupKey], parent: frozenset[GroupKey] | None) -> Plan:
         clock = time.perf_counter()
@@ -174,22 +174,13 @@ def plan_combined(
             f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges"
             + (f", {keys} not combined" if closed else "")
         )
-        found = None
-        if workers and memo is not None:
-            # copies: the pool pickles on its own thread while others add windows
-            work = (problem, request, options, dict(memo.windows), dict(memo.structures))
-            try:
-                found, windows = workers[0].submit(_solve_apart, work).result()
-                memo.windows.update(windows)
-            except BrokenProcessPool:
-                # the workers could not start (a script that plans at import, with no
-                # `if __name__ == "__main__":`, runs again in each): here, as before
-                pass
-        if found is None:
+        solution = None
+        if pool is not None and memo is not None:
+            solution = _solved_apart(pool, problem, request, options, memo)
+        if solution is None:
             warm = WarmStart(start=bases.get(parent) if parent is not None else None)
-            found = solve(problem, warm)
+            solution = solve(problem, warm)
             bases[closed] = warm.found
-        solution = found
         solved = time.perf_counter()
         say("writing the plan")
         plan = to_plan(graph, problem, solution, request, 0.0)
@@ -206,11 +197,11 @@ def plan_combined(
         and request.memory_mode != "largest"  # its search reads the graph
         and multiprocessing.parent_process() is None  # a worker of --devices: no more
     ):
-        workers.append(ProcessPoolExecutor(options.threads, mp_context=worker_context(__name__)))
+        pool = ProcessPoolExecutor(options.threads, mp_context=worker_context(__name__))
     try:
         plan, closed, made = search_groups(first, plan_with, options.left, options.threads)
     finally:
-        for pool in workers:
+        if pool is not None:
             pool.shutdown(cancel_futures=True)
     phases.update(solve=spent[0], plan=spent[1], combine=time.perf_counter() - clock)
     # the first problem leaves out the latency of every combined collective: its bound
@@ -232,6 +223,26 @@ def plan_combined(
         },
     )
     return dataclasses.replace(plan, solver=solver)
+
+
+def _solved_apart(
+    pool: ProcessPoolExecutor,
+    problem: ShardingProblem,
+    request: PlanRequest,
+    options: SolveOptions,
+    memo: SearchMemo,
+) -> Solution | None:
+    """`_solve` on one of `pool`'s workers, the windows it solved added to `memo`; None
+    where the workers could not start (a script that plans at import, with no `if
+    __name__ == "__main__":`, runs again in each: the caller then solves here)."""
+    # copies: the pool pickles on its own thread while other plans add windows
+    work = (problem, request, options, dict(memo.windows), dict(memo.structures))
+    try:
+        solution, windows = pool.submit(_solve_apart, work).result()
+    except BrokenProcessPool:
+        return None
+    memo.windows.update(windows)
+    return solution
 
 
 def _solve_apart(
