@@ -25,7 +25,7 @@ from rhino.cli.flags import in_flags
 from rhino.hlo.errors import ConfigError, VerificationFailed
 from rhino.hlo.parser import parse_file
 from rhino.hlo.verify import verify as verify_module
-from rhino.runtime import xla_bridge as xb
+from rhino.runtime.environment import untested_jax, versions
 from rhino.runtime.job import Job
 from rhino.search.mesh import parse_mesh
 from rhino.search.spmd.plan import Plan
@@ -187,7 +187,7 @@ def run_command(
     from rhino.runtime.pipeline.report import PipelineReport
     from rhino.runtime.request import RunRequest, execute, prepare_devices
 
-    if reason := xb.untested_jax():
+    if reason := untested_jax():
         click.echo(f"warning: {reason}; `rhino --version` says what it runs on", err=True)
     staged = plan_file is not None and is_stage_plan(plan_file)
     if (plan_file is None) == (mesh_text is None) and not staged:
@@ -266,7 +266,7 @@ def _warn(warning: str) -> None:
 
 def render(report: RunReport) -> None:
     out = stdout
-    found = xb.versions()
+    found = versions()
     out.print(
         f"mesh {report.mesh} on {len(report.devices)} devices ({report.devices[0]}, ...), "
         f"jax {found['jax']}"

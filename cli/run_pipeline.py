@@ -9,7 +9,7 @@ from rich.table import Table
 from rhino.cli.common import emit_json, stdout
 from rhino.cli.pipeline_draw import write_charts
 from rhino.hlo.errors import VerificationFailed
-from rhino.runtime import xla_bridge as xb
+from rhino.runtime.environment import versions
 from rhino.runtime.pipeline.report import PipelineReport
 from rhino.search.pipeline.schedule import Timeline
 from rhino.search.units import format_bytes, format_seconds
@@ -44,7 +44,7 @@ def render(report: PipelineReport) -> None:
     out.print(
         f"[bold]{report.module}[/]: {report.stages} stages x {report.microbatches} "
         f"micro-batches, {report.schedule.upper()}, {where}on {', '.join(report.devices)}, "
-        f"jax {xb.versions()['jax']}"
+        f"jax {versions()['jax']}"
     )
     if report.verify is not None:
         mark = "[green]ok[/]" if report.verify.ok else "[red]FAILED[/]"

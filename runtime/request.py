@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.runtime import xla_bridge as xb
+from rhino.runtime.environment import jax_plugins
 from rhino.runtime.job import Job
 from rhino.runtime.pipeline.programs import StagePlan
 from rhino.runtime.pipeline.report import PipelineReport
@@ -101,7 +102,7 @@ def prepare_devices(request: RunRequest) -> DeviceSetup:
     if request.devices is not None:
         simulate_cpu_devices(request.devices, exactly=request.job is not None)
         return DeviceSetup(dataclasses.replace(request, platform="cpu"), None)
-    if request.job is None and request.platform in (None, "cpu") and not xb.jax_plugins():
+    if request.job is None and request.platform in (None, "cpu") and not jax_plugins():
         needed = devices_needed(request)
         if needed > 1:
             simulate_cpu_devices(needed, exactly=False)

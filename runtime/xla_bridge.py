@@ -41,21 +41,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 
 from rhino.hlo.errors import ExecutionError
-from rhino.runtime.environment import (  # versions and logs: no jax, no numpy there
-    SUPPORTED_JAX as SUPPORTED_JAX,
-)
-from rhino.runtime.environment import (
-    jax_plugins as jax_plugins,
-)
-from rhino.runtime.environment import (
-    quiet_native_logs as quiet_native_logs,
-)
-from rhino.runtime.environment import (
-    untested_jax as untested_jax,
-)
-from rhino.runtime.environment import (
-    versions as versions,
-)
 
 if TYPE_CHECKING:  # pragma: no cover
     import jax

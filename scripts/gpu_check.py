@@ -377,7 +377,7 @@ def _rhino(row: dict[str, Any], command: str, *args: object) -> dict[str, Any] |
 
 
 def _rhino_versions() -> dict[str, str]:
-    from rhino.runtime.xla_bridge import versions
+    from rhino.runtime.environment import versions
 
     return versions()
 

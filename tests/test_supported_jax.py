@@ -1,13 +1,13 @@
-"""The supported jax range is one fact in four places: the bridge's SUPPORTED_JAX,
-pyproject's dependency range, the two ends `.ci/run` tests, and the README's test command
-(which is `.ci/run`'s, verbatim)."""
+"""The supported jax range is one fact in four places: rhino.runtime.environment's
+SUPPORTED_JAX, pyproject's dependency range, the two ends `.ci/run` tests, and the
+README's test command (which is `.ci/run`'s, verbatim)."""
 
 from __future__ import annotations
 
 import re
 import tomllib
 
-from rhino.runtime.xla_bridge import SUPPORTED_JAX
+from rhino.runtime.environment import SUPPORTED_JAX
 from tests.hlo.corpus import ROOT
 
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from rhino.cli.main import cli
-from rhino.runtime import xla_bridge as xb
+from rhino.runtime import environment
 from tests.hlo.corpus import ROOT
 
 
@@ -21,7 +21,10 @@ def test_version_names_the_jax_and_jaxlib_in_use() -> None:
     lines = r.output.splitlines()
     assert lines[0] == f"rhino {metadata.version('rhino')}"
     assert lines[1].startswith(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, Python 3.")
-    assert f"tested with jax {xb.SUPPORTED_JAX[0]} to {xb.SUPPORTED_JAX[1]}" in r.output
+    assert (
+        f"tested with jax {environment.SUPPORTED_JAX[0]} to {environment.SUPPORTED_JAX[1]}"
+        in r.output
+    )
     assert "warning" not in r.output  # CI runs both ends of the tested range
 
 
@@ -46,8 +49,10 @@ def test_json_outputs_carry_the_versions(args: list[str], monkeypatch: pytest.Mo
 
 def test_versions_outside_the_tested_range_are_named() -> None:
     found = {"rhino": "0.1.0", "jax": "0.12.0.1", "jaxlib": "0.12.0.1", "python": "3.12.1"}
-    assert xb.untested_jax(found) is None
-    assert xb.untested_jax({**found, "jax": "0.10.2", "jaxlib": "0.10.2"}) is None
-    assert "jax 0.9.2 is outside" in (xb.untested_jax({**found, "jax": "0.9.2"}) or "")
-    assert "jaxlib 0.13.0 is outside" in (xb.untested_jax({**found, "jaxlib": "0.13.0"}) or "")
-    assert "jax none" in (xb.untested_jax({**found, "jax": "none"}) or "")
+    assert environment.untested_jax(found) is None
+    assert environment.untested_jax({**found, "jax": "0.10.2", "jaxlib": "0.10.2"}) is None
+    assert "jax 0.9.2 is outside" in (environment.untested_jax({**found, "jax": "0.9.2"}) or "")
+    assert "jaxlib 0.13.0 is outside" in (
+        environment.untested_jax({**found, "jaxlib": "0.13.0"}) or ""
+    )
+    assert "jax none" in (environment.untested_jax({**found, "jax": "none"}) or "")
