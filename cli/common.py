@@ -93,7 +93,21 @@ def gantt_option(help: str) -> Callable[[F], F]:
 
 def job_options(fn: F) -> F:
     """--coordinator, --num-processes and --process-id: this process's place in a job of
-    several (`rhino run`); they go together."""
+    several (`rhino run`); they go together. --address and --join-timeout tune it."""
+    fn = click.option(
+        "--join-timeout",
+        type=click.IntRange(min=1),
+        default=60,
+        show_default=True,
+        help="Seconds to wait for the coordinator and every process of the job.",
+    )(fn)
+    fn = click.option(
+        "--address",
+        metavar="HOST[:PORT]",
+        help="This host's address as the other processes reach it (its collectives, and a "
+        "stage plan's transfer server at PORT) [default: the address this machine reaches "
+        "the coordinator from; PORT: the coordinator's + 1 + process id].",
+    )(fn)
     fn = click.option(
         "--process-id", type=int, help="This process's index in the job, 0..num-processes-1."
     )(fn)

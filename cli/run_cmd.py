@@ -26,7 +26,7 @@ from rhino.hlo.errors import ConfigError, VerificationFailed
 from rhino.hlo.parser import parse_file
 from rhino.hlo.verify import verify as verify_module
 from rhino.runtime.environment import untested_jax, versions
-from rhino.runtime.job import Job
+from rhino.runtime.job import JOIN_TIMEOUT_S, Job
 from rhino.search.mesh import parse_mesh
 from rhino.search.spmd.plan import Plan
 from rhino.search.units import format_bytes, format_seconds
@@ -46,7 +46,7 @@ A stage plan (`rhino pipeline --out stages.json`) runs stage s on device s, one
 program per stage for forward, backward and update, over --microbatches micro-batches;
 with --mesh (or the mesh of `rhino pipeline --mesh`), the pipeline is mesh axis 0 and
 each stage's programs are planned (--opt, --cluster) and sharded over the other axes
-(hybrid: here 2 stages x 4 devices); with --coordinator ..., on this machine only:
+(hybrid: here 2 stages x 4 devices), on one host or several (--coordinator ...):
   rhino run examples/gpt_tiny.hlo --plan stages.json --devices 4 --microbatches 8
   rhino run examples/gpt_tiny.hlo --plan stages.json --devices 4 --schedule gpipe --json
   rhino run examples/gpt_tiny.hlo --plan stages.json --mesh 2x4 --devices 8 --cluster cpu
@@ -54,7 +54,9 @@ each stage's programs are planned (--opt, --cluster) and sharded over the other 
       --devices 4 --coordinator 127.0.0.1:1234 --num-processes 2 --process-id $i & done
 \b
 Several hosts: the same command on each, with its own --process-id (process 0 serves
-at --coordinator); the plan's mesh spans all their devices. Two hosts of 4 GPUs, then
+at --coordinator); the plan's mesh spans all their devices. Each host is reached at the
+address it reaches the coordinator from (--address HOST[:PORT] to choose another: its
+collectives listen there, and a stage plan's transfer server at PORT). Two hosts of 4 GPUs, then
 two processes of 4 simulated CPU devices on this machine (plan made for --mesh 2x4):
   rhino run model.hlo --plan plan.json --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
   for i in 0 1; do rhino run model.hlo --plan plan.json --devices 4 \\
@@ -67,15 +69,22 @@ rejected it).
 
 
 _HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})")
+_HOST = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)")
 
 
 def job_of(
-    coordinator: str | None, num_processes: int | None, process_id: int | None
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    address: str | None = None,
+    join_timeout_s: int = JOIN_TIMEOUT_S,
 ) -> Job | None:
-    """The job the three options describe (None when none is given).
+    """The job the options describe (None when none of the first three is given).
 
     Raises ConfigError when only some are given, or a value is out of range."""
     if coordinator is None and num_processes is None and process_id is None:
+        if address is not None:
+            raise ConfigError("--address belongs to a job of several processes (--coordinator)")
         return None
     if coordinator is None or num_processes is None or process_id is None:
         given = {
@@ -101,7 +110,15 @@ def job_of(
             f"--coordinator must be HOST:PORT with a port in 1..65535 (e.g. 10.0.0.1:1234 "
             f"or [::1]:1234), got {coordinator!r}"
         )
-    return Job(coordinator, num_processes, process_id)
+    if address is not None:
+        match = _HOST_PORT.fullmatch(address) or _HOST.fullmatch(address)
+        port = match.groupdict().get("port") if match else None
+        if match is None or (port is not None and not 1 <= int(port) <= 65535):
+            raise ConfigError(
+                f"--address must be HOST or HOST:PORT with a port in 1..65535 (e.g. "
+                f"10.0.0.2 or 10.0.0.2:1240), got {address!r}"
+            )
+    return Job(coordinator, num_processes, process_id, address, join_timeout_s)
 
 
 @click.command("run", epilog=EPILOG)
@@ -168,6 +185,8 @@ def run_command(
     coordinator: str | None,
     num_processes: int | None,
     process_id: int | None,
+    address: str | None,
+    join_timeout: int,
     schedule: str | None,
     microbatches: int | None,
     gantt: str | None,
@@ -192,7 +211,7 @@ def run_command(
     staged = plan_file is not None and is_stage_plan(plan_file)
     if (plan_file is None) == (mesh_text is None) and not staged:
         raise ConfigError("give either --plan FILE or --mesh (to plan first)")
-    job = job_of(coordinator, num_processes, process_id)
+    job = job_of(coordinator, num_processes, process_id, address, join_timeout)
     _check_options(plan_file, job, platform, devices)
     if not staged and (schedule is not None or microbatches is not None or gantt is not None):
         raise ConfigError(

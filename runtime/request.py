@@ -28,7 +28,7 @@ from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.environment import jax_plugins
-from rhino.runtime.job import Job
+from rhino.runtime.job import HEARTBEAT_S, Job
 from rhino.runtime.pipeline.programs import StagePlan
 from rhino.runtime.pipeline.report import PipelineReport
 from rhino.runtime.pipeline.run import PipelineOptions, run_pipeline
@@ -235,7 +235,13 @@ def _joined(job: Job, transfer_address: str | None = None) -> Iterator[None]:
     XLA's own prints go to stderr meanwhile, keeping stdout for the report."""
     with xb.native_stdout_to_stderr():
         xb.init_distributed(
-            job.coordinator, job.num_processes, job.process_id, transfer_address=transfer_address
+            job.coordinator,
+            job.num_processes,
+            job.process_id,
+            timeout_s=job.join_timeout_s,
+            heartbeat_s=HEARTBEAT_S,
+            address=job.host(),
+            transfer_address=transfer_address,
         )
         try:
             yield

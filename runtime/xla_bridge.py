@@ -223,12 +223,18 @@ def backends_started() -> bool:
     return bool(xla_bridge.backends_are_initialized())
 
 
+TRANSFER_SOCKETS = 4
+"""Bulk sockets of a process's transfer server (jax's default count)."""
+
+
 def init_distributed(
     coordinator: str,
     num_processes: int,
     process_id: int,
     *,
     timeout_s: int = 300,
+    heartbeat_s: int = 100,
+    address: str | None = None,
     transfer_address: str | None = None,
 ) -> None:
     """Join a job of `num_processes` processes whose process 0 serves at `coordinator`
@@ -256,18 +262,52 @@ def init_distributed(
         # jax 0.10.2's CPU client moves arrays between processes (`jax.device_put` to
         # another process's device) through a transfer server at this address
         jax.config.update("jax_cross_host_transfer_socket_address", transfer_address)
+        if address is not None:
+            # the bulk sockets the data goes over: jax's default binds 0.0.0.0 and tells
+            # the peers that, which only a peer on this same machine can connect to
+            host = f"[{address}]" if ":" in address else address
+            bulk = ",".join([f"{host}:0"] * TRANSFER_SOCKETS)
+            jax.config.update("jax_cross_host_transport_addresses", bulk)
     try:
         jax.distributed.initialize(
             coordinator,
             num_processes=num_processes,
             process_id=process_id,
             initialization_timeout=timeout_s,
+            heartbeat_timeout_seconds=heartbeat_s,
         )
     except (ValueError, TypeError, RuntimeError) as exc:  # JaxRuntimeError is one
         raise ExecutionError(
             f"process {process_id} of {num_processes} could not join the job at "
             f"{coordinator}: {_strip_status(str(exc))}"
         ) from None
+    if address is not None:
+        _bind_cpu_collectives(address)
+
+
+def _bind_cpu_collectives(address: str) -> None:
+    """The CPU backend's gloo collectives listen at `address` (this host as the others
+    reach it). jax's default lets gloo take the address its host name resolves to, which
+    is 127.0.0.1 on many machines (a line "127.0.0.1 <hostname>" in /etc/hosts): peers on
+    other hosts are then told to connect to their own loopback, and the first collective
+    times out. jax 0.10.2 to 0.12.0.1 register the CPU client as
+    `make_cpu_client(collectives=None)`; registered again with gloo bound here, before
+    any backend starts."""
+    from functools import partial
+
+    from jax._src import distributed
+    from jax._src import xla_bridge as jax_bridge
+    from jax._src.lib import _jax
+
+    collectives = _jax.make_gloo_tcp_collectives(
+        distributed_client=distributed.global_state.client, hostname=address
+    )
+    jax_bridge.register_backend_factory(
+        "cpu",
+        partial(jax_bridge.make_cpu_client, collectives=collectives),
+        priority=0,
+        fail_quietly=False,
+    )
 
 
 @contextmanager

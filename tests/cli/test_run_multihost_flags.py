@@ -42,6 +42,9 @@ def invoke(*args: str):
         (["--coordinator", "host:99999", *JOB[2:]], "got 'host:99999'"),
         (["--coordinator", ":1234", *JOB[2:]], "HOST:PORT"),
         (["--coordinator", "a b:1234", *JOB[2:]], "HOST:PORT"),
+        ([*JOB, "--address", "10.0.0.2:0"], "--address must be HOST or HOST:PORT"),
+        ([*JOB, "--address", "a b"], "got 'a b'"),
+        (["--address", "10.0.0.2"], "--address belongs to a job of several processes"),
     ],
 )
 def test_bad_job_options_exit_2(args: list[str], message: str) -> None:
@@ -70,3 +73,4 @@ def test_job_of() -> None:
     assert job_of(None, None, None) is None
     assert job_of("[::1]:8476", 4, 3) == Job("[::1]:8476", 4, 3)
     assert job_of("node-0.cluster:1", 1, 0) == Job("node-0.cluster:1", 1, 0)
+    assert job_of("10.0.0.1:1", 2, 1, "10.0.0.2", 5) == Job("10.0.0.1:1", 2, 1, "10.0.0.2", 5)

@@ -96,8 +96,18 @@ def test_too_few_devices_once_jax_started_is_refused(monkeypatch: pytest.MonkeyP
 def test_a_stage_plan_job_moves_arrays_through_ports_after_the_coordinators() -> None:
     assert Job("127.0.0.1:1234", 2, 1).transfer_address() == "127.0.0.1:1236"
     assert Job("[::1]:50", 3, 0).transfer_address() == "[::1]:51"
-    with pytest.raises(ConfigError, match="on one machine only") as info:
-        Job("10.0.0.1:1234", 2, 0).transfer_address()
+    # another host: this one's own address, the port after the coordinator's by default
+    assert Job("10.0.0.1:1234", 2, 1, "10.0.0.2").transfer_address() == "10.0.0.2:1236"
+    assert Job("10.0.0.1:1234", 2, 1, "10.0.0.2:7000").transfer_address() == "10.0.0.2:7000"
+    assert Job("[fd00::1]:1234", 2, 0, "[fd00::2]:9").transfer_address() == "[fd00::2]:9"
+
+
+def test_a_job_s_address_defaults_to_the_one_its_routes_reach_the_coordinator_from() -> None:
+    assert Job("127.0.0.1:1234", 2, 0).host() == "127.0.0.1"
+    assert Job("localhost:1234", 2, 0).host() in ("127.0.0.1", "::1")
+    assert Job("10.0.0.1:1234", 2, 0, "10.0.0.9:5").host() == "10.0.0.9"
+    with pytest.raises(ConfigError, match="cannot resolve 'no-such-host.invalid'") as info:
+        Job("no-such-host.invalid:1234", 2, 1).host()
     assert info.value.option == "coordinator"
 
 
