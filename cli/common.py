@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console, ConsoleDimensions
@@ -154,10 +154,10 @@ def handle_errors(fn: F) -> F:
             text = flags.shown(e)
             message = text if isinstance(e, HloParseError) else f"error: {text}"
             click.echo(message, err=True)
-            sys.exit(e.exit_code)
+            _exit(e.exit_code)
         except KeyboardInterrupt:
             stderr.print("interrupted")
-            sys.exit(130)
+            _exit(130)
         except Exception as e:  # a bug in rhino, not bad input
             if debug:
                 raise
@@ -166,9 +166,19 @@ def handle_errors(fn: F) -> F:
                 "This is a bug in rhino; rerun with --debug for the traceback.",
                 err=True,
             )
-            sys.exit(3)
+            _exit(3)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _exit(code: int) -> NoReturn:
+    """sys.exit, or at once (`os._exit`) in a process that left a job of several on a
+    failure (`rhino.runtime.xla_bridge.leave_if_abandoned`)."""
+    if "jax" in sys.modules:
+        from rhino.runtime.xla_bridge import leave_if_abandoned
+
+        leave_if_abandoned(code)
+    sys.exit(code)
 
 
 def print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:

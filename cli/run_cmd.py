@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
-from typing import TYPE_CHECKING
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -166,6 +169,19 @@ def job_of(
     type=click.IntRange(min=1),
     help="Micro-batches per step of a stage plan [default: the plan's].",
 )
+@click.option(
+    "--processes",
+    type=click.IntRange(min=2),
+    help="Start every process of a job of this many on this machine (a simulated "
+    "multi-host job, each with --devices devices, on a free loopback port) and wait for "
+    "them all.",
+)
+@click.option(
+    "--logs",
+    type=click.Path(file_okay=False),
+    help="With --processes: the folder for each process's output (process-I.out, "
+    "process-I.err) [default: a new temporary folder].",
+)
 @gantt_option("Draw a stage plan's simulated and measured timelines to this .svg file.")
 @json_option
 @debug_option
@@ -189,6 +205,8 @@ def run_command(
     join_timeout: int,
     schedule: str | None,
     microbatches: int | None,
+    processes: int | None,
+    logs: str | None,
     gantt: str | None,
     as_json: bool,
     debug: bool,
@@ -211,6 +229,9 @@ def run_command(
     staged = plan_file is not None and is_stage_plan(plan_file)
     if (plan_file is None) == (mesh_text is None) and not staged:
         raise ConfigError("give either --plan FILE or --mesh (to plan first)")
+    if processes is not None or logs is not None:
+        _launch(file, plan_file, processes, logs, job_of(coordinator, num_processes, process_id))
+        return
     job = job_of(coordinator, num_processes, process_id, address, join_timeout)
     _check_options(plan_file, job, platform, devices)
     if not staged and (schedule is not None or microbatches is not None or gantt is not None):
@@ -262,6 +283,96 @@ def run_command(
         raise VerificationFailed(
             report.verify.summary() if report.verify else "verification failed"
         )
+
+
+def _launch(
+    file: str, plan_file: str | None, processes: int | None, logs: str | None, job: Job | None
+) -> None:
+    """--processes: this same command as every process of a job on this machine."""
+    from rhino.runtime.launch import job_exit_code, launch_local, log_folder
+
+    if processes is None:
+        raise ConfigError("--logs goes with --processes (the processes it keeps the logs of)")
+    if job is not None:
+        raise ConfigError(
+            "--processes starts the processes of a job itself: leave out --coordinator, "
+            "--num-processes and --process-id"
+        )
+    if plan_file is None:
+        raise ConfigError("a job of several processes runs a plan made beforehand: give --plan")
+    context = click.get_current_context()
+    as_json = bool(context.params["as_json"])
+    command = ["run", file, *_forwarded(context), "--json"]
+    folder = log_folder(logs)
+    with status(f"running {file} as {processes} processes", enabled=not as_json) as update:
+        ended = launch_local(command, processes, folder, progress=update)
+    reports = [_report_of(e.stdout) for e in ended]
+    if as_json:
+        emit_json(
+            "run.local_job",
+            {
+                "logs": str(folder),
+                "processes": [
+                    {**e.to_json(), "report": r} for e, r in zip(ended, reports, strict=True)
+                ],
+            },
+        )
+    else:
+        t = Table(title=f"{processes} processes; logs in {folder}", title_justify="left")
+        for col in ("process", "exit", "seconds", "verification", "log"):
+            t.add_column(col, justify="right" if col in ("exit", "seconds") else "left")
+        for e, r in zip(ended, reports, strict=True):
+            verified = (r or {}).get("verify") or {}
+            summary = str(verified.get("summary", "-")) if verified else "-"
+            code = f"{e.exit_code}" + (" (killed)" if e.killed else "")
+            t.add_row(str(e.process), code, f"{e.seconds:.1f}", summary, e.stderr.name)
+        stdout.print(t)
+        for e in ended:
+            if e.exit_code != 0:
+                lines = [ln for ln in _tail(e.stderr) if ln.startswith("error:")]
+                if lines:
+                    click.echo(f"process {e.process}: {lines[-1]}", err=True)
+    code = job_exit_code(ended)
+    if code:
+        sys.exit(code)  # each failed process's message is above
+
+
+_NOT_FORWARDED = ("file", "processes", "logs", "as_json", "debug", "gantt", "join_timeout")
+
+
+def _forwarded(context: click.Context) -> list[str]:
+    """The command's options as given (those that differ from their defaults), as
+    arguments for each process."""
+    found = []
+    for param in context.command.params:
+        if not isinstance(param, click.Option) or param.name in _NOT_FORWARDED:
+            continue
+        value = context.params.get(param.name)
+        if value is None or value == param.default or value == ():
+            continue
+        if param.is_flag and param.secondary_opts:  # --verify/--no-verify
+            found.append(param.opts[0] if value else param.secondary_opts[0])
+        elif param.is_flag:
+            found.append(param.opts[0])
+        else:
+            found.append(f"{param.opts[0]}={value}")
+    return found
+
+
+def _report_of(path: Path) -> dict[str, Any] | None:
+    """A process's --json report, if it wrote a whole one."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _tail(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()[-50:]
+    except OSError:
+        return []
 
 
 def _check_options(

@@ -76,6 +76,13 @@ class ExecutionError(RhinoError):
     """XLA failed to compile or run a plan, or the devices asked for are not there."""
 
 
+class JobLost(ExecutionError):
+    """A process of a job of several stopped answering (it died, or its host or the
+    coordinator became unreachable) while this one ran."""
+
+    exit_code = 4
+
+
 class VerificationFailed(RhinoError):
     """A plan ran but its outputs differ from the single-device outputs."""
 
@@ -88,6 +95,8 @@ EXIT_CODES = {
     "single-device run's, or an entry of a sweep failed",
     2: "bad input or usage (the message says what and where), nothing was done",
     3: "an internal error: a bug in rhino (--debug shows the traceback)",
+    4: "a job of several processes lost one (it died, or its host or the coordinator "
+    "became unreachable): the message names it",
     130: "interrupted (Ctrl-C); a sweep keeps the rows it finished",
     141: "the reader of the output went away (`rhino ... | head`)",
 }

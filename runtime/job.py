@@ -12,9 +12,14 @@ from rhino.hlo.errors import ConfigError
 JOIN_TIMEOUT_S = 60
 """Seconds a process waits for the whole job to join (the coordinator reachable and
 every process connected) before it stops with an error."""
-HEARTBEAT_S = 10
-"""Seconds without a heartbeat after which jax's coordination service takes a process
-for lost and every other process stops (see `rhino.runtime.request`)."""
+LOST_S = 6
+"""Seconds without a sign of life from another process (or an answer from the
+coordinator) after which every process of the job stops, naming the one lost
+(`rhino.runtime.xla_bridge.JobWatch`): a job that loses a process ends within about
+this, plus the half second between checks."""
+HEARTBEAT_S = 15
+"""jax's own heartbeat timeout, the backstop above LOST_S: past it jax's coordination
+service aborts every process of the job (with a stack trace)."""
 
 
 @dataclass(frozen=True)

@@ -18,17 +18,21 @@ them, and afterwards only checks that there are enough.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NoReturn
 
-from rhino.hlo.errors import ConfigError
+from rhino.hlo.errors import ConfigError, JobLost, RhinoError
 from rhino.hlo.ir import Module
+from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
-from rhino.runtime.environment import jax_plugins
-from rhino.runtime.job import HEARTBEAT_S, Job
+from rhino.runtime.environment import jax_plugins, versions
+from rhino.runtime.job import HEARTBEAT_S, LOST_S, Job
 from rhino.runtime.pipeline.programs import StagePlan
 from rhino.runtime.pipeline.report import PipelineReport
 from rhino.runtime.pipeline.run import PipelineOptions, run_pipeline
@@ -36,7 +40,7 @@ from rhino.runtime.spmd.runner import RunOptions, RunReport, run_plan
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import DeviceMesh
 from rhino.search.pipeline import check_pipeline_mesh
-from rhino.search.spmd.plan import Plan
+from rhino.search.spmd.plan import Plan, module_hash
 from rhino.search.spmd.planner import PlanRequest, make_plan
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -173,7 +177,7 @@ def _run_spmd(
         return run_plan(request.module, plan, options)
     _check_job_devices(job, request.devices, plan.mesh)
     say(f"joining {job.coordinator} as process {job.process_id} of {job.num_processes}")
-    with _joined(job):
+    with _joined(job, job_identity(request)):
         say("compiling and running")
         return run_plan(request.module, plan, options)
 
@@ -225,25 +229,73 @@ def _run_stages(request: RunRequest, plan: StagePlan, say: Callable[[str], None]
     )
     if job is None:
         return run_pipeline(request.module, plan, options, spmd)
-    with _joined(job, job.transfer_address()):
+    with _joined(job, job_identity(request), job.transfer_address()):
         return run_pipeline(request.module, plan, options, spmd)
 
 
 @contextmanager
-def _joined(job: Job, transfer_address: str | None = None) -> Iterator[None]:
+def _joined(
+    job: Job, identity: dict[str, str], transfer_address: str | None = None
+) -> Iterator[None]:
     """This process in `job`'s distributed runtime (and out of it again afterwards);
-    XLA's own prints go to stderr meanwhile, keeping stdout for the report."""
+    XLA's own prints go to stderr meanwhile, keeping stdout for the report.
+
+    Once joined, the processes check they were given the same `identity` (versions,
+    module, plan, options), before anything compiles; then each watches the others
+    (`xla_bridge.JobWatch`): a job that loses a process ends everywhere within about
+    `LOST_S`, and a process that fails tells the others, who stop too."""
     with xb.native_stdout_to_stderr():
-        xb.init_distributed(
-            job.coordinator,
-            job.num_processes,
-            job.process_id,
-            timeout_s=job.join_timeout_s,
-            heartbeat_s=HEARTBEAT_S,
-            address=job.host(),
-            transfer_address=transfer_address,
-        )
         try:
+            xb.init_distributed(
+                job.coordinator,
+                job.num_processes,
+                job.process_id,
+                timeout_s=job.join_timeout_s,
+                heartbeat_s=HEARTBEAT_S,
+                address=job.host(),
+                transfer_address=transfer_address,
+            )
+        except xb.JoinFailed as exc:
+            _stop(str(exc), exc.exit_code)
+        watch = xb.JobWatch(job.host(), LOST_S, lambda message: _stop(message, JobLost.exit_code))
+        try:
+            xb.check_same_job(identity, timeout_s=job.join_timeout_s)
             yield
-        finally:
-            xb.shutdown_distributed()
+        except BaseException as exc:
+            if not isinstance(exc, RhinoError | KeyboardInterrupt):
+                # XLA's error when a peer dies inside a collective ("connection closed"):
+                # named as what it is where the watch finds the peer gone
+                watch.confirm(LOST_S + 1)
+            watch.stop(failure=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            raise
+        watch.stop()
+        xb.shutdown_distributed()
+
+
+def job_identity(request: RunRequest) -> dict[str, str]:
+    """What every process of a job must share: the versions it runs, the module, the
+    plan and the run options (digests where long)."""
+    found = versions()
+    plan = request.plan
+    plan_text = plan.text() if isinstance(plan, Plan) else repr(plan)
+    options = {
+        f.name: getattr(request, f.name)
+        for f in dataclasses.fields(request)
+        if f.name not in ("module", "plan", "job")
+    }
+    return {
+        "rhino version": found["rhino"],
+        "jax version": f"jax {found['jax']}, jaxlib {found['jaxlib']}",
+        "HLO module (sha256)": module_hash(print_module(request.module)),
+        "plan (sha256)": hashlib.sha256(plan_text.encode()).hexdigest()[:16],
+        "run options": repr(options),
+    }
+
+
+def _stop(message: str, code: int) -> NoReturn:
+    """End this process of a job at once, saying why: its main thread may be blocked in
+    a collective that will never return, or jax's client still joining."""
+    sys.stdout.flush()
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    os._exit(code)

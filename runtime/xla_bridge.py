@@ -32,6 +32,7 @@ import itertools
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -268,21 +269,97 @@ def init_distributed(
             host = f"[{address}]" if ":" in address else address
             bulk = ",".join([f"{host}:0"] * TRANSFER_SOCKETS)
             jax.config.update("jax_cross_host_transport_addresses", bulk)
-    try:
-        jax.distributed.initialize(
-            coordinator,
-            num_processes=num_processes,
-            process_id=process_id,
-            initialization_timeout=timeout_s,
-            heartbeat_timeout_seconds=heartbeat_s,
+    host, port = _split(coordinator)
+    if process_id == 0:
+        _check_port_free(None, port, f"the coordinator's port {port}")
+    if transfer_address is not None:
+        where, at = _split(transfer_address)
+        _check_port_free(where, at, f"the transfer server's port {at} (at {where})")
+    joined = threading.Event()
+    failed: list[BaseException] = []
+
+    def join() -> None:
+        try:
+            # jax aborts the process (a stack trace, no message of rhino's) when its
+            # client's own timeout passes: it is given more, and this one waits less
+            jax.distributed.initialize(
+                coordinator,
+                num_processes=num_processes,
+                process_id=process_id,
+                initialization_timeout=timeout_s + JOIN_GRACE_S,
+                heartbeat_timeout_seconds=heartbeat_s,
+            )
+        except BaseException as exc:  # JaxRuntimeError is a RuntimeError
+            failed.append(exc)
+        finally:
+            joined.set()
+
+    threading.Thread(target=join, name="rhino-join", daemon=True).start()
+    if not joined.wait(timeout_s):
+        raise JoinFailed(
+            f"process {process_id} of {num_processes} could not join the job at "
+            f"{coordinator} within {timeout_s} s: "
+            + _why_not_joined(host, port, process_id, num_processes)
         )
-    except (ValueError, TypeError, RuntimeError) as exc:  # JaxRuntimeError is one
+    if failed:
         raise ExecutionError(
             f"process {process_id} of {num_processes} could not join the job at "
-            f"{coordinator}: {_strip_status(str(exc))}"
+            f"{coordinator}: {_strip_status(str(failed[0]))}"
         ) from None
     if address is not None:
         _bind_cpu_collectives(address)
+
+
+JOIN_GRACE_S = 120
+"""Seconds jax's client waits past rhino's join timeout (see `init_distributed`)."""
+
+
+class JoinFailed(ExecutionError):
+    """The job did not gather in time. jax's client is still trying, on a thread of its
+    own that no call can stop: the process must end (`os._exit`) rather than return."""
+
+
+def _split(address: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets) -> (host, port)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _check_port_free(host: str | None, port: int, what: str) -> None:
+    """ExecutionError when `port` cannot be bound here (on `host`, or every address),
+    as the server about to bind it would (address reuse on, as gRPC sets it)."""
+    import socket
+
+    family = socket.AF_INET6 if host is None or ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host if host is not None else "::", port))
+        except OSError as exc:
+            raise ExecutionError(
+                f"{what} is in use on this host ({exc.strerror or exc}): stop what holds it, "
+                "or choose another port"
+            ) from None
+
+
+def _why_not_joined(host: str, port: int, process_id: int, count: int) -> str:
+    """What a connection to the coordinator shows, for a job that did not gather."""
+    import socket
+
+    start = f"start the same command on each of the {count} hosts, with --num-processes "
+    start += f"{count} and its own --process-id"
+    if process_id == 0:
+        return f"not every process joined ({start})"
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            pass
+    except ConnectionRefusedError:
+        return f"nothing serves there, connection refused (is process 0 started? {start})"
+    except TimeoutError:
+        return "the coordinator does not answer (connection timed out): check the address"
+    except OSError as exc:
+        return f"the coordinator cannot be reached ({exc.strerror or exc}): check the address"
+    return f"the coordinator answers, but not every process joined ({start})"
 
 
 def _bind_cpu_collectives(address: str) -> None:
@@ -335,6 +412,165 @@ def shutdown_distributed() -> None:
     jax.distributed.shutdown()
 
 
+FAILED_GRACE_S = 2.0
+"""Seconds a process that sees another fail waits before it stops (`JobWatch`)."""
+LAST_OUT_S = 3.0
+"""Seconds process 0 waits, leaving a job on a failure, for the others to leave first
+(`leave_if_abandoned`)."""
+_abandoned: JobWatch | None = None
+"""The watch of the job this process left on a failure (`JobWatch.stop`), if it did."""
+
+
+def leave_if_abandoned(code: int) -> None:
+    """End the process now with `code` if it left a job on a failure: jax's shutdown
+    (or its client's destructor at exit) would wait at a barrier for the others, who
+    may be gone or blocked. Process 0 serves the job: once it is gone, jax aborts every
+    other process at once, before it can say why it stops; so it lets them leave first
+    (at most LAST_OUT_S). Nothing when the process left no job on a failure."""
+    if _abandoned is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if _abandoned.index == 0:
+        _abandoned.wait_for_others(LAST_OUT_S)
+    os._exit(code)
+
+
+class JobWatch:
+    """Each process of a job says it is alive every `beat_s` through the coordinator's
+    key-value store and checks that the others do. A process none of whose beats arrive
+    for `lost_s` (it died, or its host is unreachable), or a coordinator that does not
+    answer for `lost_s`, ends this process at once through `on_lost` with a message
+    naming it: its main thread may be blocked in a collective that never returns.
+    `lost_s` is below jax's own heartbeat timeout, which otherwise aborts the process
+    with a stack trace. A process that finished says so (`stop`): the others do not wait
+    for its beats while they finish."""
+
+    def __init__(
+        self,
+        address: str,
+        lost_s: float,
+        on_lost: Callable[[str], None],
+        beat_s: float = 0.5,
+    ) -> None:
+        from jax._src import distributed
+
+        self._client = distributed.global_state.client
+        self._info = process_info()
+        self._lost_s = lost_s
+        self._beat_s = beat_s
+        self._on_lost = on_lost
+        self._stopped = threading.Event()
+        self._heard: dict[int, float] = {}
+        self._client.key_value_set(f"rhino/address/{self._info.index}", address)
+        self._thread = threading.Thread(target=self._watch, name="rhino-job-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self, failure: str | None = None) -> None:
+        """This process is done (`failure`: it failed, so): stop watching, and tell the
+        others, who stop too on a failure (they may be waiting in a collective for this
+        process)."""
+        global _abandoned
+        self._stopped.set()
+        self._thread.join()
+        if failure is not None:
+            _abandoned = self
+        try:
+            self._client.key_value_set(
+                f"rhino/beat/{self._info.index}",
+                "done" if failure is None else f"failed: {failure}",
+                allow_overwrite=True,
+            )
+        except RuntimeError:
+            pass  # the coordinator is gone: nobody is left to tell
+
+    def _watch(self) -> None:
+        me, count = self._info.index, self._info.count
+        start = time.monotonic()
+        heard = self._heard = dict.fromkeys(range(count), start)  # when its beat last changed
+        last: dict[int, str] = {}
+        failed: dict[int, float] = {}  # process -> when it was first seen failed
+        answered = start  # when the coordinator last answered
+        beat = 0
+        while not self._stopped.wait(self._beat_s):
+            now = time.monotonic()
+            beat += 1
+            try:
+                self._client.key_value_set(f"rhino/beat/{me}", str(beat), allow_overwrite=True)
+                seen = {p: self._try_get(f"rhino/beat/{p}") for p in range(count) if p != me}
+            except RuntimeError as exc:
+                if now - answered > self._lost_s:
+                    self._lost(
+                        f"process {me} lost the job's coordinator (process 0): no answer "
+                        f"for {self._lost_s:g} s ({_strip_status(str(exc)).splitlines()[0]})"
+                    )
+                continue
+            answered = now
+            for p, value in seen.items():
+                if value == "done":
+                    heard[p] = now
+                elif value is not None and value.startswith("failed: "):
+                    # a moment first: this process may be failing the same way itself
+                    # (processes that disagree on the job), and then says so on its own
+                    if now - failed.setdefault(p, now) > FAILED_GRACE_S:
+                        self._lost(
+                            f"process {me} stops: process {p} of {count} failed "
+                            f"({value.removeprefix('failed: ')})"
+                        )
+                elif value != last.get(p):
+                    last[p], heard[p] = value, now
+                elif now - heard[p] > self._lost_s:
+                    where = self._try_get(f"rhino/address/{p}")
+                    self._lost(
+                        f"process {me} lost process {p} of {count}"
+                        + (f" (at {where})" if where else "")
+                        + f": no sign of life for {self._lost_s:g} s (it died, or its host "
+                        "is unreachable); every process of the job stops"
+                    )
+
+    @property
+    def index(self) -> int:
+        return self._info.index
+
+    def wait_for_others(self, timeout_s: float) -> None:
+        """Wait until every other process has said it is done or failed, and a moment
+        more for it to exit (at most `timeout_s`)."""
+        end = time.monotonic() + timeout_s
+        others = [p for p in range(self._info.count) if p != self._info.index]
+        while time.monotonic() < end:
+            try:
+                said = [self._try_get(f"rhino/beat/{p}") or "" for p in others]
+            except RuntimeError:
+                return
+            if all(v == "done" or v.startswith("failed: ") for v in said):
+                time.sleep(min(0.5, max(0.0, end - time.monotonic())))
+                return
+            time.sleep(0.1)
+
+    def confirm(self, timeout_s: float) -> None:
+        """Wait until every other process has shown a sign of life since this call (or
+        finished), so that an error just seen here is this process's own; where one
+        is lost meanwhile, `on_lost` ends this process first. After `timeout_s`,
+        return anyway."""
+        since = time.monotonic()
+        while time.monotonic() - since < timeout_s and not self._stopped.is_set():
+            if all(t > since for p, t in self._heard.items() if p != self._info.index):
+                return
+            time.sleep(self._beat_s / 2)
+
+    def _try_get(self, key: str) -> str | None:
+        try:
+            return str(self._client.key_value_try_get(key))
+        except RuntimeError as exc:
+            if "NOT_FOUND" in str(exc) or "not found" in str(exc).lower():
+                return None
+            raise
+
+    def _lost(self, message: str) -> None:
+        self._stopped.set()
+        self._on_lost(message)
+
+
 def process_info() -> ProcessInfo:
     """This process's index and the job's process count (starts no backend)."""
     if "jax" not in sys.modules:
@@ -360,16 +596,50 @@ def check_agreement(what: str, value: str, *, timeout_s: int = 300) -> None:
     or crash inside XLA). Goes through the coordinator's key-value store; a no-op in a
     job of one process. Every process must call it, in the same order.
     """
+    info = process_info()
+    theirs = _exchange(what, value, timeout_s)
+    differ = {p: v for p, v in theirs.items() if v != value}
+    if differ:
+        p, v = min(differ.items())
+        raise ExecutionError(
+            f"process {info.index} and process {p} disagree on the {what} ({value} here, "
+            f"{v} there): every process of the job must be given the same"
+        )
+
+
+def check_same_job(fields: Mapping[str, str], *, timeout_s: int = 300) -> None:
+    """`check_agreement` of several named values at once (e.g. "rhino version", "HLO
+    module (sha256)"): the message names each one that differs, with both values."""
+    import json
+
+    info = process_info()
+    mine = json.dumps(dict(fields), sort_keys=True)
+    theirs = _exchange("job (versions, module, plan, options)", mine, timeout_s)
+    for p, text in sorted(theirs.items()):
+        other = json.loads(text)
+        differ = [k for k in fields if other.get(k) != fields[k]]
+        if differ:
+            raise ExecutionError(
+                f"process {info.index} and process {p} differ in their "
+                + "; ".join(f"{k} ({fields[k]} here, {other.get(k)} there)" for k in differ)
+                + ": every process of the job must run the same rhino and jax on the same "
+                "HLO, plan and options"
+            )
+
+
+def _exchange(what: str, value: str, timeout_s: int) -> dict[int, str]:
+    """Every process's `value` (this one's included) through the key-value store, in
+    a job of several; {} alone."""
     from jax._src import distributed
 
     client = distributed.global_state.client
     info = process_info()
     if client is None or info.count == 1:
-        return
+        return {}
     key = f"rhino/agree/{next(_agreements)}"
     try:
         client.key_value_set(f"{key}/{info.index}", value)
-        theirs = {
+        return {
             p: client.blocking_key_value_get(f"{key}/{p}", timeout_s * 1000)
             for p in range(info.count)
         }
@@ -378,13 +648,6 @@ def check_agreement(what: str, value: str, *, timeout_s: int = 300) -> None:
             f"process {info.index}: the other processes did not report their {what} "
             f"within {timeout_s} s: {_strip_status(str(exc))}"
         ) from None
-    differ = {p: v for p, v in theirs.items() if v != value}
-    if differ:
-        p, v = min(differ.items())
-        raise ExecutionError(
-            f"process {info.index} and process {p} disagree on the {what} ({value} here, "
-            f"{v} there): every process of the job must be given the same"
-        )
 
 
 # --------------------------------------------------------------------------------------
