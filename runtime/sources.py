@@ -255,6 +255,8 @@ def _read(name: str) -> bytes:
 
 _MLIR_START = re.compile(rb"(?:module\b|#|func\.func\b|builtin\.module\b|\"builtin\.module\")")
 _SKIP = re.compile(rb"(?:\s+|//[^\n]*)*")
+_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0e-\x1f\x7f]")
+"""Bytes no text holds (a proto's field tags and lengths do)."""
 
 
 def sniff(data: bytes) -> str:
@@ -262,11 +264,12 @@ def sniff(data: bytes) -> str:
 
     MLIR text starts (after blanks and `//` comments) with `module`, an alias (`#loc1 =
     ...`), `func.func` or `builtin.module`; MLIR bytecode with `ML\\xefR`. Bytes that are
-    not UTF-8 text are binary; any other text is HLO (its parser says what is wrong)."""
+    not UTF-8 text, or hold control characters, are binary; any other text is HLO (its
+    parser says what is wrong)."""
     if data.startswith(b"ML\xefR"):
         return "stablehlo"
     head = data[:4096]
-    if b"\x00" in head or not _is_utf8(head):
+    if _CONTROL.search(head) or not _is_utf8(head):
         return "hlo-proto"
     start = _SKIP.match(data)
     at = start.end() if start else 0

@@ -581,6 +581,17 @@ def backends_started() -> bool:
     return bool(xla_bridge.backends_are_initialized())
 
 
+def set_cpu_device_count(n: int) -> None:
+    """Have jax's CPU backend make `n` devices when it starts (`jax_num_cpu_devices`).
+
+    Needed besides `--xla_force_host_platform_device_count` in XLA_FLAGS once anything
+    has called into XLA (converting a StableHLO input does): XLA reads its flags once,
+    at the first call, and a flag set after that is not seen."""
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", n)
+
+
 def init_distributed(
     coordinator: str,
     num_processes: int,
