@@ -226,12 +226,38 @@ def load(path: str | Path, *, module: str | None = None, lazy: bool = True) -> L
 def _load_bytes(shown: str, data: bytes, source: str, lazy: bool) -> Loaded:
     kind = sniff(data)
     if kind == "hlo":
-        return Loaded(
-            parse_module(_text(data, shown), shown, lazy=lazy), "hlo", shown, source, False
-        )
+        text = _text(data, shown)
+        try:
+            return Loaded(parse_module(text, shown, lazy=lazy), "hlo", shown, source, False)
+        except HloParseError as e:
+            if not _TUPLE_OPERAND.search(text):
+                raise
+            return _load_reprinted(shown, text, source, lazy, e)
     if kind == "stablehlo":
         return _load_stablehlo(shown, data, source, lazy)
     return _load_proto(shown, data, source, lazy)
+
+
+_TUPLE_OPERAND = re.compile(r"[(,][ \t]*%?[\w.\-]+#\d+[ \t]*[,)]")
+"""An operand `%t#0`: element 0 of tuple `t`, as XLA from jax 0.12 prints it in dumps."""
+
+
+def _load_reprinted(shown: str, text: str, source: str, lazy: bool, error: HloParseError) -> Loaded:
+    """HLO text with tuple-element operands (`%t#0`, which rhino's parser does not read),
+    re-printed by XLA's own parser with get-tuple-element instructions; `error` (rhino's)
+    when XLA cannot read it either."""
+    from rhino.runtime import xla_bridge
+
+    try:
+        hlo = xla_bridge.xla_parse(text).text
+    except xla_bridge.XlaRejected:
+        raise error from None
+    module = parse_module(hlo, f"{shown} (re-printed by XLA)", lazy=lazy)
+    note = (
+        f"{shown}: its tuple-element operands (`%t#0`, as newer XLA prints them) were "
+        "re-printed by XLA's parser as get-tuple-element instructions"
+    )
+    return Loaded(module, "hlo", shown, source, True, (note,))
 
 
 # -- reading and telling kinds apart ------------------------------------------------------------
