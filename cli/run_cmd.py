@@ -236,7 +236,7 @@ def run_command(
     with status(f"running {file}", enabled=not as_json) as update:
         report = execute(setup.request, update, None if as_json else _warn)
     if isinstance(report, PipelineReport):
-        show_stage_run(report, as_json, gantt)
+        show_stage_run(report, as_json, gantt, loaded.to_json() if as_json else None)
         return
     if as_json:
         emit_json("run", {**report.to_json(), "input": loaded.to_json()})

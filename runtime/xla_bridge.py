@@ -427,10 +427,11 @@ def _attr_dicts(op: Any, key: str, count: int) -> list[dict[str, Any]]:
 
     if key not in op.attributes:
         return [{} for _ in range(count)]
-    return [
-        {named.name: named.attr for named in ir.DictAttr(d)}
-        for d in ir.ArrayAttr(op.attributes[key])
-    ]
+    out = []
+    for attr in ir.ArrayAttr(op.attributes[key]):
+        d = ir.DictAttr(attr)
+        out.append({d[i].name: d[i].attr for i in range(len(d))})
+    return out
 
 
 def _string_attr(attr: Any) -> str | None:
