@@ -134,7 +134,7 @@ class Loaded:
     kind: str
     """One of KINDS: what the user gave."""
     file: str
-    """The path the user gave (`-` for standard input)."""
+    """The path the user gave (`<stdin>` for `-`)."""
     source: str
     """The file the module was read from: `file`, or the dump module picked."""
     converted: bool
@@ -220,29 +220,29 @@ def load(path: str | Path, *, module: str | None = None, lazy: bool = True) -> L
             "module",
         )
     shown = "<stdin>" if name == "-" else name
-    return _load_bytes(shown, _read(name), shown, lazy)
+    return _load_bytes(shown, _read(name), lazy)
 
 
-def _load_bytes(shown: str, data: bytes, source: str, lazy: bool) -> Loaded:
+def _load_bytes(shown: str, data: bytes, lazy: bool) -> Loaded:
     kind = sniff(data)
     if kind == "hlo":
         text = _text(data, shown)
         try:
-            return Loaded(parse_module(text, shown, lazy=lazy), "hlo", shown, source, False)
+            return Loaded(parse_module(text, shown, lazy=lazy), "hlo", shown, shown, False)
         except HloParseError as e:
             if not _TUPLE_OPERAND.search(text):
                 raise
-            return _load_reprinted(shown, text, source, lazy, e)
+            return _load_reprinted(shown, text, lazy, e)
     if kind == "stablehlo":
-        return _load_stablehlo(shown, data, source, lazy)
-    return _load_proto(shown, data, source, lazy)
+        return _load_stablehlo(shown, data, lazy)
+    return _load_proto(shown, data, lazy)
 
 
 _TUPLE_OPERAND = re.compile(r"[(,][ \t]*%?[\w.\-]+#\d+[ \t]*[,)]")
 """An operand `%t#0`: element 0 of tuple `t`, as XLA from jax 0.12 prints it in dumps."""
 
 
-def _load_reprinted(shown: str, text: str, source: str, lazy: bool, error: HloParseError) -> Loaded:
+def _load_reprinted(shown: str, text: str, lazy: bool, error: HloParseError) -> Loaded:
     """HLO text with tuple-element operands (`%t#0`, which rhino's parser does not read),
     re-printed by XLA's own parser with get-tuple-element instructions; `error` (rhino's)
     when XLA cannot read it either."""
@@ -257,7 +257,7 @@ def _load_reprinted(shown: str, text: str, source: str, lazy: bool, error: HloPa
         f"{shown}: its tuple-element operands (`%t#0`, as newer XLA prints them) were "
         "re-printed by XLA's parser as get-tuple-element instructions"
     )
-    return Loaded(module, "hlo", shown, source, True, (note,))
+    return Loaded(module, "hlo", shown, shown, True, (note,))
 
 
 # -- reading and telling kinds apart ------------------------------------------------------------
@@ -322,14 +322,22 @@ def _text(data: bytes, name: str) -> str:
 # -- StableHLO ----------------------------------------------------------------------------------
 
 
-def _load_stablehlo(shown: str, data: bytes, source: str, lazy: bool) -> Loaded:
+def _load_stablehlo(shown: str, data: bytes, lazy: bool) -> Loaded:
     from rhino.runtime import xla_bridge
 
     text: str | bytes = data if data.startswith(b"ML\xefR") else _text(data, shown)
     try:
         converted = xla_bridge.stablehlo_to_hlo(text)
     except xla_bridge.MlirRejected as e:
-        raise _located(e, shown, text if isinstance(text, str) else "") from None
+        if e.line is not None or not isinstance(text, str) or "loc(" not in text:
+            raise _located(e, shown, text if isinstance(text, str) else "") from None
+        # `debug_info=True` locates operations in the user's Python files, and so does a
+        # verifier error: the same text without locations puts it in the file itself
+        try:
+            xla_bridge.stablehlo_to_hlo(blank_locations(text))
+        except xla_bridge.MlirRejected as again:
+            raise _located(again if again.line is not None else e, shown, text) from None
+        raise _located(e, shown, text) from None
     hlo = _name_source(converted.text, shown)
     module = parse_module(hlo, f"{shown} (converted to HLO)", lazy=lazy)
     args = converted.arguments
@@ -338,7 +346,7 @@ def _load_stablehlo(shown: str, data: bytes, source: str, lazy: bool) -> Loaded:
         module,
         "stablehlo",
         shown,
-        source,
+        shown,
         True,
         tuple(notes),
         output_paths=tuple(r.path for r in converted.results),
@@ -346,6 +354,45 @@ def _load_stablehlo(shown: str, data: bytes, source: str, lazy: bool) -> Loaded:
         argument_paths=tuple(a.path for a in args),
         argument_shardings=tuple(a.sharding for a in args),
     )
+
+
+def blank_locations(text: str) -> str:
+    """`text` with every `loc(...)` and `#loc... = loc(...)` replaced by spaces: the
+    same lines and columns, no debug locations."""
+    out = list(text)
+    i = text.find("loc(")
+    while i >= 0:
+        if i > 0 and (text[i - 1].isalnum() or text[i - 1] in "_.$#"):  # `alloc(`
+            i = text.find("loc(", i + 1)
+            continue
+        end = _balanced_end(text, i + 3)
+        for k in range(i, end):
+            if out[k] != "\n":
+                out[k] = " "
+        i = text.find("loc(", end)
+    for match in re.finditer(r"^#loc[\w.$-]*\s*=", text, re.MULTILINE):
+        for k in range(match.start(), match.end()):
+            out[k] = " "
+    return "".join(out)
+
+
+def _balanced_end(text: str, open_at: int) -> int:
+    """Index just past the `)` closing the `(` at `open_at` (strings skipped)."""
+    depth, k = 0, open_at
+    while k < len(text):
+        c = text[k]
+        if c == '"':
+            k += 1
+            while k < len(text) and text[k] != '"':
+                k += 2 if text[k] == "\\" else 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return k + 1
+        k += 1
+    return len(text)
 
 
 def _located(e: Any, shown: str, text: str) -> RhinoError:
@@ -412,7 +459,7 @@ def _count(n: int, what: str) -> str:
 # -- HloModuleProto -----------------------------------------------------------------------------
 
 
-def _load_proto(shown: str, data: bytes, source: str, lazy: bool) -> Loaded:
+def _load_proto(shown: str, data: bytes, lazy: bool) -> Loaded:
     from rhino.runtime import xla_bridge
 
     try:
@@ -423,7 +470,7 @@ def _load_proto(shown: str, data: bytes, source: str, lazy: bool) -> Loaded:
             f"(binary, and XLA cannot read it as a proto: {e.xla_message})"
         ) from None
     module = parse_module(hlo, f"{shown} (converted to HLO)", lazy=lazy)
-    return Loaded(module, "hlo-proto", shown, source, True)
+    return Loaded(module, "hlo-proto", shown, shown, True)
 
 
 def module_proto(data: bytes) -> bytes:
@@ -468,7 +515,7 @@ def _load_dump(folder: str, module: str | None, lazy: bool) -> Loaded:
         picked = _named(candidates, module, folder)
         why = f"module {module!r}"
     others = [c for c in candidates if c is not picked]
-    loaded = _load_bytes(picked.file, _read(picked.file), picked.file, lazy)
+    loaded = _load_bytes(picked.file, _read(picked.file), lazy)
     note = (
         f"{folder}: read {Path(picked.file).name} ({picked.name}: {picked.instructions} "
         f"instructions, {picked.dots} dot/convolution), picked by {why} among "

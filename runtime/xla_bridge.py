@@ -278,25 +278,13 @@ def hlo_proto_to_hlo(data: bytes) -> str:
 
 
 def _parse_mlir(text: str | bytes) -> Any:
-    """The module in `text`, or `MlirRejected` at the first error's line and column.
-
-    A module printed with `debug_info=True` locates its operations in the user's Python
-    files, so a verifier error would name those: it is parsed again with every location
-    blanked out (positions kept), which locates the error in `text` itself."""
+    """The module in `text`, or `MlirRejected` at the first error's line and column."""
     from jax._src.lib.mlir import ir
 
     try:
         return ir.Module.parse(text)
     except ir.MLIRError as exc:
-        rejected = _mlir_rejected(exc)
-    if rejected.line is None and isinstance(text, str) and "loc(" in text:
-        try:
-            ir.Module.parse(blank_locations(text))
-        except ir.MLIRError as again:
-            located = _mlir_rejected(again)
-            if located.line is not None:
-                rejected = located
-    raise rejected
+        raise _mlir_rejected(exc) from None
 
 
 def _mlir_rejected(exc: Any) -> MlirRejected:
@@ -315,45 +303,6 @@ def _mlir_rejected(exc: Any) -> MlirRejected:
 def _text_position(location: Any) -> tuple[int | None, int | None]:
     match = _TEXT_LOCATION.match(str(location))
     return (int(match.group(1)), int(match.group(2))) if match else (None, None)
-
-
-def blank_locations(text: str) -> str:
-    """`text` with every `loc(...)` and `#loc... = loc(...)` replaced by spaces: the
-    same lines and columns, no debug locations."""
-    out = list(text)
-    i = text.find("loc(")
-    while i >= 0:
-        if i > 0 and (text[i - 1].isalnum() or text[i - 1] in "_.$#"):  # `alloc(`
-            i = text.find("loc(", i + 1)
-            continue
-        end = _balanced_end(text, i + 3)
-        for k in range(i, end):
-            if out[k] != "\n":
-                out[k] = " "
-        i = text.find("loc(", end)
-    for match in re.finditer(r"^#loc[\w.$-]*\s*=", text, re.MULTILINE):
-        for k in range(match.start(), match.end()):
-            out[k] = " "
-    return "".join(out)
-
-
-def _balanced_end(text: str, open_at: int) -> int:
-    """Index just past the `)` closing the `(` at `open_at` (strings skipped)."""
-    depth, k = 0, open_at
-    while k < len(text):
-        c = text[k]
-        if c == '"':
-            k += 1
-            while k < len(text) and text[k] != '"':
-                k += 2 if text[k] == "\\" else 1
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return k + 1
-        k += 1
-    return len(text)
 
 
 def _main_function(module: Any) -> Any:

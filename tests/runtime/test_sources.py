@@ -18,7 +18,14 @@ from rhino.hlo.errors import ConfigError, HloParseError
 from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
-from rhino.runtime.sources import InputError, Loaded, load, module_proto, sniff
+from rhino.runtime.sources import (
+    InputError,
+    Loaded,
+    blank_locations,
+    load,
+    module_proto,
+    sniff,
+)
 from tests.runtime import jax_inputs
 
 
@@ -299,3 +306,16 @@ def test_tuple_element_operands_are_re_printed_where_xla_reads_them(tmp_path: Pa
     assert loaded.converted and "re-printed by XLA's parser" in loaded.notes[0]
     gtes = [i for i in loaded.module.instructions() if i.opcode_text == "get-tuple-element"]
     assert len(gtes) == 2 and loaded.module.entry.root.operands == gtes
+
+
+def test_blank_locations_keeps_every_line_and_column() -> None:
+    text = (
+        "#loc1 = loc(\"params['w']\")\n"
+        "%0 = stablehlo.add %a, %b : tensor<f32> loc(#loc12)\n"
+        '%1 = "x.alloc(3)" loc(callsite("jit(f)/add"("f.py":3:4) at #loc1))\n'
+    )
+    blank = blank_locations(text)
+    assert [len(t) for t in blank.splitlines()] == [len(t) for t in text.splitlines()]
+    assert "loc" not in blank.replace("alloc", "")
+    assert blank.splitlines()[1].rstrip() == "%0 = stablehlo.add %a, %b : tensor<f32>"
+    assert blank.splitlines()[2].rstrip() == '%1 = "x.alloc(3)"'
