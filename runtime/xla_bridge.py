@@ -163,7 +163,9 @@ class EntryArgument:
     path: str | None
     """Its JAX pytree path (`params['dense']['kernel']`): `jax.arg_info` (older jax) or
     the argument's name location (`as_text(debug_info=True)`); None when the text has
-    neither (jax 0.10.2's `as_text()` prints no argument locations)."""
+    neither (jax 0.10.2's `as_text()` prints no argument locations). A `jax.arg_info`
+    becomes the argument's name location, so the HLO parameter is named after it and
+    carries it as `metadata={op_name=...}`, as with a name location."""
     sharding: str | None
     """The `sdy.sharding` / `mhlo.sharding` it carried, as written; removed before the
     conversion."""
@@ -338,7 +340,10 @@ def _entry_values(main: Any) -> tuple[tuple[EntryArgument, ...], tuple[EntryResu
     free = [j for j in range(len(signature.results)) if j not in aliased]
     arguments = []
     for i, attrs in enumerate(arg_attrs):
-        path = _string_attr(attrs.get("jax.arg_info")) or _location_name(block_args[i].location)
+        named = _location_name(block_args[i].location)
+        path = _string_attr(attrs.get("jax.arg_info")) or named
+        if path is not None and named is None:  # the HLO parameter's name and op_name
+            block_args[i].set_location(ir.Location.name(path))
         sharding = _sharding_text(attrs)
         alias = attrs.get("tf.aliasing_output")
         output = int(ir.IntegerAttr(alias).value) if alias is not None else None

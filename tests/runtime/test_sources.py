@@ -319,3 +319,21 @@ def test_blank_locations_keeps_every_line_and_column() -> None:
     assert "loc" not in blank.replace("alloc", "")
     assert blank.splitlines()[1].rstrip() == "%0 = stablehlo.add %a, %b : tensor<f32>"
     assert blank.splitlines()[2].rstrip() == '%1 = "x.alloc(3)"'
+
+
+def test_older_jax_arg_info_names_the_parameter(tmp_path: Path) -> None:
+    f = tmp_path / "old.mlir"
+    f.write_text(
+        "module @jit_f {\n"
+        "  func.func public @main(%arg0: tensor<4xf32> {jax.arg_info = \"args[0]['w']\", "
+        'mhlo.sharding = "{replicated}"}) -> (tensor<4xf32> {jax.result_info = ""}) {\n'
+        "    %0 = stablehlo.add %arg0, %arg0 : tensor<4xf32>\n"
+        "    return %0 : tensor<4xf32>\n  }\n}\n"
+    )
+    loaded = load(f)
+    (param,) = loaded.parameters
+    assert (param.path, param.sharding) == ("args[0]['w']", "{replicated}")
+    (inst,) = loaded.module.entry.parameters
+    assert inst.name.startswith("args_0___w__")
+    assert "op_name=\"args[0][\\'w\\']\"" in inst.attrs["metadata"]
+    assert "sharding" not in inst.attrs
