@@ -1,52 +1,62 @@
 """Read a training step in any form a JAX user has it: the one loader of every command.
 
-    kind        recognized by                            read by
-    hlo         text that is not MLIR (`HloModule ...`)  rhino's parser, as it always was
-    stablehlo   text starting `module`, `#loc`, `func.func`  the jaxlib bridge: MLIR parse,
-                (or `builtin.module`), MLIR bytecode       legalize to HLO, rhino's parser
-    hlo-proto   binary: a serialized HloModuleProto, or   the jaxlib bridge: HLO text
-                the HloProto that `--xla_dump_hlo_as_proto` writes (`.hlo.pb`)
-    xla-dump    a folder (`XLA_FLAGS=--xla_dump_to=DIR`)  one `module_NNNN.NAME.before_
-                                                          optimizations.txt` (or `.hlo.pb`)
+    kind        what it is                                  how it is read
+    hlo         HLO text (`HloModule ...`; any text that    rhino's parser, as always
+                is not MLIR)
+    stablehlo   MLIR text starting `module`, `#loc`,        jaxlib (`xla_bridge.stablehlo_
+                `func.func` or `builtin.module`; MLIR       to_hlo`), then rhino's parser
+                bytecode (`ML\\xefR`)
+    hlo-proto   binary: a serialized HloModuleProto, or     jaxlib (`xla_bridge.hlo_proto_
+                the HloProto of `--xla_dump_hlo_as_proto`   to_hlo`), then rhino's parser
+    xla-dump    a folder written by                         one of its `module_NNNN.NAME.
+                `XLA_FLAGS=--xla_dump_to=DIR`               before_optimizations.txt` (or
+                                                            `.hlo.pb`), read as above
 
-The kind is told from the first bytes (after a `.gz` is unpacked), never from jax: reading
+The kind is told from the first bytes (after a `.gz` is unpacked), never by jax: reading
 HLO text imports neither jax nor numpy. `-` reads standard input.
 
-StableHLO: `jax.jit(f).lower(*args).as_text()` (with `sdy` shardings, jax's default, or
-`mhlo.sharding` ones), also with `debug_info=True`, converted the way
-`as_text(dialect="hlo")` is made (`xla_bridge.stablehlo_to_hlo`). MLIR parse and verify
-errors are `HloParseError`s at the user's FILE:LINE:COL. Sharding annotations the module
-carries are DROPPED, with a note: rhino plans every layout itself, and a layout the user
-wants kept is a pin (`rhino plan --pin`). Parameters and results lose theirs; a
-sharding constraint inside stays an identity custom call `Sharding` made replicated
-(exactly what a `dialect="hlo"` dump of an unsharded step holds for a `jax.random` key,
-and what rhino already plans replicated); other operations' sharding attributes go. The
-shardings taken off are kept in the parameter and output tables below. Donation
+StableHLO is what `jax.jit(f).lower(*args).as_text()` prints (`sdy` shardings, jax's
+default, or `mhlo.sharding` ones; with or without `debug_info=True`), converted the way
+jax makes `as_text(dialect="hlo")`. An MLIR parse or verify error is an `HloParseError`
+at the user's FILE:LINE:COL. Sharding annotations the module carries are DROPPED, with a
+note: rhino plans every layout itself, and a layout to keep is a pin (`rhino plan
+--pin`; a jax annotation names the user's jax mesh, not rhino's). Parameters and results
+lose theirs; a sharding constraint inside stays an identity custom call `Sharding`, made
+replicated (what a `dialect="hlo"` dump of an unsharded step already holds for a
+`jax.random` key, and what rhino plans replicated); other operations' sharding
+attributes go. What was taken off is kept in the tables below. Donation
 (`tf.aliasing_output`; a `jax.buffer_donor` paired with the first free result of its
 type) becomes the HLO module's `input_output_alias`. Instruction names and
-`metadata={op_name=...}` come from jax's locations (`jit(step)/jvp()/dot_general`); in
-a module printed without locations, each instruction's metadata names its line in the
-file instead (`source_file="step.mlir" source_line=12`).
+`metadata={op_name=...}` come from jax's locations (`jit(step)/jvp()/dot_general`); in a
+module printed without them, each instruction's metadata names its line in the file
+(`source_file="step.mlir" source_line=12`).
 
-What the loader returns besides the `Module` (`Loaded`), for `--emit-shardings` and the
-like, keyed by the JAX pytree path:
+HLO text that rhino's parser refuses only for operands such as `%t#0` (tuple elements,
+as jax 0.12's XLA prints them in dumps) is re-printed by XLA's parser, with
+get-tuple-element instructions, and a note.
+
+Besides the `Module`, `Loaded` holds what `--emit-shardings` and the like need, keyed by
+JAX pytree path:
 - `Loaded.parameters`: per HLO entry parameter, its number, instruction name, pytree
-  path, the sharding the input gave it and the output it is donated to. The path is
-  the parameter's `metadata={op_name=...}`, where jax writes it (`dialect="hlo"` dumps
-  of XLA's before-optimizations modules, `as_text(debug_info=True)` converted); for
-  StableHLO, `jax.arg_info` or the argument's name location, which the conversion also
-  writes into the parameter's metadata. None when the input does not say (jax 0.10.2's
-  plain `as_text()` prints no argument paths; `as_text(dialect="hlo")` prints no
-  metadata).
-- `Loaded.outputs`: per leaf of the entry's result, the path from `jax.result_info`
-  (`result[0]['dense']['kernel']`) and the sharding it carried (StableHLO only; an HLO
-  input has no output paths).
+  path, the sharding the input gave it and the output leaf it is donated to. The path
+  is the parameter's `metadata={op_name=...}`, where jax and XLA write it (XLA dumps'
+  before-optimizations modules, `compiler_ir("hlo")` protos, converted
+  `as_text(debug_info=True)` text, and a `jax.arg_info` of older jax, which the
+  conversion writes there too). None where the input does not say: jax 0.10.2's plain
+  `as_text()` prints no argument paths, `as_text(dialect="hlo")` no metadata.
+- `Loaded.outputs`: per leaf of the entry's result, its `jax.result_info` path
+  (`result[0]['dense']['kernel']`) and the sharding it carried (StableHLO only).
+`Loaded.to_json()` is the `input` object of every command's `--json`: `kind`, `file`,
+`source` (the file read: a dump's pick), `converted`, `notes`, `candidates` (dumps:
+`file`, `number`, `name`, `instructions`, `dots`, the pick first), `parameters`
+(`number`, `name`, `path`, `sharding`, `aliased_output`), `outputs` (`index`, `path`,
+`sharding`).
 
-XLA dump folders: among the `before_optimizations` modules (one per jit: wrappers,
-`jax.random` helpers, the step), the one with the most dot/convolution instructions
-wins, then the one with the most instructions, then the later module number; `module=`
-picks by name (`jit_step`), number (`20` or `0020`) or file name instead. The choice
-and every candidate are in `Loaded.candidates` and a note.
+XLA dump folders hold a module per jit (wrappers, `jax.random` helpers, the step): the
+`before_optimizations` module with the most dot/convolution instructions wins, then the
+one with the most instructions, then the later module number; `module=` picks one by
+name (`jit_step`; the latest of that name), number (`20`, `0020`) or file name. The note
+and `Loaded.candidates` say which was read and what else was there.
 """
 
 from __future__ import annotations
@@ -151,7 +161,7 @@ class Loaded:
     """StableHLO: each argument's pytree path as the bridge read it."""
     argument_shardings: tuple[str | None, ...] = ()
     """StableHLO: the sharding each argument carried."""
-    _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def parameters(self) -> tuple[EntryParameter, ...]:
