@@ -4,6 +4,9 @@ A sweep file (configs/sweeps/*.yaml):
 
     models: ["../../examples/*.hlo"]   # files or globs, relative to this YAML file: HLO or
                                        #   StableHLO text, HloModuleProtos, XLA dump folders
+                                       #   (a folder by its path: globs match files; a
+                                       #   dump's module is picked as `rhino.runtime.sources`
+                                       #   says)
     meshes: ["1x8", "2x4"]             # device meshes, outermost axis first
     levels: [O2, O3]                   # optional, default [O2]
     clusters: [m8]                     # optional, default [m8]; a name or a YAML path
