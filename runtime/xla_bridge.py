@@ -425,20 +425,34 @@ _SDY_MESH = re.compile(r"#sdy\.sharding<(.*?),\s*\[", re.DOTALL)
 """The mesh of an `#sdy.sharding<MESH, [dims...]...>`: a symbol or an inline mesh."""
 
 
+_MANUAL_TARGETS = ('"SPMDFullToShardShape"', '"SPMDShardToFullShape"')
+"""The custom calls around a shard_map's body in a GSPMD (`mhlo.sharding`) module."""
+
+
 def _replicate_shardings(root: Any) -> tuple[int, int]:
     """Make every sharding constraint under `root` replicated; remove the other
     operations' sharding attributes. Returns (constraints that were not replicated,
-    attributes removed)."""
+    attributes removed). Raises `MlirRejected` for a shard_map, which has no
+    single-device meaning."""
     from jax._src.lib.mlir import ir
 
     constraints = removed = 0
-    pending = [root]
+    pending = [root]  # depth first, in the text's order (the first shard_map is reported)
     while pending:
         op = pending.pop()
-        for region in op.regions:
-            for block in region.blocks:
-                pending.extend(o.operation for o in block.operations)
+        inside = [o.operation for region in op.regions for b in region.blocks for o in b.operations]
+        pending.extend(reversed(inside))
         name = op.name
+        attrs = op.attributes
+        if name == "sdy.manual_computation" or (
+            name == "stablehlo.custom_call" and str(attrs["call_target_name"]) in _MANUAL_TARGETS
+        ):
+            raise MlirRejected(
+                "a shard_map (manual computation) is in the module: its body is already "
+                "partitioned by hand, and rhino plans single-device steps (lower the step "
+                "without shard_map)",
+                *_text_position(op.location),
+            )
         if name in ("sdy.sharding_constraint", "sdy.reshard"):
             rank = ir.RankedTensorType(op.results[0].type).rank
             mesh = _SDY_MESH.match(str(op.attributes["sharding"]))
@@ -448,7 +462,6 @@ def _replicate_shardings(root: Any) -> tuple[int, int]:
                 constraints += str(replicated) != str(op.attributes["sharding"])
                 op.attributes["sharding"] = replicated
             continue
-        attrs = op.attributes
         if (
             name == "stablehlo.custom_call"
             and "mhlo.sharding" in attrs

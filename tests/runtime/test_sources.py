@@ -337,3 +337,23 @@ def test_older_jax_arg_info_names_the_parameter(tmp_path: Path) -> None:
     assert inst.name.startswith("args_0___w__")
     assert "op_name=\"args[0][\\'w\\']\"" in inst.attrs["metadata"]
     assert "sharding" not in inst.attrs
+
+
+@pytest.mark.parametrize("shardy", [True, False], ids=["sdy", "mhlo"])
+def test_a_shard_map_is_refused_where_it_is(tmp_path: Path, shardy: bool) -> None:
+    mesh = jax.make_mesh((2,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+
+    def f(x: jax.Array) -> jax.Array:
+        return jax.shard_map(lambda a: a * 2.0, mesh=mesh, in_specs=P("d"), out_specs=P("d"))(x)
+
+    previous = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", shardy)
+    try:
+        text = jax.jit(f).lower(np.ones(4, np.float32)).as_text()
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", previous)
+    lines = text.splitlines()
+    marker = "sdy.manual_computation" if shardy else "@SPMDFullToShardShape"
+    line = next(i for i, t in enumerate(lines) if marker in t) + 1
+    e = _error_at(tmp_path, "shard_map.mlir", text)
+    assert e.line == line and "a shard_map (manual computation) is in the module" in e.message
