@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from rhino.cli.common import (
@@ -89,7 +91,8 @@ def parse_command(
         if as_json:
             emit_json("parse", {"file": file, "input": loaded.to_json(), **summary.__dict__})
         else:
-            render(file if loaded.source == file else f"{file}: {loaded.source}", summary)
+            picked = f": {Path(loaded.source).name}" if loaded.kind == "xla-dump" else ""
+            render(file + picked, summary)
 
 
 def render(file: str, s: ModuleSummary) -> None:
