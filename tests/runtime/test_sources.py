@@ -357,3 +357,14 @@ def test_a_shard_map_is_refused_where_it_is(tmp_path: Path, shardy: bool) -> Non
     line = next(i for i, t in enumerate(lines) if marker in t) + 1
     e = _error_at(tmp_path, "shard_map.mlir", text)
     assert e.line == line and "a shard_map (manual computation) is in the module" in e.message
+
+
+def test_mlir_bytecode_is_stablehlo(tmp_path: Path, reference: Loaded) -> None:
+    f = tmp_path / "step.mlirbc"
+    lowered = jax.jit(jax_inputs.step, donate_argnums=0).lower(*jax_inputs.arguments())
+    with f.open("wb") as out:
+        lowered.compiler_ir().operation.write_bytecode(out)
+    loaded = load(f)
+    assert loaded.kind == "stablehlo"
+    assert loaded.module.instruction_count == reference.module.instruction_count
+    assert [p.path for p in loaded.parameters] == jax_inputs.PARAMETER_PATHS  # locations kept
