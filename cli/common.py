@@ -12,13 +12,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console, ConsoleDimensions
 
 from rhino.cli import flags
 from rhino.hlo.errors import ConfigError, HloParseError, RhinoError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rhino.runtime.sources import Loaded
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -119,6 +122,30 @@ def job_options(fn: F) -> F:
         metavar="HOST:PORT",
         help="Run as one process of a job of several (one per host): process 0 serves here.",
     )(fn)
+
+
+def input_argument(fn: F) -> F:
+    """FILE, the training step every command reads (`rhino.runtime.sources.load`), and
+    --module, which picks one module of an XLA dump folder."""
+    fn = click.option(
+        "--module",
+        "module_name",
+        metavar="NAME",
+        help="In an XLA dump folder: the module to read, by name (jit_step), number or "
+        "file name [default: the one with the most dot/convolution instructions].",
+    )(fn)
+    return click.argument("file", type=click.Path(allow_dash=True))(fn)
+
+
+def load_input(file: str, module_name: str | None, *, lazy: bool = True) -> Loaded:
+    """The step in `file` (HLO or StableHLO text, an HloModuleProto, an XLA dump folder),
+    with the loader's notes (a dump's pick, dropped shardings) on stderr."""
+    from rhino.runtime.sources import load
+
+    loaded = load(file, module=module_name, lazy=lazy)
+    for note in loaded.notes:
+        stderr.print(f"note: {flags.in_flags(note)}", markup=False, highlight=False)
+    return loaded
 
 
 json_option = click.option(

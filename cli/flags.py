@@ -14,7 +14,7 @@ from rhino.hlo.errors import ConfigError, RhinoError
 RENAMED = {"budget_bytes": "memory", "time_limit_s": "time-limit"}
 """Parameters whose flag is not their name with dashes."""
 
-HINTED = ("epsilon", "time_limit_s", "loss", "budget_bytes", "devices")
+HINTED = ("epsilon", "time_limit_s", "loss", "budget_bytes", "devices", "module", "pin")
 """Parameters the library's hints name in backquotes."""
 
 

@@ -88,6 +88,10 @@ EPILOG = "\b\nExit codes, the same for every command:\n" + "\n".join(
 def cli() -> None:
     """rhino: make a single-device XLA HLO training step run well on many devices.
 
+    A command's FILE is the step as HLO or StableHLO text (what `lower(...).as_text()`
+    prints, with or without dialect="hlo"), a serialized HloModuleProto, or an XLA
+    dump folder (XLA_FLAGS=--xla_dump_to=DIR; --module picks one of its modules).
+
     \b
     Examples:
       rhino parse examples/gpt_tiny.hlo

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from rhino.cli.common import (
@@ -9,7 +11,9 @@ from rhino.cli.common import (
     emit_json,
     handle_errors,
     human_count,
+    input_argument,
     json_option,
+    load_input,
     prepare_output,
     save_output,
     status,
@@ -17,7 +21,6 @@ from rhino.cli.common import (
 )
 from rhino.hlo.analysis import ModuleSummary, summarize
 from rhino.hlo.collector import collector_paused
-from rhino.hlo.parser import parse_file
 from rhino.hlo.verify import verify
 from rhino.search.units import format_bytes
 
@@ -28,11 +31,13 @@ Examples:
   rhino parse model.hlo.gz --json | jq .total_flops
   rhino parse model.hlo --emit reprinted.hlo --dot entry.dot
   cat model.hlo | rhino parse -
+  rhino parse step.stablehlo.mlir          # jax.jit(step).lower(...).as_text()
+  rhino parse dump/ --json | jq .input     # an XLA_FLAGS=--xla_dump_to=dump/ folder
 """
 
 
 @click.command("parse", epilog=EPILOG)
-@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@input_argument
 @click.option(
     "--emit",
     type=click.Path(dir_okay=False, writable=True),
@@ -53,17 +58,26 @@ Examples:
 @debug_option
 @handle_errors
 def parse_command(
-    file: str, emit: str | None, dot_file: str | None, top: int, as_json: bool, debug: bool
+    file: str,
+    module_name: str | None,
+    emit: str | None,
+    dot_file: str | None,
+    top: int,
+    as_json: bool,
+    debug: bool,
 ) -> None:
     """Summarize an HLO module: computations, instructions, opcodes, parameter bytes,
     FLOPs (while loops weighted by their trip count), largest tensors, loops.
 
-    FILE is HLO text as XLA or JAX prints it (pre- or post-optimization), `.hlo.gz`,
-    or `-` for standard input. Every attribute is checked, and the module verified.
+    FILE is HLO text as XLA or JAX prints it (pre- or post-optimization), StableHLO
+    text (`jax.jit(f).lower(...).as_text()`), a serialized HloModuleProto (`.pb`), an
+    XLA dump folder (`--xla_dump_to`), any file `.gz`, or `-` for standard input. Every
+    attribute is checked, and the module verified.
     """
     with collector_paused():  # the module's objects: millions, none freed
         with status(f"parsing {file}", enabled=not as_json):
-            module = parse_file(file, lazy=False)
+            loaded = load_input(file, module_name, lazy=False)
+            module = loaded.module
             verify(module)
             summary = summarize(module, top=top)
         if emit:
@@ -75,9 +89,10 @@ def parse_command(
 
             save_output(dot_file, entry_to_dot(module), "Graphviz view")
         if as_json:
-            emit_json("parse", {"file": file, **summary.__dict__})
+            emit_json("parse", {"file": file, "input": loaded.to_json(), **summary.__dict__})
         else:
-            render(file, summary)
+            picked = f": {Path(loaded.source).name}" if loaded.kind == "xla-dump" else ""
+            render(file + picked, summary)
 
 
 def render(file: str, s: ModuleSummary) -> None:

@@ -12,7 +12,9 @@ from rhino.cli.common import (
     emit_json,
     gantt_option,
     handle_errors,
+    input_argument,
     json_option,
+    load_input,
     mesh_option,
     prepare_output,
     save_output,
@@ -21,7 +23,6 @@ from rhino.cli.common import (
 )
 from rhino.cli.pipeline_draw import check_picture_path, write_dot, write_gantt
 from rhino.hlo.errors import ConfigError
-from rhino.hlo.parser import parse_file
 from rhino.hlo.verify import verify
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
@@ -44,7 +45,7 @@ Examples:
 
 
 @click.command("pipeline", epilog=EPILOG)
-@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@input_argument
 @click.option("--stages", type=int, help="Number of pipeline stages d (default: --mesh's axis 0).")
 @mesh_option(
     "Hybrid: the job's mesh, e.g. 2x4: stages on axis 0, each stage's programs "
@@ -104,6 +105,7 @@ Examples:
 @handle_errors
 def pipeline_command(
     file: str,
+    module_name: str | None,
     stages: int | None,
     mesh_text: str | None,
     epsilon: float | None,
@@ -130,7 +132,9 @@ def pipeline_command(
                 "--compare estimates every layout; it takes no --stages, --mesh, "
                 "--out, --gantt or --dot"
             )
-        compare(file, compare_devices, microbatches, epsilon, cluster, time_limit, as_json)
+        compare(
+            file, module_name, compare_devices, microbatches, epsilon, cluster, time_limit, as_json
+        )
         return
     mesh = parse_mesh(mesh_text) if mesh_text is not None else None
     if stages is None:
@@ -154,7 +158,8 @@ def pipeline_command(
     with status(
         f"pipelining {file} into {stages} stages", enabled=not as_json, limit_s=time_limit
     ) as update:
-        module = parse_file(file)
+        loaded = load_input(file, module_name)
+        module = loaded.module
         verify(module)
         plan = plan_pipeline(module, request, progress=update)
     if out:
@@ -168,13 +173,14 @@ def pipeline_command(
     if dot:
         write_dot(plan, module, dot)
     if as_json:
-        emit_json("pipeline", plan.to_json())
+        emit_json("pipeline", {**plan.to_json(), "input": loaded.to_json()})
     else:
         render(file, plan, widened=epsilon is None)
 
 
 def compare(
     file: str,
+    module_name: str | None,
     devices: int,
     microbatches: int,
     epsilon: float | None,
@@ -191,7 +197,8 @@ def compare(
         DeviceMesh((devices,)), load_cluster(cluster), solve=SolveOptions(time_limit_s=time_limit)
     )
     with status(f"comparing layouts of {file} on {devices} devices", enabled=not as_json):
-        module = parse_file(file)
+        loaded = load_input(file, module_name)
+        module = loaded.module
         verify(module)
         found = compare_layouts(
             module, devices, request, microbatches=microbatches, epsilon=epsilon
@@ -205,6 +212,7 @@ def compare(
                 "microbatches": microbatches,
                 "best": best.to_json() if best else None,
                 "candidates": [c.to_json() for c in found.candidates],
+                "input": loaded.to_json(),
             },
         )
         return

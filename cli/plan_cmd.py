@@ -16,7 +16,9 @@ from rhino.cli.common import (
     debug_option,
     emit_json,
     handle_errors,
+    input_argument,
     json_option,
+    load_input,
     mesh_option,
     opt_option,
     prepare_output,
@@ -27,7 +29,6 @@ from rhino.cli.common import (
 )
 from rhino.cli.flags import in_flags
 from rhino.hlo.errors import ConfigError
-from rhino.hlo.parser import parse_file
 from rhino.hlo.printer import print_module
 from rhino.hlo.verify import verify
 from rhino.search.cluster import load_cluster, parse_quantity
@@ -66,7 +67,7 @@ Examples:
 
 
 @click.command("plan", epilog=EPILOG)
-@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@input_argument
 @mesh_option("Device mesh, outermost axis first: 8, 1x8, 2x4.")
 @click.option(
     "--devices",
@@ -136,6 +137,7 @@ Examples:
 @handle_errors
 def plan_command(
     file: str,
+    module_name: str | None,
     mesh_text: str | None,
     devices: int | None,
     jobs: int,
@@ -180,7 +182,8 @@ def plan_command(
         enabled=not as_json,
         limit_s=time_limit,
     ) as update:
-        module = parse_file(file)
+        loaded = load_input(file, module_name)
+        module = loaded.module
         verify(module)
         check_pins(chosen.values(), module, mesh, file)
         if devices is not None:
@@ -203,6 +206,7 @@ def plan_command(
                 stderr.print(f"note: {note}")
     if as_json:
         doc = {f.name: getattr(plan, f.name) for f in fields(plan)}  # emit_json makes it JSON
+        doc["input"] = loaded.to_json()
         if emitted is not None:
             doc["emitted_hlo"] = emitted
         doc["meshes_tried"] = [

@@ -17,8 +17,10 @@ from rhino.cli.common import (
     emit_json,
     gantt_option,
     handle_errors,
+    input_argument,
     job_options,
     json_option,
+    load_input,
     mesh_option,
     opt_option,
     status,
@@ -26,7 +28,6 @@ from rhino.cli.common import (
 )
 from rhino.cli.flags import in_flags
 from rhino.hlo.errors import ConfigError, VerificationFailed
-from rhino.hlo.parser import parse_file
 from rhino.hlo.verify import verify as verify_module
 from rhino.runtime.environment import untested_jax, versions
 from rhino.runtime.job import JOIN_TIMEOUT_S, Job
@@ -125,7 +126,7 @@ def job_of(
 
 
 @click.command("run", epilog=EPILOG)
-@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@input_argument
 @click.option(
     "--plan", "plan_file", type=click.Path(dir_okay=False), help="A plan from `rhino plan --out`."
 )
@@ -188,6 +189,7 @@ def job_of(
 @handle_errors
 def run_command(
     file: str,
+    module_name: str | None,
     plan_file: str | None,
     mesh_text: str | None,
     level: str,
@@ -245,7 +247,8 @@ def run_command(
     if plan_file is not None:
         plan = StagePlan.read(plan_file) if staged else Plan.read(plan_file)
     with status(f"reading {file}", enabled=not as_json):
-        module = parse_file(file)
+        loaded = load_input(file, module_name)
+        module = loaded.module
         verify_module(module)
     request = RunRequest(
         module,
@@ -273,10 +276,10 @@ def run_command(
     with status(f"running {file}", enabled=not as_json) as update:
         report = execute(setup.request, update, None if as_json else _warn)
     if isinstance(report, PipelineReport):
-        show_stage_run(report, as_json, gantt)
+        show_stage_run(report, as_json, gantt, loaded.to_json() if as_json else None)
         return
     if as_json:
-        emit_json("run", report.to_json())
+        emit_json("run", {**report.to_json(), "input": loaded.to_json()})
     else:
         render(report)
     if not report.ok:

@@ -4,6 +4,8 @@ prediction."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.table import Table
 
 from rhino.cli.common import emit_json, stdout
@@ -18,13 +20,18 @@ GANTT_WIDTH = 60
 """Characters of the text timeline."""
 
 
-def show_stage_run(report: PipelineReport, as_json: bool, gantt: str | None = None) -> None:
+def show_stage_run(
+    report: PipelineReport,
+    as_json: bool,
+    gantt: str | None = None,
+    source: dict[str, Any] | None = None,
+) -> None:
     """Render (and draw the timelines to `gantt`), then raise VerificationFailed (exit 1)
-    when an output differs."""
+    when an output differs. `source`: the `input` object of the JSON (what was read)."""
     if gantt:
         write_timelines(report, gantt)
     if as_json:
-        emit_json("run.pipeline", report.to_json())
+        emit_json("run.pipeline", {**report.to_json(), **({"input": source} if source else {})})
     else:
         render(report)
     if not report.ok:

@@ -141,6 +141,8 @@ def simulate_cpu_devices(n: int, *, exactly: bool) -> None:
     if exactly or asked is None or int(asked.group(1)) < n:
         flags = re.sub(rf"{DEVICE_COUNT_FLAG}=\S*", "", flags).strip()
         os.environ["XLA_FLAGS"] = f"{flags} {DEVICE_COUNT_FLAG}={n}".strip()
+        if "jax" in sys.modules:  # XLA may have read its flags already (sources.load)
+            xb.set_cpu_device_count(n)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 

@@ -2,7 +2,11 @@
 
 A sweep file (configs/sweeps/*.yaml):
 
-    models: ["../../examples/*.hlo"]   # HLO files or globs, relative to this YAML file
+    models: ["../../examples/*.hlo"]   # files or globs, relative to this YAML file: HLO or
+                                       #   StableHLO text, HloModuleProtos, XLA dump folders
+                                       #   (a folder by its path: globs match files; a
+                                       #   dump's module is picked as `rhino.runtime.sources`
+                                       #   says)
     meshes: ["1x8", "2x4"]             # device meshes, outermost axis first
     levels: [O2, O3]                   # optional, default [O2]
     clusters: [m8]                     # optional, default [m8]; a name or a YAML path
@@ -51,8 +55,8 @@ from typing import Any
 import yaml
 
 from rhino.hlo.errors import ConfigError, RhinoError
-from rhino.hlo.parser import parse_file
 from rhino.hlo.verify import verify
+from rhino.runtime import sources
 from rhino.search.cluster import Cluster, load_cluster, parse_quantity
 from rhino.search.mesh import DeviceMesh, parse_mesh
 from rhino.search.problem import SolveOptions
@@ -75,7 +79,8 @@ class SweepEntry:
     """One plan to make: everything resolved, ready to send to a worker process."""
 
     model: str
-    """HLO file, relative to the working directory when inside it."""
+    """The model (HLO or StableHLO text, an HloModuleProto, an XLA dump folder: see
+    `rhino.runtime.sources`), relative to the working directory when inside it."""
     mesh: DeviceMesh
     """The device mesh to plan for."""
     level: str
@@ -351,7 +356,7 @@ def run_entry(entry: SweepEntry, tracebacks: bool = False) -> SweepRow:
     """Parse, verify and plan one entry; never raises (a failure is a row with status error)."""
     head = _row_head(entry)
     try:
-        module = parse_file(entry.model)
+        module = sources.load(entry.model).module
         verify(module)
         solve = SolveOptions(time_limit_s=entry.time_limit_s, threads=entry.threads)
         request = PlanRequest(

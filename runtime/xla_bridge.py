@@ -153,6 +153,332 @@ def _strip_status(message: str) -> str:
 
 
 # --------------------------------------------------------------------------------------
+# Other inputs: StableHLO / MHLO text (what `jax.jit(f).lower(...).as_text()` prints) and
+# serialized HloModuleProtos, converted to HLO text (rhino.runtime.sources reads them)
+
+
+@dataclass(frozen=True)
+class EntryArgument:
+    """One argument of a StableHLO module's `@main`, as the module described it."""
+
+    path: str | None
+    """Its JAX pytree path (`params['dense']['kernel']`): `jax.arg_info` (older jax) or
+    the argument's name location (`as_text(debug_info=True)`); None when the text has
+    neither (jax 0.10.2's `as_text()` prints no argument locations). A `jax.arg_info`
+    becomes the argument's name location, so the HLO parameter is named after it and
+    carries it as `metadata={op_name=...}`, as with a name location."""
+    sharding: str | None
+    """The `sdy.sharding` / `mhlo.sharding` it carried, as written; removed before the
+    conversion."""
+    aliased_output: int | None
+    """The result it is donated to (`tf.aliasing_output`, or a `jax.buffer_donor` paired
+    here with a result of the same type)."""
+    donor_unpaired: bool = False
+    """A `jax.buffer_donor` for which no result of the same type was left."""
+
+
+@dataclass(frozen=True)
+class EntryResult:
+    """One result of a StableHLO module's `@main`."""
+
+    path: str | None
+    """`jax.result_info` (`result[0]['dense']['kernel']`), or None."""
+    sharding: str | None
+    """The `sdy.sharding` / `mhlo.sharding` it carried, as written; removed."""
+
+
+@dataclass(frozen=True)
+class ConvertedModule:
+    """A StableHLO module as HLO text, with what the conversion took off it."""
+
+    text: str
+    """XLA's HLO text of the module (metadata kept: a name location becomes the
+    instruction's name and `metadata={op_name=...}`)."""
+    arguments: tuple[EntryArgument, ...]
+    """`@main`'s arguments: HLO entry parameter i is argument i."""
+    results: tuple[EntryResult, ...]
+    """`@main`'s results: leaf i of the HLO entry's result."""
+    constraints: int
+    """Sharding constraints inside (`sdy.sharding_constraint`, `sdy.reshard`, custom
+    call `@Sharding`) whose layout was made replicated (each stays an identity; those
+    already replicated, such as jax's on a `jax.random` key, are not counted)."""
+    op_shardings: int
+    """Other operations' `sdy.sharding` / `mhlo.sharding` attributes, removed."""
+
+
+class MlirRejected(XlaRejected):
+    """The MLIR parser or verifier, or the StableHLO -> HLO conversion, refused a module.
+
+    `message` is the diagnostic; `line` / `col` its 1-based position in the text given
+    (None when the diagnostic has none there); `notes` the diagnostic's notes, each
+    `(line, col, message)` (line and col None when not in the text)."""
+
+    def __init__(
+        self,
+        message: str,
+        line: int | None = None,
+        col: int | None = None,
+        notes: tuple[tuple[int | None, int | None, str], ...] = (),
+    ) -> None:
+        super().__init__(message, what="StableHLO module")
+        self.message = message
+        self.line, self.col = line, col
+        self.notes = notes
+
+
+_TEXT_LOCATION = re.compile(r'^loc\("-":(\d+):(\d+)\)$')
+
+
+def stablehlo_to_hlo(text: str | bytes) -> ConvertedModule:
+    """StableHLO or MHLO (text, or MLIR bytecode) -> HLO text, the way jax makes its
+    `lower().as_text(dialect="hlo")`: the module is parsed in jax's MLIR context and
+    legalized by `mlir_module_to_xla_computation`.
+
+    On the way, `@main`'s argument and result attributes are read (pytree paths,
+    donation, shardings); shardings are removed from them, sharding constraints inside
+    made replicated and other operations' sharding attributes removed (rhino plans every
+    layout itself); a `jax.buffer_donor` argument is paired with the first result of the
+    same type not yet aliased (as `tf.aliasing_output`, which becomes the HLO module's
+    `input_output_alias`). Raises `MlirRejected`, located in `text` where MLIR says.
+    """
+    import jax
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib import xla_client
+    from jax._src.lib.mlir import ir
+
+    with jax_mlir.make_ir_context():
+        module = _parse_mlir(text)
+        main = _main_function(module)
+        arguments, results = _entry_values(main)
+        constraints, op_shardings = _replicate_shardings(module.operation)
+        try:
+            module.operation.verify()
+        except ir.MLIRError as exc:
+            raise _mlir_rejected(exc) from None
+        data = jax_mlir.module_to_bytecode(module)
+    try:
+        computation = xla_client._xla.mlir.mlir_module_to_xla_computation(
+            data, use_tuple_args=False
+        )
+        hlo = computation.get_hlo_module().to_string()
+    except jax.errors.JaxRuntimeError as exc:
+        message = _strip_status(str(exc))
+        where = re.search(r'loc\("-":(\d+):(\d+)\)', message)
+        line, col = (int(where.group(1)), int(where.group(2))) if where else (None, None)
+        raise MlirRejected(f"cannot convert it to HLO: {message}", line, col) from None
+    return ConvertedModule(hlo, arguments, results, constraints, op_shardings)
+
+
+def hlo_proto_to_hlo(data: bytes) -> str:
+    """A serialized HloModuleProto -> HLO text (metadata kept). Raises `XlaRejected`."""
+    import jax
+    from jax._src.lib import xla_client
+
+    try:
+        return str(xla_client.hlo.HloModule.from_serialized_hlo_module_proto(data).to_string())
+    except jax.errors.JaxRuntimeError as exc:
+        raise XlaRejected(_strip_status(str(exc)), what="HloModuleProto") from None
+
+
+def _parse_mlir(text: str | bytes) -> Any:
+    """The module in `text`, or `MlirRejected` at the first error's line and column."""
+    from jax._src.lib.mlir import ir
+
+    try:
+        return ir.Module.parse(text)
+    except ir.MLIRError as exc:
+        raise _mlir_rejected(exc) from None
+
+
+def _mlir_rejected(exc: Any) -> MlirRejected:
+    """MLIR's error as an `MlirRejected`, located by its first error diagnostic."""
+    diagnostics = list(getattr(exc, "error_diagnostics", ()))
+    if not diagnostics:
+        return MlirRejected(str(exc))
+    first = diagnostics[0]
+    line, col = _text_position(first.location)
+    notes = tuple((*_text_position(n.location), str(n.message)) for n in first.notes)
+    if line is None:  # say where MLIR says, then
+        return MlirRejected(f"{first.message} (at {first.location})", None, None, notes)
+    return MlirRejected(str(first.message), line, col, notes)
+
+
+def _text_position(location: Any) -> tuple[int | None, int | None]:
+    match = _TEXT_LOCATION.match(str(location))
+    return (int(match.group(1)), int(match.group(2))) if match else (None, None)
+
+
+def _main_function(module: Any) -> Any:
+    from jax._src.lib.mlir import ir
+
+    functions = [op for op in module.body.operations if op.operation.name == "func.func"]
+    for op in functions:
+        if ir.StringAttr(op.attributes["sym_name"]).value == "main":
+            return op
+    names = ", ".join("@" + ir.StringAttr(op.attributes["sym_name"]).value for op in functions)
+    raise MlirRejected(
+        f"the module has no function @main (jax's entry point); it has {names or 'none'}"
+    )
+
+
+_SHARDING_ATTRS = ("sdy.sharding", "mhlo.sharding")
+
+
+def _entry_values(main: Any) -> tuple[tuple[EntryArgument, ...], tuple[EntryResult, ...]]:
+    """Read `main`'s argument and result attributes, then take the shardings off them and
+    turn each `jax.buffer_donor` into a `tf.aliasing_output` where a result fits."""
+    from jax._src.lib.mlir import ir
+
+    signature = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+    arg_attrs = _attr_dicts(main, "arg_attrs", len(signature.inputs))
+    res_attrs = _attr_dicts(main, "res_attrs", len(signature.results))
+    block_args = list(main.regions[0].blocks[0].arguments)
+    aliased = {
+        int(ir.IntegerAttr(a["tf.aliasing_output"]).value)
+        for a in arg_attrs
+        if "tf.aliasing_output" in a
+    }
+    free = [j for j in range(len(signature.results)) if j not in aliased]
+    arguments = []
+    for i, attrs in enumerate(arg_attrs):
+        named = _location_name(block_args[i].location)
+        path = _string_attr(attrs.get("jax.arg_info")) or named
+        if path is not None and named is None:  # the HLO parameter's name and op_name
+            block_args[i].set_location(ir.Location.name(path))
+        sharding = _sharding_text(attrs)
+        alias = attrs.get("tf.aliasing_output")
+        output = int(ir.IntegerAttr(alias).value) if alias is not None else None
+        unpaired = False
+        if (
+            output is None
+            and "jax.buffer_donor" in attrs
+            and ir.BoolAttr(attrs["jax.buffer_donor"]).value
+        ):
+            fits = [j for j in free if str(signature.results[j]) == str(signature.inputs[i])]
+            if fits:
+                output = fits[0]
+                free.remove(output)
+                del attrs["jax.buffer_donor"]
+                attrs["tf.aliasing_output"] = ir.IntegerAttr.get(
+                    ir.IntegerType.get_signless(32), output
+                )
+            else:
+                unpaired = True
+        arguments.append(EntryArgument(path, sharding, output, unpaired))
+    results = [
+        EntryResult(_string_attr(attrs.get("jax.result_info")), _sharding_text(attrs))
+        for attrs in res_attrs
+    ]
+    for attrs in (*arg_attrs, *res_attrs):
+        for key in _SHARDING_ATTRS:
+            attrs.pop(key, None)
+    main.attributes["arg_attrs"] = ir.ArrayAttr.get([ir.DictAttr.get(a) for a in arg_attrs])
+    main.attributes["res_attrs"] = ir.ArrayAttr.get([ir.DictAttr.get(a) for a in res_attrs])
+    return tuple(arguments), tuple(results)
+
+
+def _attr_dicts(op: Any, key: str, count: int) -> list[dict[str, Any]]:
+    from jax._src.lib.mlir import ir
+
+    if key not in op.attributes:
+        return [{} for _ in range(count)]
+    out = []
+    for attr in ir.ArrayAttr(op.attributes[key]):
+        d = ir.DictAttr(attr)
+        out.append({d[i].name: d[i].attr for i in range(len(d))})
+    return out
+
+
+def _string_attr(attr: Any) -> str | None:
+    from jax._src.lib.mlir import ir
+
+    if attr is None:
+        return None
+    try:
+        return str(ir.StringAttr(attr).value)
+    except ValueError:  # another kind of attribute
+        return None
+
+
+def _sharding_text(attrs: Mapping[str, Any]) -> str | None:
+    for key in _SHARDING_ATTRS:
+        if key in attrs:
+            return _string_attr(attrs[key]) or str(attrs[key])
+    return None
+
+
+_NAME_LOCATION = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"(?:\(.*\))?\)$', re.DOTALL)
+
+
+def _location_name(location: Any) -> str | None:
+    """The name of a name location (`loc("x")`, `loc("x"(child))`), else None."""
+    match = _NAME_LOCATION.match(str(location))
+    if match is None:
+        return None
+    return re.sub(
+        r"\\(\\|\"|[0-9A-Fa-f]{2})",
+        lambda m: m.group(1) if m.group(1) in ("\\", '"') else chr(int(m.group(1), 16)),
+        match.group(1),
+    )
+
+
+_SDY_MESH = re.compile(r"#sdy\.sharding<(.*?),\s*\[", re.DOTALL)
+"""The mesh of an `#sdy.sharding<MESH, [dims...]...>`: a symbol or an inline mesh."""
+
+
+_MANUAL_TARGETS = ('"SPMDFullToShardShape"', '"SPMDShardToFullShape"')
+"""The custom calls around a shard_map's body in a GSPMD (`mhlo.sharding`) module."""
+
+
+def _replicate_shardings(root: Any) -> tuple[int, int]:
+    """Make every sharding constraint under `root` replicated; remove the other
+    operations' sharding attributes. Returns (constraints that were not replicated,
+    attributes removed). Raises `MlirRejected` for a shard_map, which has no
+    single-device meaning."""
+    from jax._src.lib.mlir import ir
+
+    constraints = removed = 0
+    pending = [root]  # depth first, in the text's order (the first shard_map is reported)
+    while pending:
+        op = pending.pop()
+        inside = [o.operation for region in op.regions for b in region.blocks for o in b.operations]
+        pending.extend(reversed(inside))
+        name = op.name
+        attrs = op.attributes
+        if name == "sdy.manual_computation" or (
+            name == "stablehlo.custom_call" and str(attrs["call_target_name"]) in _MANUAL_TARGETS
+        ):
+            raise MlirRejected(
+                "a shard_map (manual computation) is in the module: its body is already "
+                "partitioned by hand, and rhino plans single-device steps (lower the step "
+                "without shard_map)",
+                *_text_position(op.location),
+            )
+        if name in ("sdy.sharding_constraint", "sdy.reshard"):
+            rank = ir.RankedTensorType(op.results[0].type).rank
+            mesh = _SDY_MESH.match(str(op.attributes["sharding"]))
+            if mesh is not None:
+                dims = ", ".join(["{}"] * rank)
+                replicated = ir.Attribute.parse(f"#sdy.sharding<{mesh.group(1)}, [{dims}]>")
+                constraints += str(replicated) != str(op.attributes["sharding"])
+                op.attributes["sharding"] = replicated
+            continue
+        if (
+            name == "stablehlo.custom_call"
+            and "mhlo.sharding" in attrs
+            and str(attrs["call_target_name"]) == '"Sharding"'
+        ):
+            constraints += _string_attr(attrs["mhlo.sharding"]) != "{replicated}"
+            attrs["mhlo.sharding"] = ir.StringAttr.get("{replicated}")
+            continue
+        for key in _SHARDING_ATTRS:
+            if key in attrs:
+                del attrs[key]
+                removed += 1
+    return constraints, removed
+
+
+# --------------------------------------------------------------------------------------
 # Devices
 
 
@@ -222,6 +548,17 @@ def backends_started() -> bool:
     from jax._src import xla_bridge
 
     return bool(xla_bridge.backends_are_initialized())
+
+
+def set_cpu_device_count(n: int) -> None:
+    """Have jax's CPU backend make `n` devices when it starts (`jax_num_cpu_devices`).
+
+    Needed besides `--xla_force_host_platform_device_count` in XLA_FLAGS once anything
+    has called into XLA (converting a StableHLO input does): XLA reads its flags once,
+    at the first call, and a flag set after that is not seen."""
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", n)
 
 
 TRANSFER_SOCKETS = 4

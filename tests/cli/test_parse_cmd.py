@@ -4,6 +4,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from rhino.cli.main import cli
@@ -34,6 +35,7 @@ def test_json_schema_is_stable() -> None:
         "schema",
         "versions",
         "file",
+        "input",
         "name",
         "computations",
         "instructions",
@@ -51,6 +53,7 @@ def test_json_schema_is_stable() -> None:
     }
     assert set(doc) == expected_keys
     assert [lp["trip_count"] for lp in doc["while_loops"]] == [2, 2]
+    assert (doc["input"]["kind"], doc["input"]["source"]) == ("hlo", str(SCAN))
     assert doc["instructions"] == parse_file(SCAN).instruction_count
     assert r.output.count("\n") == 1  # piped: one line (indented only at a terminal)
 
@@ -120,17 +123,19 @@ def test_a_malformed_program_shape_in_the_header_is_exit_2(tmp_path: Path) -> No
     assert f"{bad}:1:" in r.output and "bad dimension" in r.output and "Traceback" not in r.output
 
 
-def test_stablehlo_text_is_named_and_the_way_to_hlo_said(tmp_path: Path) -> None:
+@pytest.mark.jax_surface
+def test_stablehlo_text_is_read_through_the_bridge(tmp_path: Path) -> None:
     mlir = tmp_path / "f.mlir"
     mlir.write_text(
         "module @jit_f attributes {mhlo.num_partitions = 1 : i32} {\n"
         "  func.func public @main(%arg0: tensor<4xf32>) -> (tensor<4xf32>) {\n"
         "    return %arg0 : tensor<4xf32>\n  }\n}\n"
     )
-    r = run("parse", str(mlir))
-    assert r.exit_code == 2
-    assert f"{mlir}:1:1: error: this is StableHLO/MLIR text" in r.output
-    assert 'as_text(dialect="hlo")' in r.output and "Traceback" not in r.output
+    r = run("parse", str(mlir), "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert (doc["name"], doc["instructions"], doc["parameters"]) == ("jit_f", 1, 1)
+    assert (doc["input"]["kind"], doc["input"]["converted"]) == ("stablehlo", True)
 
 
 def test_the_garbage_collector_is_as_it_was_after_the_command(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ checked before any process joins a job (exit code 2 and a message naming the opt
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,16 @@ JOB = ["--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id"
 
 
 @pytest.fixture(autouse=True)
-def _keep_xla_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--devices` may set XLA_FLAGS for a jax not yet started; undo it after each test."""
+def _keep_xla_flags(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """`--devices` may set XLA_FLAGS and jax_num_cpu_devices for a jax not yet started;
+    undo it after each test."""
+    import jax
+
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+    before = jax.config.jax_num_cpu_devices
+    yield
+    if jax.config.jax_num_cpu_devices != before:  # set by this test: jax not started
+        jax.config.update("jax_num_cpu_devices", before)
 
 
 def invoke(*args: str):

@@ -79,8 +79,11 @@ def test_simulated_devices_are_asked_of_xla_before_jax_starts(
     monkeypatch.setattr(run.xb, "backends_started", lambda: False)
     monkeypatch.setenv("XLA_FLAGS", before)
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    asked: list[int] = []  # jax_num_cpu_devices, for an XLA that has read its flags
+    monkeypatch.setattr(run.xb, "set_cpu_device_count", asked.append)
     simulate_cpu_devices(n, exactly=exactly)
     assert os.environ["XLA_FLAGS"] == after
+    assert asked == ([n] if after != before else [])  # jax is loaded in this process
     assert os.environ["JAX_PLATFORMS"] == "cpu"
 
 
