@@ -130,6 +130,79 @@ def test_an_equinox_step_runs_as_planned_and_as_on_one_device() -> None:
     assert "memory per device" in report and "opt_state" in report
 
 
+def _nnx_step() -> tuple[Any, tuple[Any, ...]]:
+    """A Flax NNX MLP with dropout and nnx.Optimizer (optax Adam), in NNX's functional
+    form: the step merges the (model, optimizer) state, which holds the dropout stream's
+    PRNG key (a typed key array) and its counter, and returns it updated."""
+    import optax
+
+    try:
+        from flax import nnx
+    except AttributeError as e:  # flax 0.12.8's nnx under jax 0.12: no hijax.HiPrimitive
+        pytest.skip(f"flax.nnx does not import under jax {jax.__version__}: {e}")
+
+    class Net(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.first = nnx.Linear(32, 64, rngs=rngs)
+            self.drop = nnx.Dropout(0.2, rngs=rngs)
+            self.last = nnx.Linear(64, 8, rngs=rngs)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.last(self.drop(nnx.relu(self.first(x))))
+
+    model = Net(nnx.Rngs(params=0, dropout=1))
+    graphdef, state = nnx.split((model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)))
+
+    def step(state: Any, x: jax.Array, y: jax.Array) -> Any:
+        model, optimizer = nnx.merge(graphdef, state)
+
+        def loss_fn(model: Net) -> jax.Array:
+            return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss
+
+    x = jax.random.normal(jax.random.key(1), (64, 32))
+    return step, (state, x, jax.random.randint(jax.random.key(2), (64,), 0, 8))
+
+
+def _unkeyed(tree: Any) -> Any:
+    """PRNG key arrays as their data, to compare."""
+    return jax.tree.map(
+        lambda a: (
+            jax.random.key_data(a) if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key) else a
+        ),
+        tree,
+    )
+
+
+def test_a_flax_nnx_step_carries_its_prng_keys_through_the_plan() -> None:
+    step, args = _nnx_step()
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    plan = rhino.jax.plan(step, *args, mesh=mesh)
+    keys = [
+        leaf
+        for leaf in jax.tree.leaves(args[0])
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    ]
+    assert len(keys) == 1  # the dropout stream's key
+    run = plan.jit()
+    got = run(*args)
+    want = jax.jit(step)(*args)
+    _check_laid_out(got, plan.out_shardings)
+    out_keys = [
+        leaf
+        for leaf in jax.tree.leaves(got[0])
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    ]
+    assert len(out_keys) == 1 and out_keys[0].dtype == keys[0].dtype
+    assert _max_diff(_unkeyed(got), _unkeyed(want)) < 1e-5
+    again, want_again = run(got[0], *args[1:]), jax.jit(step)(want[0], *args[1:])
+    assert _max_diff(_unkeyed(again), _unkeyed(want_again)) < 1e-5
+    assert float(again[1]) != float(got[1])  # it trains (and the dropout mask moved on)
+
+
 def _tiny() -> tuple[Any, tuple[Any, ...]]:
     def fn(w: dict[str, jax.Array], x: jax.Array, scale: float) -> Any:
         h = jnp.tanh(x @ w["a"])
