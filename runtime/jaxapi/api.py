@@ -37,9 +37,10 @@ from rhino.runtime.spmd.boundary import Boundary, Layout, boundary, partition_sp
 from rhino.search.cluster import load_cluster, parse_quantity
 from rhino.search.mesh import DeviceMesh
 from rhino.search.problem import SolveOptions
-from rhino.search.spmd.pins import pin_from_text
+from rhino.search.spmd.pins import check_pins, pin_from_text
 from rhino.search.spmd.plan import Plan
 from rhino.search.spmd.planner import PlanRequest, make_plan
+from rhino.search.spmd.spec import ShardingSpec
 from rhino.search.units import format_bytes, format_seconds
 
 
@@ -117,19 +118,8 @@ def plan(
     errors (`rhino.hlo.errors.RhinoError`) for what the search refuses (e.g. no plan
     within the memory budget).
     """
-    if stages is not None:
-        raise PlanError(
-            f"stages={stages}: rhino.jax.plan makes SPMD plans only; plan pipeline stages "
-            "with `rhino pipeline FILE --stages N` on the step's HLO "
-            '(jax.jit(fn).lower(*args).as_text(dialect="hlo"))'
-        )
-    if not isinstance(mesh, Mesh):
-        raise PlanError(
-            f"mesh must be a jax.sharding.Mesh with devices (e.g. jax.make_mesh((2, 4), "
-            f"('data', 'model'))), got {type(mesh).__name__}"
-        )
+    _check_request(stages, mesh)
     shape = tuple(int(n) for n in mesh.devices.shape)
-    rhino_mesh = DeviceMesh(shape)
     donated = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
     for i in donated:
         if not 0 <= i < len(example_args):
@@ -146,39 +136,63 @@ def plan(
                 f"given has shape {'x'.join(map(str, shape))} ({mesh.devices.size} devices)"
             )
     else:
-        threads = 2
-        if _called_from_unguarded_main():
-            threads = 1
-            notes.append(
-                "searched without worker processes: called from the top level of a "
-                "script without `if __name__ == '__main__':`"
-            )
         request = PlanRequest(
-            rhino_mesh,
+            DeviceMesh(shape),
             load_cluster(cluster),
             opt,
             _budget(memory, cluster),
-            _pins(pins, rhino_mesh.ndim),
-            SolveOptions(time_limit_s=time_limit, threads=threads),
+            _pins(pins, lowered.module, DeviceMesh(shape)),
+            SolveOptions(time_limit_s=time_limit, threads=_threads(notes)),
         )
         made = make_plan(lowered.module, request)
     try:
         found = boundary(lowered.module, made)
     except ConfigError as e:
         raise PlanError(f"the plan does not fit this function and these arguments: {e}") from None
+    return JaxPlan(made, mesh, found, _named_by_program(lowered, found), notes)
+
+
+def _check_request(stages: int | None, mesh: Any) -> None:
+    if stages is not None:
+        raise PlanError(
+            f"stages={stages}: rhino.jax.plan makes SPMD plans only; plan pipeline stages "
+            "with `rhino pipeline FILE --stages N` on the step's HLO "
+            '(jax.jit(fn).lower(*args).as_text(dialect="hlo"))'
+        )
+    if not isinstance(mesh, Mesh):
+        raise PlanError(
+            f"mesh must be a jax.sharding.Mesh with devices (e.g. jax.make_mesh((2, 4), "
+            f"('data', 'model'))), got {type(mesh).__name__}"
+        )
+
+
+def _threads(notes: list[str]) -> int:
+    """The search's threads: 2, or 1 (no worker processes) where a worker importing
+    `__main__` again would run the caller's script (`_called_from_unguarded_main`)."""
+    if not _called_from_unguarded_main():
+        return 2
+    notes.append(
+        "searched without worker processes: called from the top level of a script "
+        "without `if __name__ == '__main__':`"
+    )
+    return 1
+
+
+def _named_by_program(lowered: _Lowered, found: Boundary) -> _Lowered:
+    """`lowered` with its arguments keyed by the names fn gives them (`params['w']`)
+    where the program says. Checks that the program has a parameter per argument leaf
+    and a result per result leaf."""
     if len(found.inputs) != len(lowered.args) or len(found.outputs) != len(lowered.results):
         raise PlanError(
             f"the lowered program has {len(found.inputs)} parameters and "
             f"{len(found.outputs)} results; fn's arguments have {len(lowered.args)} array "
             f"leaves and its results {len(lowered.results)}"
         )
-    # the arguments by the names fn gives them (`params['w']`) where the program says
     named = tuple(
         dataclasses.replace(leaf, key=x.key) if x.key != x.name else leaf
         for leaf, x in zip(lowered.args, found.inputs, strict=True)
     )
-    lowered = dataclasses.replace(lowered, args=named)
-    return JaxPlan(made, mesh, found, lowered, notes)
+    return dataclasses.replace(lowered, args=named)
 
 
 @dataclass(frozen=True)
@@ -275,12 +289,18 @@ def _budget(memory: str | float | None, cluster: str) -> float | None:
         raise PlanError(f"memory={memory!r}: {e}") from None
 
 
-def _pins(pins: Mapping[str, str] | None, ndim: int) -> tuple[tuple[str, Any], ...]:
+def _pins(
+    pins: Mapping[str, str] | None, module: Module, mesh: DeviceMesh
+) -> tuple[tuple[str, ShardingSpec], ...]:
+    """`pins` ({instruction: layout}) checked against the program, as the planner takes
+    them."""
     if not pins:
         return ()
     made = [
-        pin_from_text(f"{name}={layout}", ndim, f"pins[{name!r}]") for name, layout in pins.items()
+        pin_from_text(f"{name}={layout}", mesh.ndim, f"pins[{name!r}]")
+        for name, layout in pins.items()
     ]
+    check_pins(made, module, mesh, "<lowered fn>")
     return tuple((p.name, p.spec) for p in made)
 
 
