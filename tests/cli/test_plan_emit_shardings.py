@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import pytest
 from click.testing import CliRunner
 
 import rhino.jax
@@ -19,6 +20,8 @@ from rhino.runtime.spmd.boundary import partition_spec
 from rhino.search.spmd.plan import Plan
 from rhino.search.spmd.spec import parse_spec
 from tests.hlo.corpus import ROOT
+
+pytestmark = pytest.mark.jax_surface  # jax lowers the step (its debug print: the keys)
 
 
 def _emit(source: Path, tmp_path: Path, *extra: str) -> tuple[dict[str, Any], Plan]:
