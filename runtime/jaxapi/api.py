@@ -559,7 +559,11 @@ def _program_value(leaf: _Leaf, value: Any) -> Any:
 
 def _as_result(leaf: _Leaf, array: jax.Array, named: NamedSharding) -> jax.Array:
     """A program output as `fn` returns it, laid out as `named`."""
-    if leaf.is_key:
+    if leaf.is_key:  # the key's data, first laid out as the keys will be (no split inside)
+        spec = (*named.spec, *([None] * (array.ndim - len(named.spec))))
+        data = NamedSharding(named.mesh, PartitionSpec(*spec))
+        if not array.sharding.is_equivalent_to(data, array.ndim):
+            array = jax.device_put(array, data)
         array = jax.random.wrap_key_data(array, dtype=leaf.dtype)
     if array.sharding.is_equivalent_to(named, array.ndim):
         shards = [s.data for s in array.addressable_shards]

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import rhino.jax
 from tests.hlo.corpus import ROOT
@@ -342,4 +342,38 @@ def test_layouts_no_named_sharding_expresses_are_taken_as_the_nearest_one() -> N
     got = plan.jit()(*args)
     _check_laid_out(got, plan.out_shardings)
     assert _max_diff(got, jax.jit(fn)(*args)) < 1e-5
+    assert not [n for n in plan.notes if "moved at each call" in n], plan.notes
+
+
+def _keyed() -> tuple[Any, tuple[Any, ...]]:
+    def fn(keys: jax.Array, x: jax.Array) -> Any:
+        return jax.vmap(lambda k: jax.random.normal(k, (4,)))(keys) + x, keys
+
+    return fn, (jax.random.split(jax.random.key(0), 8), jnp.ones((8, 4)))
+
+
+def test_prng_keys_whose_data_the_plan_splits_are_laid_out_whole() -> None:
+    """A typed key array's data has one more dim than the keys; a plan splitting that dim
+    (pinned here) has no NamedSharding for the keys: they are laid out without the split,
+    converted at each call, returned as keys."""
+    fn, args = _keyed()
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    plan = rhino.jax.plan(fn, *args, mesh=mesh, pins={"keys.1": "S1R"})
+    assert plan.in_shardings[0].spec == PartitionSpec(None)
+    assert sum("splits the data of PRNG keys (S1R)" in n for n in plan.notes) == 2
+    got, want = plan.jit()(*args), jax.jit(fn)(*args)
+    _check_laid_out(got, plan.out_shardings)
+    assert got[1].dtype == args[0].dtype
+    assert _max_diff(_unkeyed(got), _unkeyed(want)) == 0
+
+
+def test_rhino_device_d_is_the_meshs_flat_device_d_in_any_device_order() -> None:
+    fn, args = _keyed()
+    order = [3, 1, 7, 5, 0, 2, 6, 4]
+    mesh = Mesh(np.array(jax.devices()[:8], dtype=object)[order].reshape(2, 4), ("a", "b"))
+    plan = rhino.jax.plan(fn, *args, mesh=mesh)
+    assert plan.in_shardings[1].spec != PartitionSpec(None, None)  # x is split: order matters
+    got = plan.jit()(*args)
+    _check_laid_out(got, plan.out_shardings)
+    assert _max_diff(_unkeyed(got), _unkeyed(jax.jit(fn)(*args))) == 0
     assert not [n for n in plan.notes if "moved at each call" in n], plan.notes
