@@ -499,7 +499,7 @@ class JaxPlan:
         lines.append("  arguments")
         for leaf, named in zip(self._lowered.args, self._in_named, strict=True):
             lines.append(f"    {leaf.key}: {named.spec}")
-        lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  note: {n}" for n in (*p.notes, *self.notes)]
         lines += [f"  warning: {w}" for w in p.warnings]
         return "\n".join(lines)
 
@@ -521,6 +521,11 @@ def _compile(found: Boundary, devices: tuple[Any, ...]) -> xb.Compiled:
 
 
 def _check_argument(leaf: _Leaf, value: Any) -> None:
+    if isinstance(value, jax.Array) and value.is_deleted():
+        raise ArgumentError(
+            f"argument {leaf.key} was deleted (donated to an earlier call?): pass the "
+            f"array that call returned"
+        )
     shape = tuple(np.shape(value))
     if leaf.is_key:
         dtype = getattr(value, "dtype", None)

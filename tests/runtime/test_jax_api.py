@@ -119,6 +119,8 @@ def test_an_equinox_step_runs_as_planned_and_as_on_one_device() -> None:
     state = jax.device_put(args[:2], shardings[:2])  # donated: consumed by the call
     got = run(*state, *args[2:])
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state))
+    with pytest.raises(rhino.jax.ArgumentError, match="deleted"):
+        run(*state, *args[2:])  # the state it consumed
     _check_laid_out(got, plan.out_shardings)
     assert _max_diff(got, want) < 1e-5
     assert not [n for n in plan.notes if "moved at each call" in n], plan.notes
