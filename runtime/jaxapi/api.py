@@ -456,8 +456,8 @@ class JaxPlan:
         values, tree = jax.tree_util.tree_flatten(args)
         if tree != lowered.args_tree:
             raise ArgumentError(
-                f"{self.plan.module} was planned for arguments structured as "
-                f"{lowered.args_tree}, got {tree}"
+                f"{self.plan.module} was planned for arguments structured otherwise: "
+                f"{_difference(lowered.args_tree, args)}"
             )
         for leaf, value in zip(lowered.args, values, strict=True):
             _check_argument(leaf, value)
@@ -518,6 +518,24 @@ def _compile(found: Boundary, devices: tuple[Any, ...]) -> xb.Compiled:
     """The one place rhino.jax compiles a plan's program (GSPMD: the program carries
     `sharding=` annotations and Sharding constraints, see runtime/spmd/)."""
     return xb.compile_spmd(print_module(found.program), devices, num_partitions=len(devices))
+
+
+def _difference(planned: Any, args: tuple[Any, ...]) -> str:
+    """How the pytree `args` differs from the `planned` structure: the leaves missing and
+    those not planned, by path (positional: `[0]['w']`)."""
+    like = jax.tree_util.tree_unflatten(planned, [0] * planned.num_leaves)
+    want = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(like)[0]]
+    got = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+    have, wanted = set(got), set(want)
+    missing = [k for k in want if k not in have]
+    extra = [k for k in got if k not in wanted]
+    parts = []
+    for what, keys in (("missing", missing), ("not planned", extra)):
+        if keys:
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            parts.append(f"{what} {', '.join(keys[:3])}{more}")
+    found = "; ".join(parts) or "the same leaves in other containers"
+    return f"{found} ({len(want)} leaves planned, {len(got)} given)"
 
 
 def _check_argument(leaf: _Leaf, value: Any) -> None:

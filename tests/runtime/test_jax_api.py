@@ -220,10 +220,13 @@ def tiny_plan() -> rhino.jax.JaxPlan:
     return rhino.jax.plan(fn, *args, mesh=jax.make_mesh((2, 4), ("data", "model")))
 
 
-def test_host_arrays_and_numbers_are_taken_as_jax_jit_takes_them(
+def test_shapes_plan_and_host_arrays_and_numbers_run_as_jax_jit_takes_them(
     tiny_plan: rhino.jax.JaxPlan,
 ) -> None:
     fn, (w, x, scale) = _tiny()
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (w, x))
+    abstract = rhino.jax.plan(fn, *shapes, scale, mesh=tiny_plan.mesh)  # nothing computed
+    assert abstract.in_shardings == tiny_plan.in_shardings
     got = tiny_plan.jit()(jax.tree.map(np.asarray, w), np.asarray(x, np.float64), 3)
     want = jax.jit(fn)(w, x, 3.0)
     _check_laid_out(got, tiny_plan.out_shardings)
@@ -235,10 +238,20 @@ def test_arguments_that_do_not_match_are_refused_before_running(
 ) -> None:
     _, (w, x, scale) = _tiny()
     run = tiny_plan.jit()
-    with pytest.raises(rhino.jax.ArgumentError, match="structured as"):
+    with pytest.raises(rhino.jax.ArgumentError, match=r"missing \[2\] \(4 leaves planned, 3 given"):
         run(w, x)
-    with pytest.raises(TypeError, match="structured as"):  # an ArgumentError is a TypeError
+    with pytest.raises(TypeError, match=r"missing \[0\]\['b'\]"):  # ArgumentError: a TypeError
         run({"a": w["a"]}, x, scale)
+    with pytest.raises(rhino.jax.ArgumentError, match=r"not planned \[0\]\['c'\]"):
+        run({**w, "c": w["a"]}, x, scale)
+    with pytest.raises(
+        rhino.jax.ArgumentError, match=r"missing \[0\]\['a'\], .*not planned \[0\]\[0\]"
+    ):
+        run([w["a"], w["b"]], x, scale)
+    from flax.core import FrozenDict
+
+    with pytest.raises(rhino.jax.ArgumentError, match="same leaves in other containers"):
+        run(FrozenDict(w), x, scale)
     with pytest.raises(rhino.jax.ArgumentError, match=r"w\['a'\]: expected shape \[16, 32\]"):
         run({"a": w["a"][:8], "b": w["b"]}, x, scale)
     with pytest.raises(rhino.jax.ArgumentError, match="x: expected dtype float32, got int32"):
