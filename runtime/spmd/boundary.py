@@ -132,6 +132,8 @@ def _layout(inst: Instruction, key: str, planned: str | None, mesh: DeviceMesh) 
     rank = len(dims)
     if planned is not None:
         spec = parse_spec(planned, mesh.ndim)
+        if spec.is_valid(dims, mesh):  # an explicit stride that is the maximal one: none
+            spec = spec.normalized(dims, mesh)
         nearest, why = expressible(spec)
         if why is None:
             return Layout(inst.name, key, dims, spec, planned)

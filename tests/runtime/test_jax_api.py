@@ -358,6 +358,17 @@ def test_layouts_no_named_sharding_expresses_are_taken_as_the_nearest_one() -> N
     _check_laid_out(got, plan.out_shardings)
     assert _max_diff(got, jax.jit(fn)(*args)) < 1e-5
     assert not [n for n in plan.notes if "moved at each call" in n], plan.notes
+    # a stride written out that is the maximal one (4 of 8 rows a shard) is no stride
+    maximal = dataclasses.replace(
+        edited,
+        instructions=tuple(
+            dataclasses.replace(i, outs=("S0[s=4]R",)) if i.name == "x.1" else i
+            for i in edited.instructions
+        ),
+    )
+    plan = rhino.jax.plan(fn, *args, mesh=mesh, use_plan=maximal)
+    assert plan.in_shardings[0].spec == PartitionSpec("data", None)
+    assert not [n for n in plan.notes if "planned S0[s=4]R" in n], plan.notes
 
 
 def _keyed() -> tuple[Any, tuple[Any, ...]]:
