@@ -390,7 +390,8 @@ def test_prng_keys_whose_data_the_plan_splits_are_laid_out_whole() -> None:
     got, want = plan.jit()(*args), jax.jit(fn)(*args)
     _check_laid_out(got, plan.out_shardings)
     assert got[1].dtype == args[0].dtype
-    assert _max_diff(_unkeyed(got), _unkeyed(want)) == 0
+    assert _max_diff(_unkeyed(got[1]), _unkeyed(want[1])) == 0  # the same keys
+    assert _max_diff(got[0], want[0]) < 1e-6  # jax 0.12: 1 ulp apart where sharded
 
 
 def test_rhino_device_d_is_the_meshs_flat_device_d_in_any_device_order() -> None:
@@ -401,5 +402,7 @@ def test_rhino_device_d_is_the_meshs_flat_device_d_in_any_device_order() -> None
     assert plan.in_shardings[1].spec != PartitionSpec(None, None)  # x is split: order matters
     got = plan.jit()(*args)
     _check_laid_out(got, plan.out_shardings)
-    assert _max_diff(_unkeyed(got), _unkeyed(jax.jit(fn)(*args))) == 0
+    want = jax.jit(fn)(*args)
+    assert _max_diff(_unkeyed(got[1]), _unkeyed(want[1])) == 0
+    assert _max_diff(got[0], want[0]) < 1e-6
     assert not [n for n in plan.notes if "moved at each call" in n], plan.notes
