@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import fields
 
@@ -61,6 +62,7 @@ Examples:
   rhino plan model.hlo --mesh 2x4 --cluster h100x8 --memory 16GiB --out plan.json
   rhino plan model.hlo --mesh 1x4 --pin params_0_.1=RS1 --emit-hlo annotated.hlo
   rhino plan model.hlo --mesh 1x8 --pins pins.yaml   # pins.yaml: {params_0_.1: RS1}
+  rhino plan step.hlo --mesh 2x4 --emit-shardings specs.json --axis-names data,model
   rhino plan model.hlo --devices 8            # try 8, 2x4, 4x2; keep the best
   rhino plan model.hlo --mesh 2x4 --json | jq .objective_s
 """
@@ -127,6 +129,20 @@ Examples:
     "shardings, and its conversion paths and loop layouts pinned by Sharding constraints.",
 )
 @click.option(
+    "--emit-shardings",
+    type=click.Path(dir_okay=False, writable=True),
+    callback=prepare_output,
+    help="Write every entry parameter's PartitionSpec (JSON, schema rhino.shardings/1), "
+    "keyed by its JAX pytree path (`params['dense']['kernel']`: the parameter's "
+    'metadata op_name, which jax prints with `as_text(dialect="hlo", debug_info=True)`; '
+    "else the parameter's name), with the mesh's shape and axis names.",
+)
+@click.option(
+    "--axis-names",
+    metavar="A,B",
+    help="Mesh axis names for --emit-shardings, outermost first (default: axis_0,axis_1,...).",
+)
+@click.option(
     "--all",
     "show_all",
     is_flag=True,
@@ -150,6 +166,8 @@ def plan_command(
     pins_file: str | None,
     out: str | None,
     emit_hlo: str | None,
+    emit_shardings: str | None,
+    axis_names: str | None,
     show_all: bool,
     as_json: bool,
     debug: bool,
@@ -158,10 +176,14 @@ def plan_command(
     device mesh within the device memory (Rhino §4), and report it."""
     if (mesh_text is None) == (devices is None):
         raise ConfigError("give either --mesh (e.g. --mesh 2x4) or --devices (e.g. --devices 8)")
+    if axis_names is not None and emit_shardings is None:
+        raise ConfigError("--axis-names names the mesh axes of --emit-shardings; give both")
     if (pins or pins_file) and devices is not None:
         flag = "--pin" if pins else "--pins"
         raise ConfigError(f"{flag} needs a fixed --mesh (a pin names a layout per mesh axis)")
     mesh = parse_mesh(mesh_text) if mesh_text is not None else DeviceMesh((devices or 1,))
+    if emit_shardings and mesh_text is not None:
+        _axis_names(axis_names, mesh.ndim)  # refused before the search, not after
     clus = load_cluster(cluster)
     budget = None if no_memory_limit else _budget(memory, clus.memory_bytes)
     given = (read_pins_file(pins_file, mesh.ndim) if pins_file else []) + [
@@ -204,11 +226,26 @@ def plan_command(
         if not as_json:
             for note in notes:
                 stderr.print(f"note: {note}")
+    shardings: dict[str, object] | None = None
+    if emit_shardings:
+        from rhino.runtime.spmd.boundary import boundary, shardings_document
+
+        names = _axis_names(axis_names, plan.mesh.ndim)
+        found = boundary(module, plan)
+        document = shardings_document(found, plan, names)
+        save_output(emit_shardings, json.dumps(document, indent=1) + "\n", "shardings")
+        if not as_json:
+            for x in found.inputs:
+                if x.note:
+                    stderr.print(f"note: {x.key}: {x.note}")
+        shardings = {"path": emit_shardings, "parameters": len(document["partition_specs"])}
     if as_json:
         doc = {f.name: getattr(plan, f.name) for f in fields(plan)}  # emit_json makes it JSON
         doc["input"] = loaded.to_json()
         if emitted is not None:
             doc["emitted_hlo"] = emitted
+        if shardings is not None:
+            doc["emitted_shardings"] = shardings
         doc["meshes_tried"] = [
             {"mesh": t.mesh.to_json(), "objective_s": t.objective_s, "error": t.error}
             for t in trials
@@ -216,6 +253,18 @@ def plan_command(
         emit_json("plan", doc)
     else:
         render(file, plan, show_all, trials)
+
+
+def _axis_names(text: str | None, ndim: int) -> tuple[str, ...]:
+    """The mesh axis names of --axis-names (`data,model`), one per mesh axis."""
+    if text is None:
+        return tuple(f"axis_{a}" for a in range(ndim))
+    names = tuple(n.strip() for n in text.split(","))
+    if len(names) != ndim or not all(names):
+        raise ConfigError(
+            f"--axis-names {text!r}: expected {ndim} comma-separated names, one per mesh axis"
+        )
+    return names
 
 
 def _budget(memory: str | None, device_memory: float) -> float:

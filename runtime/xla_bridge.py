@@ -1446,6 +1446,17 @@ def move_input(compiled: Compiled, index: int, value: np.ndarray | jax.Array) ->
     return jax.device_put(value, sharding)
 
 
+def parameter_sharding(compiled: Compiled, index: int) -> jax.sharding.Sharding:
+    """The jax sharding parameter `index` of `compiled` must be placed with (a sharding
+    over the executable's device list, as `move_input` places it)."""
+    return compiled._in_shardings[index]
+
+
+def output_sharding(compiled: Compiled, index: int) -> jax.sharding.Sharding:
+    """The jax sharding output `index` of `compiled` comes back with."""
+    return compiled._out_shardings[index]
+
+
 def execute_arrays(compiled: Compiled, arrays: Sequence[jax.Array]) -> list[jax.Array]:
     """Run one step on device arrays placed by `move_input` (checked: a
     misplaced buffer would crash the process); the results stay on the devices, one
