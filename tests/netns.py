@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -67,6 +68,7 @@ def private_hosts(count: int) -> Iterator[list[Host]]:
     """`count` hosts at SUBNET.1, SUBNET.2, ..., each in its own namespace, on one bridge;
     removed on exit (the processes left in them killed first)."""
     require()
+    _remove_stale()
     tag = f"rh{os.getpid() % 100000}x{next(_serial)}"
     switch = f"{tag}-sw"
     hosts = [Host(f"{tag}-h{i}", f"{SUBNET}.{i + 1}") for i in range(count)]
@@ -91,6 +93,24 @@ def private_hosts(count: int) -> Iterator[list[Host]]:
         for name in reversed(made):
             _kill_inside(name)
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+
+
+def _remove_stale() -> None:
+    """Remove the namespaces a test process left behind when it was killed before it
+    could (named after its pid, which is gone)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    for line in listed.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        found = re.fullmatch(r"rh(\d+)x\d+-(sw|h\d+)", name)
+        if found is None or _alive(int(found.group(1))):
+            continue
+        _kill_inside(name)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+
+
+def _alive(pid_tag: int) -> bool:
+    """Is a process whose pid ends in `pid_tag` (pid modulo 100000) running?"""
+    return any(entry.isdigit() and int(entry) % 100000 == pid_tag for entry in os.listdir("/proc"))
 
 
 def _kill_inside(namespace: str) -> None:
