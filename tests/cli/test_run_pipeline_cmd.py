@@ -101,10 +101,6 @@ def test_the_human_report_shows_the_timelines(stages: Path, tmp_path: Path) -> N
         (["--devices", "1"], "need 2 devices"),
         (["--mesh", "4x2"], "mesh axis 0, which has 4 devices, not 2 stages"),
         (["--mesh", "2x4"], "need 8 devices"),
-        (
-            ["--coordinator", "10.0.0.1:1234", "--num-processes", "2", "--process-id", "0"],
-            "on one machine only",
-        ),
     ],
 )
 def test_bad_requests_exit_2(stages: Path, extra: list[str], message: str) -> None:
