@@ -149,6 +149,13 @@ def job_of(
     type=click.IntRange(min=1),
     help="Micro-batches per step of a stage plan [default: the plan's].",
 )
+@click.option(
+    "--partitioner",
+    type=click.Choice(["shardy", "gspmd"]),
+    help="XLA's SPMD partitioner for an SPMD plan [default: shardy, as jax's; gspmd: the "
+    "annotated HLO through GSPMD, which logs its deprecation]. Shardy falls back to GSPMD, "
+    "with a note, for a sharding it cannot take.",
+)
 @gantt_option("Draw a stage plan's simulated and measured timelines to this .svg file.")
 @json_option
 @debug_option
@@ -170,6 +177,7 @@ def run_command(
     process_id: int | None,
     schedule: str | None,
     microbatches: int | None,
+    partitioner: str | None,
     gantt: str | None,
     as_json: bool,
     debug: bool,
@@ -199,6 +207,10 @@ def run_command(
             "--schedule, --microbatches and --gantt apply to a stage plan (from "
             "`rhino pipeline --out`)"
         )
+    if staged and partitioner is not None:
+        raise ConfigError(
+            "--partitioner applies to an SPMD plan; a stage plan's programs compile through GSPMD"
+        )
     if gantt is not None and not gantt.lower().endswith(".svg"):
         raise ConfigError(f"--gantt {gantt}: expected a .svg file name")
     plan: Plan | StagePlan | None = None
@@ -222,6 +234,7 @@ def run_command(
         job=job,
         schedule=schedule or "1f1b",
         microbatches=microbatches,
+        partitioner=partitioner or "shardy",
     )
     setup = prepare_devices(request)
     if setup.implied is not None and not as_json:
@@ -269,7 +282,7 @@ def render(report: RunReport) -> None:
     found = versions()
     out.print(
         f"mesh {report.mesh} on {len(report.devices)} devices ({report.devices[0]}, ...), "
-        f"jax {found['jax']}"
+        f"jax {found['jax']}, partitioned by {report.partitioner}"
     )
     if report.process_count > 1:
         parts = report.local_partitions

@@ -72,6 +72,8 @@ class RunRequest:
     """A stage plan's schedule: "1f1b" or "gpipe"."""
     microbatches: int | None = None
     """A stage plan's micro-batches per step; None: the plan's."""
+    partitioner: str = "shardy"
+    """XLA's partitioner for an SPMD plan: "shardy" or "gspmd" (`RunOptions.partitioner`)."""
 
     def __post_init__(self) -> None:
         if self.plan is None and self.mesh is None:
@@ -165,7 +167,12 @@ def _run_spmd(
             warn(warning)
     assert isinstance(plan, Plan)
     options = RunOptions(
-        request.platform, request.seed, request.verify, request.steps, request.warmup
+        request.platform,
+        request.seed,
+        request.verify,
+        request.steps,
+        request.warmup,
+        partitioner=request.partitioner,
     )
     job = request.job
     if job is None:

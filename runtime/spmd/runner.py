@@ -25,7 +25,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rhino.hlo.errors import ExecutionError
+from rhino.hlo.errors import ConfigError, ExecutionError
 from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
@@ -38,7 +38,12 @@ from rhino.runtime.fidelity import (
     parse_partitioned,
 )
 from rhino.runtime.inputs import entry_inputs
-from rhino.runtime.spmd.apply import planned_module, realized_program
+from rhino.runtime.spmd.apply import (
+    dropped_notes,
+    planned_module,
+    realized_program,
+    shardy_program,
+)
 from rhino.runtime.verify import VerifyReport, reduction_lengths, verify_shards
 from rhino.search.mesh import DeviceMesh
 from rhino.search.spmd.plan import Plan
@@ -54,6 +59,21 @@ class RunOptions:
     warmup: int = 1
     baseline: bool = True
     """Also time the single-device program (needs `verify`'s compile)."""
+    partitioner: str = "shardy"
+    """"shardy": the plan as Shardy shardings (`realized_stablehlo`), partitioned by XLA's
+    Shardy partitioner, as jax does; "gspmd": the annotated HLO through GSPMD. Shardy
+    falls back to GSPMD, with a note, where the module holds a sharding Shardy cannot
+    take (PARTITIONERS)."""
+
+    def __post_init__(self) -> None:
+        if self.partitioner not in PARTITIONERS:
+            raise ConfigError(
+                f"partitioner {self.partitioner!r}: expected one of {', '.join(PARTITIONERS)}"
+            )
+
+
+PARTITIONERS = ("shardy", "gspmd")
+"""XLA's SPMD partitioners a plan compiles through, the default first."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +120,9 @@ class RunReport:
     kernels: int
     """Kernels XLA's compiled program launches per step (`fidelity.kernel_launches`):
     what the fixed cost per kernel, which the estimate leaves out, multiplies."""
+    partitioner: str = "gspmd"
+    """The partitioner that compiled the program ("shardy" or "gspmd": the one asked
+    for, or "gspmd" after Shardy's fall-back, which `notes` then explain)."""
     notes: tuple[str, ...] = field(default=())
     process_index: int = 0
     """This process's index in a job of several (`--process-id`); 0 when alone."""
@@ -126,6 +149,7 @@ class RunReport:
             "memory": asdict(self.memory),
             "predicted_step_s": self.predicted_step_s,
             "kernels": self.kernels,
+            "partitioner": self.partitioner,
             "notes": list(self.notes),
             "process_index": self.process_index,
             "process_count": self.process_count,
@@ -154,7 +178,7 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
     xb.check_agreement("plan and run options (digest)", digest)
     notes = list(realized_notes)
     inputs = entry_inputs(annotated_module, options.seed)
-    sharded = xb.compile_spmd(annotated, devices, num_partitions=mesh.size)
+    sharded, partitioner = _compile(annotated_module, annotated, mesh, devices, options, notes)
     reference = None
     verify_report: VerifyReport | None = None
     if options.verify:
@@ -197,11 +221,35 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
         memory=memory,
         predicted_step_s=plan.objective_s,
         kernels=kernel_launches(partitioned),
+        partitioner=partitioner,
         notes=tuple(notes),
         process_index=process.index,
         process_count=process.count,
         local_partitions=sharded.addressable,
     )
+
+
+def _compile(
+    annotated_module: Module,
+    annotated: str,
+    mesh: DeviceMesh,
+    devices: tuple[Any, ...],
+    options: RunOptions,
+    notes: list[str],
+) -> tuple[xb.Compiled, str]:
+    """The realized program compiled by the partitioner asked for, and which one did.
+    Shardy falls back to GSPMD (noted) when a sharding of the program has no Shardy form
+    on `mesh` (none of rhino's own layouts; a sharding the input module brought may)."""
+    if options.partitioner == "shardy":
+        converted = shardy_program(annotated_module, mesh)
+        if not converted.dropped:
+            return xb.compile_shardy(converted.text, devices), "shardy"
+        notes.extend(dropped_notes(converted.dropped))
+        notes.append(
+            f"{len(converted.dropped)} sharding(s) have no Shardy form: compiled through "
+            "GSPMD instead (as --partitioner gspmd), which takes them all"
+        )
+    return xb.compile_spmd(annotated, devices, num_partitions=mesh.size), "gspmd"
 
 
 def _mesh_devices(
