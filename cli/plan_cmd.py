@@ -59,6 +59,7 @@ Examples:
   rhino plan model.hlo --mesh 2x8 --opt O3 --time-limit 300   # whole-graph ILP
   rhino plan model.hlo --mesh 2x4 --cluster h100x8 --memory 16GiB --out plan.json
   rhino plan model.hlo --mesh 1x4 --pin params_0_.1=RS1 --emit-hlo annotated.hlo
+  rhino plan model.hlo --mesh 2x4 --emit-stablehlo plan.mlir   # for Shardy (jax's)
   rhino plan model.hlo --mesh 1x8 --pins pins.yaml   # pins.yaml: {params_0_.1: RS1}
   rhino plan model.hlo --devices 8            # try 8, 2x4, 4x2; keep the best
   rhino plan model.hlo --mesh 2x4 --json | jq .objective_s
@@ -126,6 +127,15 @@ Examples:
     "shardings, and its conversion paths and loop layouts pinned by Sharding constraints.",
 )
 @click.option(
+    "--emit-stablehlo",
+    type=click.Path(dir_okay=False, writable=True),
+    callback=prepare_output,
+    help="Write the plan as StableHLO for Shardy, jax's partitioner (what `rhino run` "
+    "compiles by default): an sdy.mesh of the plan's mesh (axes axis_0, axis_1, ...), "
+    "sdy.sharding on @main's arguments and results, and a sdy.sharding_constraint on every "
+    "value the plan fixes, its conversion paths included.",
+)
+@click.option(
     "--all",
     "show_all",
     is_flag=True,
@@ -148,6 +158,7 @@ def plan_command(
     pins_file: str | None,
     out: str | None,
     emit_hlo: str | None,
+    emit_stablehlo: str | None,
     show_all: bool,
     as_json: bool,
     debug: bool,
@@ -201,10 +212,24 @@ def plan_command(
         if not as_json:
             for note in notes:
                 stderr.print(f"note: {note}")
+    emitted_mlir: dict[str, object] | None = None
+    if emit_stablehlo:
+        from rhino.runtime.spmd.apply import realized_stablehlo
+
+        text, notes = realized_stablehlo(module, plan)  # what `rhino run` compiles
+        save_output(emit_stablehlo, text, "realized StableHLO")
+        emitted_mlir = {"path": emit_stablehlo, "notes": list(notes)}
+        shown = set(emitted["notes"]) if emitted is not None else set()  # type: ignore[call-overload]
+        if not as_json:  # --emit-hlo's notes (once), and Shardy's own
+            for note in notes:
+                if note not in shown:
+                    stderr.print(f"note: {note}")
     if as_json:
         doc = {f.name: getattr(plan, f.name) for f in fields(plan)}  # emit_json makes it JSON
         if emitted is not None:
             doc["emitted_hlo"] = emitted
+        if emitted_mlir is not None:
+            doc["emitted_stablehlo"] = emitted_mlir
         doc["meshes_tried"] = [
             {"mesh": t.mesh.to_json(), "objective_s": t.objective_s, "error": t.error}
             for t in trials
