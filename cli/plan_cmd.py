@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 
 import click
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -211,7 +212,7 @@ def plan_command(
         emitted = {"path": emit_hlo, "notes": list(notes)}
         if not as_json:
             for note in notes:
-                stderr.print(f"note: {note}")
+                stderr.print(f"note: {escape(note)}")
     emitted_mlir: dict[str, object] | None = None
     if emit_stablehlo:
         from rhino.runtime.spmd.apply import realized_stablehlo
@@ -223,7 +224,7 @@ def plan_command(
         if not as_json:  # --emit-hlo's notes (once), and Shardy's own
             for note in notes:
                 if note not in shown:
-                    stderr.print(f"note: {note}")
+                    stderr.print(f"note: {escape(note)}")
     if as_json:
         doc = {f.name: getattr(plan, f.name) for f in fields(plan)}  # emit_json makes it JSON
         if emitted is not None:
@@ -326,7 +327,7 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
             table.add_row(*map(Text, row))
         out.print(table)
     for note in plan.notes:
-        out.print(f"[dim]note:[/] {note}")
+        out.print(f"[dim]note:[/] {escape(note)}")
     for w in plan.warnings:
         out.print(f"[yellow]warning:[/] {in_flags(w)}")
 

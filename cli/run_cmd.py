@@ -6,6 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from rhino.cli.common import (
@@ -336,7 +337,7 @@ def render(report: RunReport) -> None:
         f"{format_bytes(m.peak_bytes)}); plan estimate {format_bytes(m.plan_peak_bytes)}"
     )
     for note in report.notes:
-        out.print(f"[yellow]note:[/] {note}")
+        out.print(f"[yellow]note:[/] {escape(note)}")
 
 
 def _axes(row: KindAxesTotal) -> str:
