@@ -124,8 +124,9 @@ Examples:
     "--emit-hlo",
     type=click.Path(dir_okay=False, writable=True),
     callback=prepare_output,
-    help="Write the HLO that realizes the plan (what `rhino run` compiles): the plan's "
-    "shardings, and its conversion paths and loop layouts pinned by Sharding constraints.",
+    help="Write the HLO that realizes the plan (what `rhino run --partitioner gspmd` "
+    "compiles): the plan's shardings, and its conversion paths and loop layouts pinned by "
+    "Sharding constraints.",
 )
 @click.option(
     "--emit-stablehlo",
@@ -204,15 +205,17 @@ def plan_command(
     if out:
         save_output(out, plan.text(), "plan")
     emitted: dict[str, object] | None = None
+    shown: set[str] = set()  # notes already printed
     if emit_hlo:
         from rhino.runtime.spmd.apply import realized_program
 
-        program, notes = realized_program(module, plan)  # what `rhino run` compiles
+        program, notes = realized_program(module, plan)  # `rhino run --partitioner gspmd`'s
         save_output(emit_hlo, print_module(program), "realized HLO")
         emitted = {"path": emit_hlo, "notes": list(notes)}
         if not as_json:
             for note in notes:
                 stderr.print(f"note: {escape(note)}")
+        shown.update(notes)
     emitted_mlir: dict[str, object] | None = None
     if emit_stablehlo:
         from rhino.runtime.spmd.apply import realized_stablehlo
@@ -220,7 +223,6 @@ def plan_command(
         text, notes = realized_stablehlo(module, plan)  # what `rhino run` compiles
         save_output(emit_stablehlo, text, "realized StableHLO")
         emitted_mlir = {"path": emit_stablehlo, "notes": list(notes)}
-        shown = set(emitted["notes"]) if emitted is not None else set()  # type: ignore[call-overload]
         if not as_json:  # --emit-hlo's notes (once), and Shardy's own
             for note in notes:
                 if note not in shown:

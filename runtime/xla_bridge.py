@@ -6,12 +6,16 @@ runtime/BRIDGE_NOTES.md for what differs between them). jax is imported lazily, 
 functions, so importing `rhino.runtime.xla_bridge` is cheap and never initializes a
 backend. Nothing in `rhino.hlo` or `rhino.search` may import this module.
 
-The compile path (verified end to end, see runtime/BRIDGE_NOTES.md):
+The compile paths (verified end to end, see runtime/BRIDGE_NOTES.md):
 
     HLO text --XLA's parser--> HloModule --hlo_to_stablehlo--> StableHLO text
       (sharding={...} annotations become mhlo.sharding attributes)
       --backend.compile_and_load(num_partitions=N, use_spmd_partitioning)--> executable
-      whose parameter/output shardings are read back from XLA.
+      whose parameter/output shardings are read back from XLA         (compile_spmd: GSPMD)
+
+    annotated HLO text --hlo_to_shardy--> StableHLO with sdy.mesh, sdy.sharding and
+      sdy.sharding_constraint --compile_and_load(..., use_shardy_partitioner)--> the same
+      kind of executable                          (compile_shardy: Shardy, jax's default)
 
 Inputs are placed one shard per device (each device receives only its own slice), the
 program runs with `execute_sharded`, and outputs come back as global numpy arrays (one
@@ -329,7 +333,10 @@ class _ShardyRewriter:
             for i, (attrs, value_type) in enumerate(
                 zip(ir.ArrayAttr(op.attributes[key]), types, strict=True)
             ):
-                entries = {a.name: a.attr for a in ir.DictAttr(attrs)}
+                attr_dict = ir.DictAttr(attrs)
+                entries = {
+                    a.name: a.attr for a in map(attr_dict.__getitem__, range(len(attr_dict)))
+                }
                 if "mhlo.sharding" in entries:
                     text = ir.StringAttr(entries.pop("mhlo.sharding")).value
                     where = what[i] if i < len(what) else f"result {i} of @{name}"

@@ -37,6 +37,9 @@ TOLERANCE = 0.05
 
 
 def _simulate_devices() -> None:
+    from rhino.runtime.environment import quiet_native_logs
+
+    quiet_native_logs()  # GSPMD's deprecation warning, as `rhino run` keeps it off
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={DEVICES}"
