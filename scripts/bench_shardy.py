@@ -151,7 +151,7 @@ def main(cases: str, time_limit: float, out: str | None) -> None:
             "error" if failed else ("yes" if shardy["total_within_5pct"] else "no"),
             "error" if failed else ("yes" if shardy["rows_within_5pct"] else "no"),
         )
-    Console().print(table)
+    Console(width=120).print(table)
     if out:
         doc = {"revision": revision(), "versions": versions(), "cases": rows}
         Path(out).parent.mkdir(parents=True, exist_ok=True)

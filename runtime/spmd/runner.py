@@ -120,7 +120,7 @@ class RunReport:
     kernels: int
     """Kernels XLA's compiled program launches per step (`fidelity.kernel_launches`):
     what the fixed cost per kernel, which the estimate leaves out, multiplies."""
-    partitioner: str = "gspmd"
+    partitioner: str
     """The partitioner that compiled the program ("shardy" or "gspmd": the one asked
     for, or "gspmd" after Shardy's fall-back, which `notes` then explain)."""
     notes: tuple[str, ...] = field(default=())
