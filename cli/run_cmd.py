@@ -153,9 +153,9 @@ def job_of(
 @click.option(
     "--partitioner",
     type=click.Choice(["shardy", "gspmd"]),
-    help="XLA's SPMD partitioner for an SPMD plan [default: shardy, as jax's; gspmd: the "
-    "annotated HLO through GSPMD, which logs its deprecation]. Shardy falls back to GSPMD, "
-    "with a note, for a sharding it cannot take.",
+    help="XLA's SPMD partitioner for an SPMD plan and a hybrid pipeline's stages [default: "
+    "shardy, as jax's; gspmd: the annotated HLO through GSPMD, which logs its "
+    "deprecation]. Shardy falls back to GSPMD, with a note, for a sharding it cannot take.",
 )
 @gantt_option("Draw a stage plan's simulated and measured timelines to this .svg file.")
 @json_option

@@ -229,6 +229,7 @@ def _run_stages(request: RunRequest, plan: StagePlan, say: Callable[[str], None]
         request.microbatches,
         request.steps,
         request.warmup,
+        request.partitioner,
     )
     if job is None:
         return run_pipeline(request.module, plan, options, spmd)

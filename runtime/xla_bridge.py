@@ -39,7 +39,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
@@ -620,6 +620,9 @@ class Compiled:
     donates: bool = False
     """The program's outputs may reuse its arguments' buffers (`input_output_alias`, as a
     step jitted with `donate_argnums` has): a run consumes its placed inputs."""
+    partitioner: str = "gspmd"
+    """The XLA partitioner that compiled it: "gspmd" (`compile_spmd`) or "shardy"
+    (`compile_shardy`)."""
 
     @property
     def num_partitions(self) -> int:
@@ -718,7 +721,8 @@ def compile_shardy(mlir_text: str, devices: Sequence[Any], *, optimize: bool = T
     name = str(computation.name())
     executable = _compile_mlir(name, mlir_text, devices, optimize=optimize, shardy=True)
     donates = "tf.aliasing_output" in mlir_text or bool(_MLIR_ALIASING.search(mlir_text))
-    return _describe(name, devices, executable, computation.program_shape(), donates=donates)
+    compiled = _describe(name, devices, executable, computation.program_shape(), donates=donates)
+    return replace(compiled, partitioner="shardy")
 
 
 _MLIR_ALIASING = re.compile(r"mhlo\.input_output_alias = \[[^\]]")

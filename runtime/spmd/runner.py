@@ -178,7 +178,10 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
     xb.check_agreement("plan and run options (digest)", digest)
     notes = list(realized_notes)
     inputs = entry_inputs(annotated_module, options.seed)
-    sharded, partitioner = _compile(annotated_module, annotated, mesh, devices, options, notes)
+    sharded, partitioner, compile_notes = compile_realized(
+        annotated_module, mesh, devices, partitioner=options.partitioner
+    )
+    notes += compile_notes
     reference = None
     verify_report: VerifyReport | None = None
     if options.verify:
@@ -229,27 +232,35 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
     )
 
 
-def _compile(
-    annotated_module: Module,
-    annotated: str,
+def compile_realized(
+    annotated: Module,
     mesh: DeviceMesh,
     devices: tuple[Any, ...],
-    options: RunOptions,
-    notes: list[str],
-) -> tuple[xb.Compiled, str]:
-    """The realized program compiled by the partitioner asked for, and which one did.
-    Shardy falls back to GSPMD (noted) when a sharding of the program has no Shardy form
-    on `mesh` (none of rhino's own layouts; a sharding the input module brought may)."""
-    if options.partitioner == "shardy":
-        converted = shardy_program(annotated_module, mesh)
+    *,
+    partitioner: str = "shardy",
+    optimize: bool = True,
+) -> tuple[xb.Compiled, str, list[str]]:
+    """An annotated program (`realized_program`'s) compiled for `mesh` on `devices` by the
+    partitioner asked for; returns it, the partitioner that compiled it, and notes.
+
+    Shardy (the default, jax's) gets the program as `shardy_program` writes it; it falls
+    back to GSPMD, with notes saying why, when a sharding of the program has no Shardy
+    form on `mesh` (none of rhino's own layouts has none; a sharding the input module
+    brought may). "gspmd" compiles the annotated HLO as it is (`xla_bridge.compile_spmd`).
+    """
+    notes: list[str] = []
+    if partitioner == "shardy":
+        converted = shardy_program(annotated, mesh)
         if not converted.dropped:
-            return xb.compile_shardy(converted.text, devices), "shardy"
+            return xb.compile_shardy(converted.text, devices, optimize=optimize), "shardy", notes
         notes.extend(dropped_notes(converted.dropped))
         notes.append(
             f"{len(converted.dropped)} sharding(s) have no Shardy form: compiled through "
             "GSPMD instead (as --partitioner gspmd), which takes them all"
         )
-    return xb.compile_spmd(annotated, devices, num_partitions=mesh.size), "gspmd"
+    text = print_module(annotated)
+    compiled = xb.compile_spmd(text, devices, num_partitions=mesh.size, optimize=optimize)
+    return compiled, "gspmd", notes
 
 
 def _mesh_devices(

@@ -129,6 +129,7 @@ def test_megatron_mlp_through_shardy_needs_one_all_reduce_over_mesh_rows(
     assert replica_groups(reduce) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert 'metadata={op_name="y"}' in found[0]  # attributed to the instruction, as GSPMD
     assert [p.shard_shape for p in compiled.parameters] == [(8, 32), (32, 16), (16, 32)]
+    assert compiled.partitioner == "shardy"
 
 
 def test_the_shardy_program_computes_the_numpy_answer(
@@ -254,18 +255,20 @@ def test_the_plans_strided_layouts_are_noted_on_the_shardy_path() -> None:
 
 
 def test_shardy_falls_back_to_gspmd_with_a_note() -> None:
-    from rhino.runtime.spmd.runner import RunOptions, _compile
+    from rhino.runtime.spmd.runner import compile_realized
 
     text = RESHARD.replace(
         "sharding={devices=[2,1,4]<=[8] last_tile_dim_replicate}", "sharding={maximal device=3}"
     )
-    notes: list[str] = []
-    _, used = _compile(
-        parse_module(text), text, MESH, xb.local_devices("cpu", 8), RunOptions(), notes
-    )
-    assert used == "gspmd"
+    devices = xb.local_devices("cpu", 8)
+    compiled, used, notes = compile_realized(parse_module(text), MESH, devices)
+    assert used == compiled.partitioner == "gspmd"
     assert notes[0].startswith("%h: sharding {maximal device=3} is not written")
     assert "compiled through GSPMD instead" in notes[-1]
+    compiled, used, notes = compile_realized(parse_module(RESHARD), MESH, devices)
+    assert used == compiled.partitioner == "shardy" and notes == []
+    compiled, used, _ = compile_realized(parse_module(RESHARD), MESH, devices, partitioner="gspmd")
+    assert used == compiled.partitioner == "gspmd"
 
 
 def test_an_unknown_partitioner_is_refused() -> None:
