@@ -262,7 +262,13 @@ class _ShardyRewriter:
         """The sdy tensor shardings for values of `types`, or None (recorded as dropped)."""
         from jax._src.lib.mlir import ir
 
-        shapes = [tuple(ir.RankedTensorType(t).shape) for t in types]
+        try:
+            shapes = [tuple(ir.RankedTensorType(t).shape) for t in types]
+        except ValueError:  # a token, a tuple: no array to lay out
+            if text != "{replicated}":  # which says nothing of one
+                kinds = ", ".join(str(t) for t in types)
+                self.dropped.append(DroppedSharding(where, text, f"not an array value ({kinds})"))
+            return None
         got = self.translate(text, shapes)
         if isinstance(got, str):
             self.dropped.append(DroppedSharding(where, text, got))

@@ -209,6 +209,19 @@ def test_a_sharding_with_no_sdy_form_is_dropped_and_said() -> None:
     xb.compile_shardy(module.text, xb.local_devices("cpu", 8))  # still compiles
 
 
+def test_a_value_that_is_no_array_takes_no_sharding() -> None:
+    text = RESHARD.replace("  ROOT z", "  t = token[] after-all(), sharding={replicated}\n  ROOT z")
+    assert not shardy(text).dropped  # {replicated} says nothing of a token
+    tiled = shardy(
+        text.replace(
+            "after-all(), sharding={replicated}", "after-all(), sharding={devices=[8]<=[8]}"
+        )
+    )
+    assert [(d.where, d.reason) for d in tiled.dropped] == [
+        ("%t", "not an array value (!stablehlo.token)")
+    ]
+
+
 def test_compile_shardy_refuses_gspmd_shardings() -> None:
     with pytest.raises(ExecutionError, match="mhlo.sharding"):
         xb.compile_shardy(xb.hlo_to_stablehlo(MEGATRON_MLP), xb.local_devices("cpu", 8))
