@@ -2,7 +2,9 @@
 
     run_plan(module, plan, options) -> RunReport
 
-The annotated program runs on the first mesh-size devices of the job. With `verify`, the
+The annotated program is compiled through Shardy, jax's partitioner (its shardings in the
+sdy dialect, `apply.shardy_program`), or through GSPMD (`RunOptions.partitioner`;
+`compile_realized`), and runs on the first mesh-size devices of the job. With `verify`, the
 original program runs on one device with the same inputs (drawn from a seed; each device
 creates only its own shards) and every output shard is compared with the same piece of
 the single-device output. Fidelity compares the collectives XLA put in the partitioned
