@@ -718,6 +718,12 @@ def compile_shardy(mlir_text: str, devices: Sequence[Any], *, optimize: bool = T
             "the module holds GSPMD shardings (mhlo.sharding), with which XLA disables "
             "Shardy; convert them (xla_bridge.hlo_to_shardy) or use compile_spmd"
         )
+    for mesh, axes in _SDY_MESH.findall(mlir_text):
+        size = int(np.prod([int(n) for n in re.findall(r"=\s*(\d+)", axes)], dtype=np.int64))
+        if size not in (1, len(devices)):
+            raise ExecutionError(
+                f"the module's mesh @{mesh} has {size} devices, but {len(devices)} were given"
+            )
     try:
         computation = xla_client._xla.mlir.mlir_module_to_xla_computation(
             mlir_text.encode(), use_tuple_args=False, return_tuple=False
@@ -731,6 +737,8 @@ def compile_shardy(mlir_text: str, devices: Sequence[Any], *, optimize: bool = T
     return replace(compiled, partitioner="shardy")
 
 
+_SDY_MESH = re.compile(r"^\s*sdy\.mesh @([\w.$-]+) = <\[([^\]]*)\]", re.MULTILINE)
+"""An sdy mesh and its axes (`"axis_0"=2, "axis_1"=4`) in a module's text."""
 _MLIR_ALIASING = re.compile(r"mhlo\.input_output_alias = \[[^\]]")
 
 

@@ -227,6 +227,14 @@ def test_compile_shardy_refuses_gspmd_shardings() -> None:
         xb.compile_shardy(xb.hlo_to_stablehlo(MEGATRON_MLP), xb.local_devices("cpu", 8))
 
 
+def test_compile_shardy_wants_a_device_per_mesh_device(
+    megatron: tuple[xb.ShardyModule, xb.Compiled],
+) -> None:
+    module, _ = megatron
+    with pytest.raises(ExecutionError, match="mesh @mesh has 8 devices, but 4 were given"):
+        xb.compile_shardy(module.text, xb.local_devices("cpu", 4))
+
+
 def test_compile_shardy_rejects_text_that_is_no_module() -> None:
     with pytest.raises(xb.XlaRejected):
         xb.compile_shardy("module {", xb.local_devices("cpu", 8))
