@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 
 import click
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -61,6 +62,7 @@ Examples:
   rhino plan model.hlo --mesh 2x8 --opt O3 --time-limit 300   # whole-graph ILP
   rhino plan model.hlo --mesh 2x4 --cluster h100x8 --memory 16GiB --out plan.json
   rhino plan model.hlo --mesh 1x4 --pin params_0_.1=RS1 --emit-hlo annotated.hlo
+  rhino plan model.hlo --mesh 2x4 --emit-stablehlo plan.mlir   # for Shardy (jax's)
   rhino plan model.hlo --mesh 1x8 --pins pins.yaml   # pins.yaml: {params_0_.1: RS1}
   rhino plan step.hlo --mesh 2x4 --emit-shardings specs.json --axis-names data,model
   rhino plan model.hlo --devices 8            # try 8, 2x4, 4x2; keep the best
@@ -125,8 +127,18 @@ Examples:
     "--emit-hlo",
     type=click.Path(dir_okay=False, writable=True),
     callback=prepare_output,
-    help="Write the HLO that realizes the plan (what `rhino run` compiles): the plan's "
-    "shardings, and its conversion paths and loop layouts pinned by Sharding constraints.",
+    help="Write the HLO that realizes the plan (what `rhino run --partitioner gspmd` "
+    "compiles): the plan's shardings, and its conversion paths and loop layouts pinned by "
+    "Sharding constraints.",
+)
+@click.option(
+    "--emit-stablehlo",
+    type=click.Path(dir_okay=False, writable=True),
+    callback=prepare_output,
+    help="Write the plan as StableHLO for Shardy, jax's partitioner (what `rhino run` "
+    "compiles by default): an sdy.mesh of the plan's mesh (axes axis_0, axis_1, ...), "
+    "sdy.sharding on @main's arguments and results, and a sdy.sharding_constraint on every "
+    "value the plan fixes, its conversion paths included.",
 )
 @click.option(
     "--emit-shardings",
@@ -168,6 +180,7 @@ def plan_command(
     emit_hlo: str | None,
     emit_shardings: str | None,
     axis_names: str | None,
+    emit_stablehlo: str | None,
     show_all: bool,
     as_json: bool,
     debug: bool,
@@ -217,15 +230,17 @@ def plan_command(
     if out:
         save_output(out, plan.text(), "plan")
     emitted: dict[str, object] | None = None
+    shown: set[str] = set()  # notes already printed
     if emit_hlo:
         from rhino.runtime.spmd.apply import realized_program
 
-        program, notes = realized_program(module, plan)  # what `rhino run` compiles
+        program, notes = realized_program(module, plan)  # `rhino run --partitioner gspmd`'s
         save_output(emit_hlo, print_module(program), "realized HLO")
         emitted = {"path": emit_hlo, "notes": list(notes)}
         if not as_json:
             for note in notes:
-                stderr.print(f"note: {note}")
+                stderr.print(f"note: {escape(note)}")
+        shown.update(notes)
     shardings: dict[str, object] | None = None
     if emit_shardings:
         from rhino.runtime.spmd.boundary import boundary, shardings_document
@@ -237,8 +252,19 @@ def plan_command(
         if not as_json:
             for x in found.inputs:
                 if x.note:
-                    stderr.print(f"note: {x.key}: {x.note}")
+                    stderr.print(f"note: {escape(x.key)}: {escape(x.note)}")
         shardings = {"path": emit_shardings, "parameters": len(document["partition_specs"])}
+    emitted_mlir: dict[str, object] | None = None
+    if emit_stablehlo:
+        from rhino.runtime.spmd.apply import realized_stablehlo
+
+        text, notes = realized_stablehlo(module, plan)  # what `rhino run` compiles
+        save_output(emit_stablehlo, text, "realized StableHLO")
+        emitted_mlir = {"path": emit_stablehlo, "notes": list(notes)}
+        if not as_json:  # --emit-hlo's notes (once), and Shardy's own
+            for note in notes:
+                if note not in shown:
+                    stderr.print(f"note: {escape(note)}")
     if as_json:
         doc = {f.name: getattr(plan, f.name) for f in fields(plan)}  # emit_json makes it JSON
         doc["input"] = loaded.to_json()
@@ -246,6 +272,8 @@ def plan_command(
             doc["emitted_hlo"] = emitted
         if shardings is not None:
             doc["emitted_shardings"] = shardings
+        if emitted_mlir is not None:
+            doc["emitted_stablehlo"] = emitted_mlir
         doc["meshes_tried"] = [
             {"mesh": t.mesh.to_json(), "objective_s": t.objective_s, "error": t.error}
             for t in trials
@@ -354,7 +382,7 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
             table.add_row(*map(Text, row))
         out.print(table)
     for note in plan.notes:
-        out.print(f"[dim]note:[/] {note}")
+        out.print(f"[dim]note:[/] {escape(note)}")
     for w in plan.warnings:
         out.print(f"[yellow]warning:[/] {in_flags(w)}")
 

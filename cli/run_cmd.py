@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from rhino.cli.common import (
@@ -171,6 +172,13 @@ def job_of(
     help="Micro-batches per step of a stage plan [default: the plan's].",
 )
 @click.option(
+    "--partitioner",
+    type=click.Choice(["shardy", "gspmd"]),
+    help="XLA's SPMD partitioner for an SPMD plan and a hybrid pipeline's stages [default: "
+    "shardy, as jax's; gspmd: the annotated HLO through GSPMD, which logs its "
+    "deprecation]. Shardy falls back to GSPMD, with a note, for a sharding it cannot take.",
+)
+@click.option(
     "--processes",
     type=click.IntRange(min=2),
     help="Start every process of a job of this many on this machine (a simulated "
@@ -207,6 +215,7 @@ def run_command(
     join_timeout: int,
     schedule: str | None,
     microbatches: int | None,
+    partitioner: str | None,
     processes: int | None,
     logs: str | None,
     gantt: str | None,
@@ -241,6 +250,10 @@ def run_command(
             "--schedule, --microbatches and --gantt apply to a stage plan (from "
             "`rhino pipeline --out`)"
         )
+    if staged and partitioner is not None:
+        raise ConfigError(
+            "--partitioner applies to an SPMD plan; a stage plan's programs compile through GSPMD"
+        )
     if gantt is not None and not gantt.lower().endswith(".svg"):
         raise ConfigError(f"--gantt {gantt}: expected a .svg file name")
     plan: Plan | StagePlan | None = None
@@ -265,6 +278,7 @@ def run_command(
         job=job,
         schedule=schedule or "1f1b",
         microbatches=microbatches,
+        partitioner=partitioner or "shardy",
     )
     setup = prepare_devices(request)
     if setup.implied is not None and not as_json:
@@ -402,7 +416,7 @@ def render(report: RunReport) -> None:
     found = versions()
     out.print(
         f"mesh {report.mesh} on {len(report.devices)} devices ({report.devices[0]}, ...), "
-        f"jax {found['jax']}"
+        f"jax {found['jax']}, partitioned by {report.partitioner}"
     )
     if report.process_count > 1:
         parts = report.local_partitions
@@ -456,7 +470,7 @@ def render(report: RunReport) -> None:
         f"{format_bytes(m.peak_bytes)}); plan estimate {format_bytes(m.plan_peak_bytes)}"
     )
     for note in report.notes:
-        out.print(f"[yellow]note:[/] {note}")
+        out.print(f"[yellow]note:[/] {escape(note)}")
 
 
 def _axes(row: KindAxesTotal) -> str:

@@ -76,6 +76,8 @@ class RunRequest:
     """A stage plan's schedule: "1f1b" or "gpipe"."""
     microbatches: int | None = None
     """A stage plan's micro-batches per step; None: the plan's."""
+    partitioner: str = "shardy"
+    """XLA's partitioner for an SPMD plan: "shardy" or "gspmd" (`RunOptions.partitioner`)."""
 
     def __post_init__(self) -> None:
         if self.plan is None and self.mesh is None:
@@ -171,7 +173,12 @@ def _run_spmd(
             warn(warning)
     assert isinstance(plan, Plan)
     options = RunOptions(
-        request.platform, request.seed, request.verify, request.steps, request.warmup
+        request.platform,
+        request.seed,
+        request.verify,
+        request.steps,
+        request.warmup,
+        partitioner=request.partitioner,
     )
     job = request.job
     if job is None:
@@ -228,6 +235,7 @@ def _run_stages(request: RunRequest, plan: StagePlan, say: Callable[[str], None]
         request.microbatches,
         request.steps,
         request.warmup,
+        request.partitioner,
     )
     if job is None:
         return run_pipeline(request.module, plan, options, spmd)

@@ -6,12 +6,16 @@ runtime/BRIDGE_NOTES.md for what differs between them). jax is imported lazily, 
 functions, so importing `rhino.runtime.xla_bridge` is cheap and never initializes a
 backend. Nothing in `rhino.hlo` or `rhino.search` may import this module.
 
-The compile path (verified end to end, see runtime/BRIDGE_NOTES.md):
+The compile paths (verified end to end, see runtime/BRIDGE_NOTES.md):
 
     HLO text --XLA's parser--> HloModule --hlo_to_stablehlo--> StableHLO text
       (sharding={...} annotations become mhlo.sharding attributes)
       --backend.compile_and_load(num_partitions=N, use_spmd_partitioning)--> executable
-      whose parameter/output shardings are read back from XLA.
+      whose parameter/output shardings are read back from XLA         (compile_spmd: GSPMD)
+
+    annotated HLO text --hlo_to_shardy--> StableHLO with sdy.mesh, sdy.sharding and
+      sdy.sharding_constraint --compile_and_load(..., use_shardy_partitioner)--> the same
+      kind of executable                          (compile_shardy: Shardy, jax's default)
 
 Inputs are placed one shard per device (each device receives only its own slice), the
 program runs with `execute_sharded`, and outputs come back as global numpy arrays (one
@@ -36,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
@@ -476,6 +480,229 @@ def _replicate_shardings(root: Any) -> tuple[int, int]:
                 del attrs[key]
                 removed += 1
     return constraints, removed
+
+
+# --------------------------------------------------------------------------------------
+# Shardy: the StableHLO module with sdy shardings (what jax's own lowering emits)
+
+
+ShardingTranslator: TypeAlias = Callable[[str, Sequence[tuple[int, ...]]], "Sequence[str] | str"]
+"""XLA HloSharding text and the shapes of the values it is for -> one sdy tensor sharding
+per value in its short form (`<@mesh, [{"axis_0"}, {}]>`), or why it cannot be written."""
+
+
+@dataclass(frozen=True)
+class DroppedSharding:
+    """An HloSharding of the converted module that has no sdy form: left out."""
+
+    where: str
+    """`%name`: the op's or argument's location (rhino's instruction name, a
+    constraint's reader); or `result 0 of @main`."""
+    sharding: str
+    """The HloSharding text."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class ShardyModule:
+    """A StableHLO module whose shardings are Shardy's (`sdy.mesh`, `sdy.sharding`,
+    `sdy.sharding_constraint`) and none GSPMD's (`mhlo.sharding`)."""
+
+    text: str
+    """The module, printed with locations."""
+    dropped: tuple[DroppedSharding, ...]
+    constraints: int
+    """`Sharding` custom calls turned into `sdy.sharding_constraint` ops."""
+    pins: int
+    """`sdy.sharding_constraint` ops added after annotated ops (one per result)."""
+
+
+def hlo_to_shardy(
+    hlo_text: str,
+    mesh_axes: Sequence[tuple[str, int]],
+    translate: ShardingTranslator,
+    *,
+    mesh_name: str = "mesh",
+) -> ShardyModule:
+    """Annotated HLO text -> StableHLO for Shardy (verified on 0.10.2, see BRIDGE_NOTES.md).
+
+    The module goes through `hlo_to_stablehlo` with locations, then: `sdy.mesh
+    @<mesh_name>` with `mesh_axes` (name, size) opens it; every `mhlo.sharding` (on an op,
+    on `@main`'s arguments and results, on any function's) becomes `sdy.sharding` as
+    `translate` says, and an op's results are read through an `sdy.sharding_constraint`
+    to it (Shardy treats an op's own sharding as a hint; a constraint it keeps), except
+    in a reducer's or comparator's region; every `Sharding` custom call (a GSPMD
+    sharding constraint) becomes an `sdy.sharding_constraint` at the same location (the
+    constraints keep their op's location: XLA names the collectives they cause after
+    it, as for GSPMD); the module says its partition
+    count (`mhlo.num_partitions`, the mesh's size). A sharding `translate` refuses is
+    dropped, and a constraint with it removed (its operand read instead): `dropped` says
+    where. Raises `XlaRejected` when XLA refuses the HLO text or the result does not
+    verify.
+    """
+    import jax
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib import xla_client
+    from jax._src.lib.mlir import ir
+
+    module = _parse_module(hlo_text)
+    try:
+        data = xla_client._xla.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
+    except jax.errors.JaxRuntimeError as exc:
+        raise XlaRejected(_strip_status(str(exc)), what="module (HLO -> StableHLO)") from None
+    with jax_mlir.make_ir_context(), ir.Location.unknown():
+        mlir_module = ir.Module.parse(data)
+        rewriter = _ShardyRewriter(translate, mesh_name)
+        rewriter.add_mesh(mlir_module, mesh_axes)
+        for op in mlir_module.body.operations:
+            rewriter.rewrite(op.operation)
+        size = int(np.prod([n for _, n in mesh_axes], dtype=np.int64))
+        i32 = ir.IntegerType.get_signless(32)
+        mlir_module.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(i32, size)
+        mlir_module.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(i32, 1)
+        try:
+            mlir_module.operation.verify()
+        except ir.MLIRError as exc:
+            raise XlaRejected(str(exc), what="module with Shardy shardings") from None
+        text = str(mlir_module.operation.get_asm(enable_debug_info=True))
+    return ShardyModule(text, tuple(rewriter.dropped), rewriter.constraints, rewriter.pins)
+
+
+class _ShardyRewriter:
+    """`mhlo.sharding` -> sdy, op by op (inside an MLIR context)."""
+
+    def __init__(self, translate: ShardingTranslator, mesh_name: str) -> None:
+        self.translate = translate
+        self.mesh_name = mesh_name
+        self.dropped: list[DroppedSharding] = []
+        self.constraints = 0
+        self.pins = 0
+
+    def add_mesh(self, mlir_module: Any, mesh_axes: Sequence[tuple[str, int]]) -> None:
+        from jax._src.lib.mlir import ir
+
+        axes = ", ".join(f'"{name}"={size}' for name, size in mesh_axes)
+        mesh = ir.Operation.parse(f"sdy.mesh @{self.mesh_name} = <[{axes}]>")
+        ir.InsertionPoint.at_block_begin(mlir_module.body).insert(mesh)
+
+    def shardings(self, text: str, types: Sequence[Any], where: str) -> list[str] | None:
+        """The sdy tensor shardings for values of `types`, or None (recorded as dropped)."""
+        from jax._src.lib.mlir import ir
+
+        try:
+            shapes = [tuple(ir.RankedTensorType(t).shape) for t in types]
+        except ValueError:  # a token, a tuple: no array to lay out
+            if text != "{replicated}":  # which says nothing of one
+                kinds = ", ".join(str(t) for t in types)
+                self.dropped.append(DroppedSharding(where, text, f"not an array value ({kinds})"))
+            return None
+        got = self.translate(text, shapes)
+        if isinstance(got, str):
+            self.dropped.append(DroppedSharding(where, text, got))
+            return None
+        return [f"#sdy.sharding{s}" for s in got]
+
+    def rewrite(self, op: Any) -> None:
+        """This op, the ops of its regions, and a function's argument/result attributes."""
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in list(block.operations):
+                    self.rewrite(inner.operation)
+        if op.name == "func.func":
+            self._function(op)
+        if "mhlo.sharding" in op.attributes:
+            self._op(op)
+
+    def _op(self, op: Any) -> None:
+        from jax._src.lib.mlir import ir
+        from jax._src.lib.mlir.dialects import sdy
+
+        text = ir.StringAttr(op.attributes["mhlo.sharding"]).value
+        del op.attributes["mhlo.sharding"]
+        where = "%" + _location_name(op.location)
+        found = self.shardings(text, [r.type for r in op.results], where)
+        if _is_sharding_call(op):
+            value = op.operands[0]
+            if found is not None:
+                with ir.InsertionPoint(op), op.location:
+                    value = sdy.ShardingConstraintOp(value, ir.Attribute.parse(found[0])).result
+                self.constraints += 1
+            op.results[0].replace_all_uses_with(value)
+            op.erase()
+        elif found is not None:
+            per_value = ", ".join(s.removeprefix("#sdy.sharding") for s in found)
+            op.attributes["sdy.sharding"] = ir.Attribute.parse(
+                f"#sdy.sharding_per_value<[{per_value}]>"
+            )
+            if _pinnable(op):
+                self._pin(op, found)
+
+    def _pin(self, op: Any, found: list[str]) -> None:
+        """Each result of `op` read through a `sdy.sharding_constraint` to its sharding:
+        Shardy's propagation overrides an op's own `sdy.sharding` (closed dimensions
+        included), but not a constraint (verified, BRIDGE_NOTES.md)."""
+        from jax._src.lib.mlir import ir
+        from jax._src.lib.mlir.dialects import sdy
+
+        for result, sharding in zip(op.results, found, strict=True):
+            with ir.InsertionPoint.after(op), op.location:
+                pinned = sdy.ShardingConstraintOp(result, ir.Attribute.parse(sharding))
+            result.replace_all_uses_except(pinned.result, pinned.operation)
+            self.pins += 1
+
+    def _function(self, op: Any) -> None:
+        from jax._src.lib.mlir import ir
+
+        signature = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+        name = ir.StringAttr(op.attributes["sym_name"]).value
+        args = op.regions[0].blocks[0].arguments if op.regions[0].blocks else []
+        for key, types, what in (
+            ("arg_attrs", signature.inputs, [f"%{_location_name(a.location)}" for a in args]),
+            ("res_attrs", signature.results, []),
+        ):
+            if key not in op.attributes:
+                continue
+            rewritten = []
+            for i, (attrs, value_type) in enumerate(
+                zip(ir.ArrayAttr(op.attributes[key]), types, strict=True)
+            ):
+                attr_dict = ir.DictAttr(attrs)
+                entries = {
+                    a.name: a.attr for a in map(attr_dict.__getitem__, range(len(attr_dict)))
+                }
+                if "mhlo.sharding" in entries:
+                    text = ir.StringAttr(entries.pop("mhlo.sharding")).value
+                    where = what[i] if i < len(what) else f"result {i} of @{name}"
+                    found = self.shardings(text, [value_type], where)
+                    if found is not None:
+                        entries["sdy.sharding"] = ir.Attribute.parse(found[0])
+                rewritten.append(ir.DictAttr.get(entries))
+            op.attributes[key] = ir.ArrayAttr.get(rewritten)
+
+
+_PINNED_IN = frozenset({"func.func", "stablehlo.while", "stablehlo.case", "stablehlo.if"})
+"""Ops whose regions hold ordinary program ops (a reducer's or comparator's do not)."""
+
+
+def _pinnable(op: Any) -> bool:
+    """Whether `op` may be followed by a sharding constraint (not inside a reducer)."""
+    parent = op.parent
+    return parent is not None and parent.name in _PINNED_IN
+
+
+def _is_sharding_call(op: Any) -> bool:
+    from jax._src.lib.mlir import ir
+
+    return (
+        op.name == "stablehlo.custom_call"
+        and ir.StringAttr(op.attributes["call_target_name"]).value == "Sharding"
+    )
+
+
+def _location_name(location: Any) -> str:
+    """`loc("dot.3")` -> dot.3 (the instruction name `hlo_to_stablehlo` kept)."""
+    match = re.match(r'loc\("([^"]*)"', str(location))
+    return match.group(1) if match else str(location)
 
 
 # --------------------------------------------------------------------------------------
@@ -1039,6 +1266,9 @@ class Compiled:
     donates: bool = False
     """The program's outputs may reuse its arguments' buffers (`input_output_alias`, as a
     step jitted with `donate_argnums` has): a run consumes its placed inputs."""
+    partitioner: str = "gspmd"
+    """The XLA partitioner that compiled it: "gspmd" (`compile_spmd`) or "shardy"
+    (`compile_shardy`)."""
 
     @property
     def num_partitions(self) -> int:
@@ -1079,7 +1309,8 @@ def compile_spmd(
 ) -> Compiled:
     """Compile annotated HLO text for `num_partitions` SPMD partitions on `devices`.
 
-    Sharding annotations in the text drive XLA's (GSPMD) partitioner; unannotated
+    Sharding annotations in the text drive XLA's GSPMD partitioner (which logs that its
+    propagation will be deprecated; `compile_shardy` is the Shardy path); unannotated
     instructions get shardings by XLA's propagation. Instructions of the partitioned
     module, collectives included, carry `metadata={op_name="<original name>"}` naming the
     instruction they came from (an instruction with its own metadata op_name keeps that).
@@ -1091,7 +1322,6 @@ def compile_spmd(
     optimizations off for this compile: it takes about 40% less time, the program runs
     slower (for checks of numerics, not for timings).
     """
-    import jax
     from jax._src.lib import xla_client
 
     devices = tuple(devices)
@@ -1102,12 +1332,69 @@ def compile_spmd(
     module = _parse_module(hlo_text)
     program = xla_client.XlaComputation(module.as_serialized_hlo_module_proto()).program_shape()
     mlir_text = _stablehlo_of(module, locations=True)
+    executable = _compile_mlir(module.name, mlir_text, devices, optimize=optimize, shardy=False)
+    return _describe(
+        module.name, devices, executable, program, donates=bool(_ALIASING.search(hlo_text))
+    )
+
+
+def compile_shardy(mlir_text: str, devices: Sequence[Any], *, optimize: bool = True) -> Compiled:
+    """Compile a StableHLO module with Shardy shardings (`hlo_to_shardy`'s, or jax's own
+    lowering's) for one SPMD partition per device of `devices`, through XLA's Shardy
+    partitioner (`use_shardy_partitioner`): no GSPMD propagation, no deprecation warning.
+
+    The module's `sdy.mesh` must have as many devices as `devices`; its axes lie on them
+    row-major (partition p is devices[p]). Returns the same `Compiled` as `compile_spmd`
+    (collectives carry the op_name of the location they came from). Raises
+    `XlaRejected` when the text does not parse as MLIR, `ExecutionError` as
+    `compile_spmd` does; a module that still holds GSPMD `mhlo.sharding` attributes is
+    refused (XLA would quietly fall back to GSPMD propagation for it).
+    """
+    from jax._src.lib import xla_client
+
+    devices = tuple(devices)
+    if "mhlo.sharding" in mlir_text:
+        raise ExecutionError(
+            "the module holds GSPMD shardings (mhlo.sharding), with which XLA disables "
+            "Shardy; convert them (xla_bridge.hlo_to_shardy) or use compile_spmd"
+        )
+    for mesh, axes in _SDY_MESH.findall(mlir_text):
+        size = int(np.prod([int(n) for n in re.findall(r"=\s*(\d+)", axes)], dtype=np.int64))
+        if size not in (1, len(devices)):
+            raise ExecutionError(
+                f"the module's mesh @{mesh} has {size} devices, but {len(devices)} were given"
+            )
+    try:
+        computation = xla_client._xla.mlir.mlir_module_to_xla_computation(
+            mlir_text.encode(), use_tuple_args=False, return_tuple=False
+        )
+    except Exception as exc:  # jaxlib raises a plain ValueError/RuntimeError here
+        raise XlaRejected(_strip_status(str(exc)), what="StableHLO module") from None
+    name = str(computation.name())
+    executable = _compile_mlir(name, mlir_text, devices, optimize=optimize, shardy=True)
+    donates = "tf.aliasing_output" in mlir_text or bool(_MLIR_ALIASING.search(mlir_text))
+    compiled = _describe(name, devices, executable, computation.program_shape(), donates=donates)
+    return replace(compiled, partitioner="shardy")
+
+
+_SDY_MESH = re.compile(r"^\s*sdy\.mesh @([\w.$-]+) = <\[([^\]]*)\]", re.MULTILINE)
+"""An sdy mesh and its axes (`"axis_0"=2, "axis_1"=4`) in a module's text."""
+_MLIR_ALIASING = re.compile(r"mhlo\.input_output_alias = \[[^\]]")
+
+
+def _compile_mlir(
+    name: str, mlir_text: str, devices: tuple[Any, ...], *, optimize: bool, shardy: bool
+) -> Any:
+    """XLA's SPMD compile of a StableHLO module, one partition per device."""
+    import jax
+    from jax._src.lib import xla_client
 
     options = xla_client.CompileOptions()
     build = options.executable_build_options
     build.num_replicas = 1
-    build.num_partitions = num_partitions
+    build.num_partitions = len(devices)
     build.use_spmd_partitioning = True
+    build.use_shardy_partitioner = shardy
     # Global device ids, not 0..N-1: in a multi-process job they are e.g. 0-3, 2048-2051.
     ids = np.array([[d.id for d in devices]], dtype=np.int32)
     build.device_assignment = xla_client.DeviceAssignment.create(ids)
@@ -1115,15 +1402,12 @@ def compile_spmd(
         build.debug_options.xla_backend_optimization_level = 0
     backend = _backend_of(devices)
     try:
-        executable = backend.compile_and_load(mlir_text, xla_client.DeviceList(devices), options)
+        return backend.compile_and_load(mlir_text, xla_client.DeviceList(devices), options)
     except jax.errors.JaxRuntimeError as exc:
         raise ExecutionError(
-            f"XLA failed to compile {module.name} for {num_partitions} partition(s): "
+            f"XLA failed to compile {name} for {len(devices)} partition(s): "
             f"{_strip_status(str(exc))}"
         ) from None
-    return _describe(
-        module.name, devices, executable, program, donates=bool(_ALIASING.search(hlo_text))
-    )
 
 
 _ALIASING = re.compile(r"^HloModule [^\n]*\binput_output_alias=\{", re.MULTILINE)

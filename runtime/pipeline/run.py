@@ -75,7 +75,7 @@ from rhino.runtime.pipeline.tasks import (
     transfer_order,
 )
 from rhino.runtime.spmd.apply import planned_module, realized_program
-from rhino.runtime.spmd.runner import Timing
+from rhino.runtime.spmd.runner import Timing, compile_realized
 from rhino.runtime.verify import compare_output, reduction_lengths, tolerance_for
 from rhino.search.pipeline.schedule import Event, Timeline, simulate
 from rhino.search.spmd.planner import PlanRequest, make_plan
@@ -94,6 +94,8 @@ class PipelineOptions:
     """None: the plan's."""
     steps: int = 3
     warmup: int = 1
+    partitioner: str = "shardy"
+    """XLA's partitioner for the programs of a hybrid run's stages (`RunOptions.partitioner`)."""
 
 
 @dataclass(frozen=True)
@@ -141,13 +143,15 @@ def prepare(
     *,
     optimize: bool = True,
     spmd: PlanRequest | None = None,
+    partitioner: str = "shardy",
 ) -> Pipeline:
     """Cut `module` into `plan`'s programs for `microbatches` (None: the plan's) and
     compile each once on its stage's devices (`optimize`: see `xla_bridge.compile_spmd`).
 
     Hybrid (Rhino §5): with `spmd`, every stage runs on a mesh of `spmd.mesh` devices
     (stage s on the s-th block of them) and each of its programs is sharded by its own
-    plan (`make_plan(program, spmd)`), its accumulation in the layout of the sums it adds.
+    plan (`make_plan(program, spmd)`), its accumulation in the layout of the sums it adds,
+    compiled through `partitioner` (`runner.compile_realized`).
     """
     programs = stage_programs(module, plan, microbatches or plan.microbatches)
     graph = task_graph(programs)
@@ -160,13 +164,17 @@ def prepare(
         if s not in local:
             continue
         start = time.perf_counter()
-        text = program.text
         if spmd is not None and size > 1:
-            text, realized = _sharded_text(program.text, spmd)
+            annotated, realized = _sharded(program.text, spmd)
             notes += [f"{kind}{s}: {n}" for n in realized]
-        compiled[f"{kind}{s}"] = xb.compile_spmd(
-            text, groups[s], num_partitions=size, optimize=optimize
-        )
+            compiled[f"{kind}{s}"], _, more = compile_realized(
+                annotated, spmd.mesh, groups[s], partitioner=partitioner, optimize=optimize
+            )
+            notes += [f"{kind}{s}: {n}" for n in more]
+        else:
+            compiled[f"{kind}{s}"] = xb.compile_spmd(
+                program.text, groups[s], num_partitions=size, optimize=optimize
+            )
         seconds[f"{kind}{s}"] = time.perf_counter() - start
     for key in programs.accumulate_text:
         s, kind = key
@@ -179,9 +187,16 @@ def prepare(
             for v in programs.accumulated(key)
         ]
         text = accumulate_program(programs, key, layouts if size > 1 else None)
-        compiled[f"A{kind}{s}"] = xb.compile_spmd(
-            text, groups[s], num_partitions=size, optimize=optimize
-        )
+        if spmd is not None and size > 1:
+            accumulate = parse_module(text, "<accumulation program>")
+            compiled[f"A{kind}{s}"], _, more = compile_realized(
+                accumulate, spmd.mesh, groups[s], partitioner=partitioner, optimize=optimize
+            )
+            notes += [f"A{kind}{s}: {n}" for n in more]
+        else:
+            compiled[f"A{kind}{s}"] = xb.compile_spmd(
+                text, groups[s], num_partitions=size, optimize=optimize
+            )
         seconds[f"A{kind}{s}"] = time.perf_counter() - start
     return Pipeline(plan, programs, graph, groups, compiled, seconds, tuple(notes), local)
 
@@ -215,11 +230,10 @@ def _stage_devices(
     return groups, frozenset(local)
 
 
-def _sharded_text(text: str, spmd: PlanRequest) -> tuple[str, tuple[str, ...]]:
+def _sharded(text: str, spmd: PlanRequest) -> tuple[Module, tuple[str, ...]]:
     """A program with the shardings of its best plan on `spmd.mesh` written in."""
     program = parse_module(text, "<stage program>")
-    annotated, notes = realized_program(program, make_plan(program, spmd))
-    return print_module(annotated), notes
+    return realized_program(program, make_plan(program, spmd))
 
 
 def run_steps(
@@ -240,7 +254,14 @@ def run_pipeline(
 ) -> PipelineReport:
     """Compile, run, verify and time `plan` (see the module docstring; `spmd`: a hybrid
     run, see `prepare`)."""
-    pipeline = prepare(module, plan, options.microbatches, options.platform, spmd=spmd)
+    pipeline = prepare(
+        module,
+        plan,
+        options.microbatches,
+        options.platform,
+        spmd=spmd,
+        partitioner=options.partitioner,
+    )
     digest = hashlib.sha256(
         "\n".join([*(p.text for p in pipeline.programs.programs.values()), repr(options)]).encode()
     ).hexdigest()[:16]

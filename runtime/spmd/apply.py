@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rhino.hlo.errors import ConfigError, RhinoError
 from rhino.hlo.ir import Module
 from rhino.hlo.passes import flatten
@@ -9,7 +11,11 @@ from rhino.hlo.printer import print_module
 from rhino.hlo.sharding import HloSharding, parse_sharding
 from rhino.runtime.spmd.annotate import annotate
 from rhino.runtime.spmd.constraints import add_constraints
+from rhino.search.mesh import DeviceMesh
 from rhino.search.spmd.plan import Plan, module_hash
+
+if TYPE_CHECKING:
+    from rhino.runtime.xla_bridge import DroppedSharding, ShardyModule
 
 
 def planned_module(module: Module) -> Module:
@@ -98,6 +104,37 @@ def realized_program(module: Module, plan: Plan) -> tuple[Module, tuple[str, ...
     cannot say (layouts without an HloSharding, conversion layouts no constraint pins)."""
     annotated, unpinned = add_constraints(apply_plan(module, plan, constraints=False), plan)
     return annotated, (*unrealized_layouts(plan), *unpinned)
+
+
+def realized_stablehlo(module: Module, plan: Plan) -> tuple[str, tuple[str, ...]]:
+    """The program that realizes `plan` for Shardy, as `rhino plan --emit-stablehlo`
+    writes it and `rhino run` compiles it by default: `realized_program`'s module as
+    StableHLO with the plan's mesh, shardings and constraints in the sdy dialect
+    (runtime/spmd/shardy.py); and the notes on what it cannot say (the layouts the
+    annotated HLO cannot say, and any sharding with no Shardy form)."""
+    annotated, notes = realized_program(module, plan)
+    converted = shardy_program(annotated, plan.mesh)
+    return converted.text, (*notes, *dropped_notes(converted.dropped))
+
+
+def shardy_program(annotated: Module, mesh: DeviceMesh) -> ShardyModule:
+    """An annotated module (`realized_program`'s) as StableHLO with Shardy shardings on
+    `mesh` (`xla_bridge.hlo_to_shardy`; what each sharding becomes: runtime/spmd/shardy.py)."""
+    from rhino.runtime import xla_bridge as xb
+    from rhino.runtime.spmd.shardy import MESH_NAME, Translator, mesh_axes
+
+    return xb.hlo_to_shardy(
+        print_module(annotated), mesh_axes(mesh), Translator(mesh), mesh_name=MESH_NAME
+    )
+
+
+def dropped_notes(dropped: tuple[DroppedSharding, ...]) -> list[str]:
+    """A note per sharding the Shardy module leaves out."""
+    return [
+        f"{d.where}: sharding {d.sharding} is not written into the Shardy module "
+        f"({d.reason}); Shardy chooses its own layout there"
+        for d in dropped
+    ]
 
 
 def unrealized_layouts(plan: Plan) -> list[str]:

@@ -2,7 +2,9 @@
 
     run_plan(module, plan, options) -> RunReport
 
-The annotated program runs on the first mesh-size devices of the job. With `verify`, the
+The annotated program is compiled through Shardy, jax's partitioner (its shardings in the
+sdy dialect, `apply.shardy_program`), or through GSPMD (`RunOptions.partitioner`;
+`compile_realized`), and runs on the first mesh-size devices of the job. With `verify`, the
 original program runs on one device with the same inputs (drawn from a seed; each device
 creates only its own shards) and every output shard is compared with the same piece of
 the single-device output. Fidelity compares the collectives XLA put in the partitioned
@@ -25,7 +27,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rhino.hlo.errors import ExecutionError
+from rhino.hlo.errors import ConfigError, ExecutionError
 from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
 from rhino.runtime import xla_bridge as xb
@@ -38,7 +40,12 @@ from rhino.runtime.fidelity import (
     parse_partitioned,
 )
 from rhino.runtime.inputs import entry_inputs
-from rhino.runtime.spmd.apply import planned_module, realized_program
+from rhino.runtime.spmd.apply import (
+    dropped_notes,
+    planned_module,
+    realized_program,
+    shardy_program,
+)
 from rhino.runtime.verify import VerifyReport, reduction_lengths, verify_shards
 from rhino.search.mesh import DeviceMesh
 from rhino.search.spmd.plan import Plan
@@ -54,6 +61,21 @@ class RunOptions:
     warmup: int = 1
     baseline: bool = True
     """Also time the single-device program (needs `verify`'s compile)."""
+    partitioner: str = "shardy"
+    """"shardy": the plan as Shardy shardings (`realized_stablehlo`), partitioned by XLA's
+    Shardy partitioner, as jax does; "gspmd": the annotated HLO through GSPMD. Shardy
+    falls back to GSPMD, with a note, where the module holds a sharding Shardy cannot
+    take (PARTITIONERS)."""
+
+    def __post_init__(self) -> None:
+        if self.partitioner not in PARTITIONERS:
+            raise ConfigError(
+                f"partitioner {self.partitioner!r}: expected one of {', '.join(PARTITIONERS)}"
+            )
+
+
+PARTITIONERS = ("shardy", "gspmd")
+"""XLA's SPMD partitioners a plan compiles through, the default first."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +122,9 @@ class RunReport:
     kernels: int
     """Kernels XLA's compiled program launches per step (`fidelity.kernel_launches`):
     what the fixed cost per kernel, which the estimate leaves out, multiplies."""
+    partitioner: str
+    """The partitioner that compiled the program ("shardy" or "gspmd": the one asked
+    for, or "gspmd" after Shardy's fall-back, which `notes` then explain)."""
     notes: tuple[str, ...] = field(default=())
     process_index: int = 0
     """This process's index in a job of several (`--process-id`); 0 when alone."""
@@ -126,6 +151,7 @@ class RunReport:
             "memory": asdict(self.memory),
             "predicted_step_s": self.predicted_step_s,
             "kernels": self.kernels,
+            "partitioner": self.partitioner,
             "notes": list(self.notes),
             "process_index": self.process_index,
             "process_count": self.process_count,
@@ -154,7 +180,10 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
     xb.check_agreement("plan and run options (digest)", digest)
     notes = list(realized_notes)
     inputs = entry_inputs(annotated_module, options.seed)
-    sharded = xb.compile_spmd(annotated, devices, num_partitions=mesh.size)
+    sharded, partitioner, compile_notes = compile_realized(
+        annotated_module, mesh, devices, partitioner=options.partitioner
+    )
+    notes += compile_notes
     reference = None
     verify_report: VerifyReport | None = None
     if options.verify:
@@ -197,11 +226,43 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
         memory=memory,
         predicted_step_s=plan.objective_s,
         kernels=kernel_launches(partitioned),
+        partitioner=partitioner,
         notes=tuple(notes),
         process_index=process.index,
         process_count=process.count,
         local_partitions=sharded.addressable,
     )
+
+
+def compile_realized(
+    annotated: Module,
+    mesh: DeviceMesh,
+    devices: tuple[Any, ...],
+    *,
+    partitioner: str = "shardy",
+    optimize: bool = True,
+) -> tuple[xb.Compiled, str, list[str]]:
+    """An annotated program (`realized_program`'s) compiled for `mesh` on `devices` by the
+    partitioner asked for; returns it, the partitioner that compiled it, and notes.
+
+    Shardy (the default, jax's) gets the program as `shardy_program` writes it; it falls
+    back to GSPMD, with notes saying why, when a sharding of the program has no Shardy
+    form on `mesh` (none of rhino's own layouts has none; a sharding the input module
+    brought may). "gspmd" compiles the annotated HLO as it is (`xla_bridge.compile_spmd`).
+    """
+    notes: list[str] = []
+    if partitioner == "shardy":
+        converted = shardy_program(annotated, mesh)
+        if not converted.dropped:
+            return xb.compile_shardy(converted.text, devices, optimize=optimize), "shardy", notes
+        notes.extend(dropped_notes(converted.dropped))
+        notes.append(
+            f"{len(converted.dropped)} sharding(s) have no Shardy form: compiled through "
+            "GSPMD instead (as --partitioner gspmd), which takes them all"
+        )
+    text = print_module(annotated)
+    compiled = xb.compile_spmd(text, devices, num_partitions=mesh.size, optimize=optimize)
+    return compiled, "gspmd", notes
 
 
 def _mesh_devices(

@@ -88,35 +88,69 @@ def test_a_hand_edited_plan_is_refused(edit, message: str, tmp_path: Path) -> No
     assert r.exit_code == 2 and message in r.output, r.output
 
 
-def test_xla_log_noise_stays_off_the_terminal_unless_debug() -> None:
+def _run_mlp_subprocess(*extra: str) -> str:
+    """`rhino run` of the MLP on 2 devices in a fresh process, without
+    TF_CPP_MIN_LOG_LEVEL: its stderr."""
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rhino.cli",
+            "run",
+            str(MLP),
+            "--mesh",
+            "2",
+            "--devices",
+            "2",
+            "--steps",
+            "1",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+GSPMD_WARNING = "GSPMD sharding propagation is going to be deprecated"
+
+
+def test_xla_log_noise_stays_off_the_terminal_unless_debug() -> None:
     for extra, shown in (([], False), (["--debug"], True)):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rhino.cli",
-                "run",
-                str(MLP),
-                "--mesh",
-                "2",
-                "--devices",
-                "2",
-                "--steps",
-                "1",
-                *extra,
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr
-        assert ("GSPMD sharding propagation is going to be deprecated" in done.stderr) is shown
+        stderr = _run_mlp_subprocess("--partitioner", "gspmd", *extra)
+        assert (GSPMD_WARNING in stderr) is shown
+
+
+def test_by_default_xla_partitions_with_shardy_and_gspmd_says_nothing() -> None:
+    """Even with XLA's warnings shown (--debug), the default path logs no GSPMD deprecation:
+    nothing in it goes through GSPMD's propagation."""
+    assert GSPMD_WARNING not in _run_mlp_subprocess("--debug")
+
+
+@pytest.mark.parametrize("partitioner", [None, "shardy", "gspmd"])
+def test_the_report_says_which_partitioner_compiled_the_plan(partitioner: str | None) -> None:
+    extra = ["--partitioner", partitioner] if partitioner else []
+    args = ("run", str(MLP), "--mesh", "1x4", "--devices", "4", "--steps", "1", *extra)
+    r = invoke(*args, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["partitioner"] == (partitioner or "shardy")
+    assert doc["verify"]["ok"] and doc["fidelity"]["ok"], doc["fidelity"]["messages"]
+    human = invoke(*args)
+    assert f"partitioned by {partitioner or 'shardy'}" in human.stdout.splitlines()[0]
+
+
+def test_an_unknown_partitioner_is_refused() -> None:
+    r = invoke("run", str(MLP), "--mesh", "1x4", "--partitioner", "auto")
+    assert r.exit_code == 2 and "'auto' is not one of 'shardy', 'gspmd'" in r.output
 
 
 def test_a_run_without_collectives_says_none() -> None:

@@ -88,6 +88,7 @@ def test_two_processes_run_a_gpt_plan_and_verify(tmp_path: Path) -> None:
     for i, doc in enumerate(docs):
         assert doc["schema"] == "rhino.run/1"
         assert (doc["process_index"], doc["process_count"]) == (i, 2)
+        assert doc["partitioner"] == "shardy"  # rhino run's default, across processes too
         assert doc["local_partitions"] == [4 * i + k for k in range(4)]
         assert doc["verify"]["ok"], doc["verify"]["summary"]
         assert len(doc["verify"]["outputs"]) > 100  # loss, parameters, Adam state

@@ -70,6 +70,9 @@ def test_hybrid_2x4_shards_every_stage_and_computes_the_single_device_step() -> 
     for s in range(2):  # the backward of each stage is split over its 4 devices
         layouts = {p.sharding for p in pipeline.compiled[f"B{s}"].parameters}
         assert layouts - {"{replicated}"}, layouts
+    # every program of the stages (accumulations too) partitioned by Shardy, as jax does
+    assert {c.partitioner for c in pipeline.compiled.values()} == {"shardy"}
+    assert not [n for n in pipeline.notes if "GSPMD" in n], pipeline.notes
     inputs, want = reference("gpt_tiny")
     _, (record,) = run_steps(pipeline, "1f1b", inputs, steps=1)
     checks = compare_outputs(want, list(record.outputs))
