@@ -250,10 +250,6 @@ def run_command(
             "--schedule, --microbatches and --gantt apply to a stage plan (from "
             "`rhino pipeline --out`)"
         )
-    if staged and partitioner is not None:
-        raise ConfigError(
-            "--partitioner applies to an SPMD plan; a stage plan's programs compile through GSPMD"
-        )
     if gantt is not None and not gantt.lower().endswith(".svg"):
         raise ConfigError(f"--gantt {gantt}: expected a .svg file name")
     plan: Plan | StagePlan | None = None

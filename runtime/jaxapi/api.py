@@ -30,10 +30,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rhino.hlo.errors import ConfigError, RhinoError
 from rhino.hlo.ir import Module
 from rhino.hlo.parser import parse_module
-from rhino.hlo.printer import print_module
 from rhino.hlo.verify import verify
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.spmd.boundary import Boundary, Layout, boundary, partition_spec
+from rhino.runtime.spmd.runner import compile_realized
 from rhino.search.cluster import load_cluster, parse_quantity
 from rhino.search.mesh import DeviceMesh
 from rhino.search.problem import SolveOptions
@@ -431,8 +431,11 @@ class JaxPlan:
     def compiled(self) -> xb.Compiled:
         """The program, compiled for the mesh's devices (once)."""
         if self._compiled is None:
-            self._compiled = _compile(self._boundary, tuple(self.mesh.devices.flat))
-            self.notes = (*self.notes, *self._placement_notes(self._compiled))
+            compiled, notes = _compile(
+                self._boundary, self.plan.mesh, tuple(self.mesh.devices.flat)
+            )
+            self._compiled = compiled
+            self.notes = (*self.notes, *notes, *self._placement_notes(compiled))
         return self._compiled
 
     def _placement_notes(self, compiled: xb.Compiled) -> list[str]:
@@ -514,10 +517,14 @@ class JaxPlan:
         )
 
 
-def _compile(found: Boundary, devices: tuple[Any, ...]) -> xb.Compiled:
-    """The one place rhino.jax compiles a plan's program (GSPMD: the program carries
-    `sharding=` annotations and Sharding constraints, see runtime/spmd/)."""
-    return xb.compile_spmd(print_module(found.program), devices, num_partitions=len(devices))
+def _compile(
+    found: Boundary, mesh: DeviceMesh, devices: tuple[Any, ...]
+) -> tuple[xb.Compiled, list[str]]:
+    """The one place rhino.jax compiles a plan's program: through Shardy, jax's own
+    partitioner, as `rhino run` does (`runner.compile_realized`: GSPMD, with a note, only
+    for a sharding Shardy cannot take); the compiled program and those notes."""
+    compiled, _, notes = compile_realized(found.program, mesh, devices)
+    return compiled, notes
 
 
 def _difference(planned: Any, args: tuple[Any, ...]) -> str:
