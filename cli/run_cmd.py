@@ -337,8 +337,8 @@ def _launch(
         for e, r in zip(ended, reports, strict=True):
             verified = (r or {}).get("verify") or {}
             summary = str(verified.get("summary", "-")) if verified else "-"
-            code = f"{e.exit_code}" + (" (killed)" if e.killed else "")
-            t.add_row(str(e.process), code, f"{e.seconds:.1f}", summary, e.stderr.name)
+            ended_as = f"{e.exit_code}" + (" (killed)" if e.killed else "")
+            t.add_row(str(e.process), ended_as, f"{e.seconds:.1f}", summary, e.stderr.name)
         stdout.print(t)
         for e in ended:
             if e.exit_code != 0:

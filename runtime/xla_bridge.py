@@ -619,7 +619,7 @@ class _ShardyRewriter:
 
         text = ir.StringAttr(op.attributes["mhlo.sharding"]).value
         del op.attributes["mhlo.sharding"]
-        where = "%" + _location_name(op.location)
+        where = "%" + _op_name(op.location)
         found = self.shardings(text, [r.type for r in op.results], where)
         if _is_sharding_call(op):
             value = op.operands[0]
@@ -657,7 +657,7 @@ class _ShardyRewriter:
         name = ir.StringAttr(op.attributes["sym_name"]).value
         args = op.regions[0].blocks[0].arguments if op.regions[0].blocks else []
         for key, types, what in (
-            ("arg_attrs", signature.inputs, [f"%{_location_name(a.location)}" for a in args]),
+            ("arg_attrs", signature.inputs, [f"%{_op_name(a.location)}" for a in args]),
             ("res_attrs", signature.results, []),
         ):
             if key not in op.attributes:
@@ -699,10 +699,10 @@ def _is_sharding_call(op: Any) -> bool:
     )
 
 
-def _location_name(location: Any) -> str:
-    """`loc("dot.3")` -> dot.3 (the instruction name `hlo_to_stablehlo` kept)."""
-    match = re.match(r'loc\("([^"]*)"', str(location))
-    return match.group(1) if match else str(location)
+def _op_name(location: Any) -> str:
+    """`loc("dot.3")` -> dot.3 (the instruction name `hlo_to_stablehlo` kept); another
+    location as MLIR prints it."""
+    return _location_name(location) or str(location)
 
 
 # --------------------------------------------------------------------------------------
@@ -1019,7 +1019,10 @@ class JobWatch:
     ) -> None:
         from jax._src import distributed
 
-        self._client = distributed.global_state.client
+        client = distributed.global_state.client
+        if client is None:
+            raise ExecutionError("JobWatch: this process is in no job (init_distributed)")
+        self._client: Any = client
         self._info = process_info()
         self._lost_s = lost_s
         self._beat_s = beat_s
@@ -1052,7 +1055,7 @@ class JobWatch:
         me, count = self._info.index, self._info.count
         start = time.monotonic()
         heard = self._heard = dict.fromkeys(range(count), start)  # when its beat last changed
-        last: dict[int, str] = {}
+        last: dict[int, str | None] = {}
         failed: dict[int, float] = {}  # process -> when it was first seen failed
         answered = start  # when the coordinator last answered
         beat = 0
