@@ -308,4 +308,5 @@ def _stop(message: str, code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()
+    xb.release_service()
     os._exit(code)

@@ -833,9 +833,15 @@ def init_distributed(
             host = f"[{address}]" if ":" in address else address
             bulk = ",".join([f"{host}:0"] * TRANSFER_SOCKETS)
             jax.config.update("jax_cross_host_transport_addresses", bulk)
+    global _service
     host, port = _split(coordinator)
+    own_service: dict[str, str] = {}
     if process_id == 0:
         _check_port_free(None, port, f"the coordinator's port {port}")
+        _service = _start_service(port, num_processes, heartbeat_s)
+        # jax makes a coordination service in process 0 too: it gets a loopback port
+        # nobody connects to, and the job's is `_service`'s
+        own_service["coordinator_bind_address"] = f"127.0.0.1:{_free_loopback_port()}"
     if transfer_address is not None:
         where, at = _split(transfer_address)
         _check_port_free(where, at, f"the transfer server's port {at} (at {where})")
@@ -852,6 +858,7 @@ def init_distributed(
                 process_id=process_id,
                 initialization_timeout=timeout_s + JOIN_GRACE_S,
                 heartbeat_timeout_seconds=heartbeat_s,
+                **own_service,
             )
         except BaseException as exc:  # JaxRuntimeError is a RuntimeError
             failed.append(exc)
@@ -974,6 +981,82 @@ def shutdown_distributed() -> None:
     import jax
 
     jax.distributed.shutdown()
+    stop_service()
+
+
+SERVICE_LINGER_S = 10.0
+"""Seconds the job's coordination service outlives process 0 when that dies: the other
+processes' watches (`JobWatch`, LOST_S) notice it gone and stop, naming it, before the
+service goes (with it, jax would abort them at once)."""
+_service: Any = None
+"""Process 0's coordination service process (`_start_service`), while it runs."""
+_SERVICE = """
+import os, sys, time
+from jax._src.lib import _jax
+port, count, heartbeat, linger = sys.argv[1:]
+service = _jax.get_distributed_runtime_service(
+    f"[::]:{port}", int(count), heartbeat_timeout=int(heartbeat)
+)
+print("serving", flush=True)
+# "now": process 0 leaves on purpose, and the service goes with it (its end of the pipe
+# closes when it has); nothing: process 0 died, and the others need time to say so
+if sys.stdin.readline().strip() == "now":
+    sys.stdin.read()
+else:
+    time.sleep(float(linger))
+os._exit(0)
+"""
+
+
+def _start_service(port: int, count: int, heartbeat_s: int) -> Any:
+    """The job's coordination service (jax's) in a process of its own, for process 0.
+    In process 0 itself (jax's way), its death would take the service with it, and
+    jax's client aborts every other process at once, with a stack trace; on its own, it
+    outlives process 0 by SERVICE_LINGER_S, and the others stop saying why. Process 0
+    stops it when it leaves the job (`shutdown_distributed`, `leave_if_abandoned`)."""
+    import subprocess
+
+    argv = [sys.executable, "-c", _SERVICE, str(port), str(count), str(heartbeat_s)]
+    argv += [str(SERVICE_LINGER_S)]
+    process = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    assert process.stdout is not None
+    if process.stdout.readline().strip() != b"serving":
+        process.kill()
+        process.wait()
+        raise ExecutionError(f"the job's coordination service did not start on port {port}")
+    return process
+
+
+def stop_service() -> None:
+    """Stop process 0's coordination service process, if it runs (`_start_service`),
+    once this process has left the job."""
+    global _service
+    if _service is not None:
+        _service.kill()
+        _service.wait()
+        _service = None
+
+
+def release_service() -> None:
+    """Have process 0's coordination service end with this process, which is about to
+    exit at once (`os._exit`): stopped now, it would make jax's client here abort with a
+    stack trace first."""
+    if _service is not None and _service.stdin is not None:
+        try:
+            _service.stdin.write(b"now\n")
+            _service.stdin.flush()
+        except OSError:
+            pass
+
+
+def _free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 FAILED_GRACE_S = 2.0
@@ -997,6 +1080,7 @@ def leave_if_abandoned(code: int) -> None:
     sys.stderr.flush()
     if _abandoned.index == 0:
         _abandoned.wait_for_others(LAST_OUT_S)
+    release_service()
     os._exit(code)
 
 

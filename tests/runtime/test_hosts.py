@@ -168,13 +168,11 @@ def test_a_job_that_loses_a_process_mid_step_ends_everywhere(
             if p.poll() is None:
                 p.kill()
             p.wait()
-    assert survivor.returncode != 0
+    assert survivor.returncode == 4, err[-3000:]
     assert took < BOUND_S, f"{took:.1f} s"
-    if victim == 1:
-        assert survivor.returncode == 4
-        assert f"process 0 lost process 1 of 2 (at {hosts[1].address})" in err
-    else:  # jax's client aborts at once when its coordinator goes; it names it
-        assert "leader task was preempted/died" in err or "process 1 lost" in err
+    lost = f"process {1 - victim} lost process {victim} of 2 (at {hosts[victim].address})"
+    assert lost in err
+    assert "Terminating process" not in err  # not jax's abort
 
 
 def test_a_coordinator_nobody_serves_is_reported_with_its_address_and_timeout(
@@ -231,11 +229,13 @@ def test_processes_given_different_work_are_refused_before_compiling(
         assert "[Gloo]" not in err  # refused before any collective ran
 
 
-def test_a_port_in_use_is_reported(hosts: list[Host], plans: dict[str, Path]) -> None:
+@pytest.mark.parametrize("held", ["coordinator", "transfer"])
+def test_a_port_in_use_is_reported(hosts: list[Host], plans: dict[str, Path], held: str) -> None:
+    port = PORT if held == "coordinator" else PORT + 1  # process 0's transfer server
     hold = (
         "import socket, sys; s = socket.socket(socket.AF_INET6); "
         "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "  # past TIME_WAITs
-        f"s.bind(('::', {PORT})); s.listen(); print('held', flush=True); sys.stdin.read()"
+        f"s.bind(('::', {port})); s.listen(); print('held', flush=True); sys.stdin.read()"
     )
     holder = subprocess.Popen(
         hosts[0].command([sys.executable, "-c", hold]),
@@ -243,11 +243,16 @@ def test_a_port_in_use_is_reported(hosts: list[Host], plans: dict[str, Path]) ->
         stdout=subprocess.PIPE,
         text=True,
     )
+    plan = plans["mlp"] if held == "coordinator" else plans["gpt_stages"]
+    hlo = MLP if held == "coordinator" else GPT
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        [(code, _, err)] = _finish([_start(_argv(hosts, 0, MLP, plans["mlp"], "--devices", "4"))])
+        [(code, _, err)] = _finish([_start(_argv(hosts, 0, hlo, plan, "--devices", "4"))])
     finally:
         holder.kill()
         holder.wait()
     assert code == 2, err[-2000:]
-    assert f"the coordinator's port {PORT} is in use on this host" in err
+    if held == "coordinator":
+        assert f"the coordinator's port {PORT} is in use on this host" in err
+    else:
+        assert f"the transfer server's port {port} (at {hosts[0].address}) is in use" in err
