@@ -1445,7 +1445,7 @@ def compile_shardy(mlir_text: str, devices: Sequence[Any], *, optimize: bool = T
             "the module holds GSPMD shardings (mhlo.sharding), with which XLA disables "
             "Shardy; convert them (xla_bridge.hlo_to_shardy) or use compile_spmd"
         )
-    for mesh, axes in _SDY_MESH.findall(mlir_text):
+    for mesh, axes in _SDY_MESH_DECLARATION.findall(mlir_text):
         size = int(np.prod([int(n) for n in re.findall(r"=\s*(\d+)", axes)], dtype=np.int64))
         if size not in (1, len(devices)):
             raise ExecutionError(
@@ -1464,7 +1464,7 @@ def compile_shardy(mlir_text: str, devices: Sequence[Any], *, optimize: bool = T
     return replace(compiled, partitioner="shardy")
 
 
-_SDY_MESH = re.compile(r"^\s*sdy\.mesh @([\w.$-]+) = <\[([^\]]*)\]", re.MULTILINE)
+_SDY_MESH_DECLARATION = re.compile(r"^\s*sdy\.mesh @([\w.$-]+) = <\[([^\]]*)\]", re.MULTILINE)
 """An sdy mesh and its axes (`"axis_0"=2, "axis_1"=4`) in a module's text."""
 _MLIR_ALIASING = re.compile(r"mhlo\.input_output_alias = \[[^\]]")
 
