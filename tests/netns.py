@@ -39,6 +39,11 @@ class Host:
         """`argv` run inside this host's network namespace."""
         return ["ip", "netns", "exec", self.namespace, *argv]
 
+    def kill_all(self) -> None:
+        """Kill every process left on this host (between tests: what a killed job left
+        behind, e.g. its coordination service, lingering on purpose)."""
+        _kill_inside(self.namespace)
+
 
 def unavailable() -> str | None:
     """Why namespaces cannot be made here (None when they can)."""
