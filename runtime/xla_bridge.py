@@ -1204,8 +1204,11 @@ class JobWatch:
         is lost meanwhile, `on_lost` ends this process first. After `timeout_s`,
         return anyway."""
         since = time.monotonic()
+        # a beat written just before a process died may be read just after this call:
+        # only one read two beats later is a sign of life after it
+        after = since + 2 * self._beat_s
         while time.monotonic() - since < timeout_s and not self._stopped.is_set():
-            if all(t > since for p, t in self._heard.items() if p != self._info.index):
+            if all(t > after for p, t in self._heard.items() if p != self._info.index):
                 return
             time.sleep(self._beat_s / 2)
 
