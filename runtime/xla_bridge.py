@@ -835,13 +835,13 @@ def init_distributed(
             jax.config.update("jax_cross_host_transport_addresses", bulk)
     global _service
     host, port = _split(coordinator)
-    own_service: dict[str, str] = {}
+    bind: str | None = None  # where jax's own coordination service listens (jax's default)
     if process_id == 0:
         _check_port_free(None, port, f"the coordinator's port {port}")
         _service = _start_service(port, num_processes, heartbeat_s)
         # jax makes a coordination service in process 0 too: it gets a loopback port
         # nobody connects to, and the job's is `_service`'s
-        own_service["coordinator_bind_address"] = f"127.0.0.1:{_free_loopback_port()}"
+        bind = f"127.0.0.1:{_free_loopback_port()}"
     if transfer_address is not None:
         where, at = _split(transfer_address)
         _check_port_free(where, at, f"the transfer server's port {at} (at {where})")
@@ -858,7 +858,7 @@ def init_distributed(
                 process_id=process_id,
                 initialization_timeout=timeout_s + JOIN_GRACE_S,
                 heartbeat_timeout_seconds=heartbeat_s,
-                **own_service,
+                coordinator_bind_address=bind,
             )
         except BaseException as exc:  # JaxRuntimeError is a RuntimeError
             failed.append(exc)
