@@ -234,6 +234,12 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
     )
 
 
+SHARDY_REFUSAL = "expected CustomCallOp with a sharding attribute"
+"""What jax 0.12.0.1's Shardy pipeline says of some programs 0.10.2 compiles: sharding
+constraints inside a while loop whose body the StableHLO export outlines as a function
+(jax.random's threefry loop; BRIDGE_NOTES.md). `compile_realized` then goes through GSPMD."""
+
+
 def compile_realized(
     annotated: Module,
     mesh: DeviceMesh,
@@ -254,12 +260,23 @@ def compile_realized(
     if partitioner == "shardy":
         converted = shardy_program(annotated, mesh)
         if not converted.dropped:
-            return xb.compile_shardy(converted.text, devices, optimize=optimize), "shardy", notes
-        notes.extend(dropped_notes(converted.dropped))
-        notes.append(
-            f"{len(converted.dropped)} sharding(s) have no Shardy form: compiled through "
-            "GSPMD instead (as --partitioner gspmd), which takes them all"
-        )
+            try:
+                compiled = xb.compile_shardy(converted.text, devices, optimize=optimize)
+                return compiled, "shardy", notes
+            except ExecutionError as exc:
+                if SHARDY_REFUSAL not in str(exc):
+                    raise
+                notes.append(
+                    "this jax's Shardy pipeline refused the program (constraints in a while "
+                    f"loop's body called as a function: {SHARDY_REFUSAL!r}): compiled "
+                    "through GSPMD instead (as --partitioner gspmd)"
+                )
+        else:
+            notes.extend(dropped_notes(converted.dropped))
+            notes.append(
+                f"{len(converted.dropped)} sharding(s) have no Shardy form: compiled through "
+                "GSPMD instead (as --partitioner gspmd), which takes them all"
+            )
     text = print_module(annotated)
     compiled = xb.compile_spmd(text, devices, num_partitions=mesh.size, optimize=optimize)
     return compiled, "gspmd", notes
