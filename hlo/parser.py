@@ -106,25 +106,32 @@ def parse_module(
     return module
 
 
+def read_bytes(name: str) -> bytes:
+    """A file's bytes (`-`: standard input's), ungzipped where it is gzip (by its `.gz`
+    name or its magic bytes); RhinoError when it cannot be read or ungzipped."""
+    from rhino.hlo.errors import RhinoError
+
+    if name == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        try:
+            data = Path(name).read_bytes()
+        except OSError as e:
+            raise RhinoError(f"{name}: cannot read: {e.strerror}") from None
+    if name.endswith(".gz") or data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise RhinoError(f"{name}: not a valid gzip file: {e}") from None
+    return data
+
+
 def parse_file(path: str | Path, *, lazy: bool = True) -> Module:
     """Parse an HLO file: plain text, `.gz`, or `-` for standard input."""
     name = str(path)
     if name == "-":
         return parse_module(sys.stdin.read(), "<stdin>", lazy=lazy)
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        from rhino.hlo.errors import RhinoError
-
-        raise RhinoError(f"{name}: cannot read: {e.strerror}") from None
-    if name.endswith(".gz") or data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            from rhino.hlo.errors import RhinoError
-
-            raise RhinoError(f"{name}: not a valid gzip file: {e}") from None
+    data = read_bytes(name)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

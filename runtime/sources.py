@@ -62,16 +62,14 @@ and `Loaded.candidates` say which was read and what else was there.
 from __future__ import annotations
 
 import functools
-import gzip
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rhino.hlo.errors import ConfigError, HloParseError, RhinoError, SourceSpan
 from rhino.hlo.ir import Module
-from rhino.hlo.parser import parse_module
+from rhino.hlo.parser import parse_module, read_bytes
 
 KINDS = ("hlo", "stablehlo", "hlo-proto", "xla-dump")
 """The kinds of input `load` reads."""
@@ -230,7 +228,7 @@ def load(path: str | Path, *, module: str | None = None, lazy: bool = True) -> L
             "module",
         )
     shown = "<stdin>" if name == "-" else name
-    return _load_bytes(shown, _read(name), lazy)
+    return _load_bytes(shown, read_bytes(name), lazy)
 
 
 def _load_bytes(shown: str, data: bytes, lazy: bool) -> Loaded:
@@ -271,22 +269,6 @@ def _load_reprinted(shown: str, text: str, lazy: bool, error: HloParseError) -> 
 
 
 # -- reading and telling kinds apart ------------------------------------------------------------
-
-
-def _read(name: str) -> bytes:
-    if name == "-":
-        data = sys.stdin.buffer.read()
-    else:
-        try:
-            data = Path(name).read_bytes()
-        except OSError as e:
-            raise RhinoError(f"{name}: cannot read: {e.strerror}") from None
-    if name.endswith(".gz") or data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise RhinoError(f"{name}: not a valid gzip file: {e}") from None
-    return data
 
 
 _MLIR_START = re.compile(rb"(?:module\b|#|func\.func\b|builtin\.module\b|\"builtin\.module\")")
@@ -525,7 +507,7 @@ def _load_dump(folder: str, module: str | None, lazy: bool) -> Loaded:
         picked = _named(candidates, module, folder)
         why = f"module {module!r}"
     others = [c for c in candidates if c is not picked]
-    loaded = _load_bytes(picked.file, _read(picked.file), lazy)
+    loaded = _load_bytes(picked.file, read_bytes(picked.file), lazy)
     note = (
         f"{folder}: read {Path(picked.file).name} ({picked.name}: {picked.instructions} "
         f"instructions, {picked.dots} dot/convolution), picked by {why} among "
@@ -584,7 +566,7 @@ def dump_candidates(folder: str) -> list[DumpCandidate]:
 
 
 def _dump_text(path: Path, suffix: str) -> str:
-    data = _read(str(path))
+    data = read_bytes(str(path))
     if suffix == "txt":
         return data.decode("utf-8", errors="replace")
     from rhino.runtime import xla_bridge

@@ -22,6 +22,7 @@ from rhino.cli.main import cli
 from rhino.runtime.job import LOST_S
 from tests.hlo.corpus import ROOT
 from tests.netns import Host, private_hosts
+from tests.runtime.test_multihost import finish
 
 MLP = ROOT / "examples" / "mlp.hlo"
 GPT = ROOT / "examples" / "gpt_tiny.hlo"
@@ -76,21 +77,9 @@ def _start(argv: list[str]) -> subprocess.Popen[str]:
     )
 
 
-def _finish(procs: list[subprocess.Popen[str]], timeout: float = 240) -> list[tuple[int, str, str]]:
-    """Exit code, stdout and stderr of each (all killed once `timeout` has passed)."""
-    try:
-        outs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
-
-
 def _both(hosts: list[Host], hlo: Path, plan: Path, *more: str) -> list[dict]:
     """Run the job on both hosts; each process's report (both must succeed)."""
-    results = _finish([_start(_argv(hosts, i, hlo, plan, *more)) for i in range(2)])
+    results = finish([_start(_argv(hosts, i, hlo, plan, *more)) for i in range(2)])
     for i, (code, _, err) in enumerate(results):
         assert code == 0, f"process {i} exited {code}:\n{err[-3000:]}"
     return [json.loads(out) for _, out, _ in results]
@@ -181,7 +170,7 @@ def test_a_coordinator_nobody_serves_is_reported_with_its_address_and_timeout(
     hosts: list[Host], plans: dict[str, Path]
 ) -> None:
     started = time.monotonic()
-    [(code, _, err)] = _finish(
+    [(code, _, err)] = finish(
         [_start(_argv(hosts, 1, MLP, plans["mlp"], "--devices", "4", "--join-timeout", "3"))]
     )
     assert code == 2, err[-2000:]
@@ -192,7 +181,7 @@ def test_a_coordinator_nobody_serves_is_reported_with_its_address_and_timeout(
     assert time.monotonic() - started < 60
     unroutable = [*_argv(hosts, 1, MLP, plans["mlp"], "--devices", "4")]
     unroutable[unroutable.index("--coordinator") + 1] = f"10.214.0.1:{PORT}"
-    [(code, _, err)] = _finish([_start(unroutable)])
+    [(code, _, err)] = finish([_start(unroutable)])
     assert code == 2 and "no route from this machine to 10.214.0.1" in err, err[-2000:]
 
 
@@ -219,7 +208,7 @@ def test_processes_given_different_work_are_refused_before_compiling(
             "e.versions = lambda: {**v(), 'rhino': '0.0.9'}\n"
         )
         key = "rhino version"
-    results = _finish(
+    results = finish(
         [
             _start(_argv(hosts, i, hlo[i], plan[i], "--devices", "4", python=python[i]))
             for i in range(2)
@@ -249,7 +238,7 @@ def test_a_port_in_use_is_reported(hosts: list[Host], plans: dict[str, Path], he
     hlo = MLP if held == "coordinator" else GPT
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        [(code, _, err)] = _finish([_start(_argv(hosts, 0, hlo, plan, "--devices", "4"))])
+        [(code, _, err)] = finish([_start(_argv(hosts, 0, hlo, plan, "--devices", "4"))])
     finally:
         holder.kill()
         holder.wait()

@@ -62,8 +62,13 @@ def _run_all(commands: list[list[str]]) -> list[tuple[int, str, str]]:
         )
         for c in commands
     ]
+    return finish(procs)
+
+
+def finish(procs: list[subprocess.Popen[str]], timeout: float = 240) -> list[tuple[int, str, str]]:
+    """Exit code, stdout and stderr of each (all killed once `timeout` has passed)."""
     try:
-        outs = [p.communicate(timeout=240) for p in procs]
+        outs = [p.communicate(timeout=timeout) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
