@@ -4,7 +4,9 @@ the result in a temporary file that the error names."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 import sys
 import time
@@ -110,13 +112,19 @@ def test_piped_reports_cut_and_fold_nothing() -> None:
 
 @pytest.mark.parametrize("args", [["parse", MLP], ["plan", MLP, "--mesh", "2x4", "--all"]])
 def test_a_reader_that_goes_away_ends_rhino_quietly_with_141(args: list[str]) -> None:
-    """`rhino ... | head -1`: exit 141 as SIGPIPE would, no traceback; 1 means a check failed."""
+    """`rhino ... | head -1`: exit 141 as SIGPIPE would, no traceback; 1 means a check failed.
+    The pipe holds one page (the least Linux allows), so a report longer than that cannot
+    be all written before the reader goes away (in a 64 KiB pipe the plan's 19 kB could,
+    on a loaded machine, and rhino rightly exited 0)."""
+    read, write = os.pipe()
+    fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, 4096)
     process = subprocess.Popen(
-        [sys.executable, "-m", "rhino.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-m", "rhino.cli", *args], stdout=write, stderr=subprocess.PIPE
     )
-    assert process.stdout is not None and process.stderr is not None
-    process.stdout.read(1)
-    process.stdout.close()  # the reader goes away after its first byte
+    os.close(write)
+    assert process.stderr is not None
+    os.read(read, 1)
+    os.close(read)  # the reader goes away after its first byte
     err = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "Exception ignored" not in err
