@@ -46,9 +46,35 @@ NOT_JAX_SURFACE = (
 )
 
 
+SLOW_FIRST = (
+    "tests/corpus/test_corpus.py::test_every_command",
+    "tests/runtime/test_hand_plans.py",
+    "tests/search/test_merge.py::test_o2_meets_a_budget",
+    "tests/search/test_planner.py::test_the_plans_of_the_combined_search_made_apart",
+    "tests/runtime/test_zoo_runs.py",
+    "tests/runtime/test_multihost.py",
+    "tests/runtime/test_hosts.py",
+    "tests/cli/test_plan_cmd.py::test_a_limit_that_cuts_the_search_short",
+    "tests/cli/test_plan_cmd.py::test_a_mesh_put_to_work",
+    "tests/runtime/test_plan_runs.py",
+)
+"""Tests of 10 s to 100 s each (`pytest --durations`): they run first, and with
+--maxschedchunk=1 (pyproject's addopts) xdist hands out one test at a time, so the last
+minutes are not one worker on a long test while the other waits (the suite on 2
+workers ended with several minutes of one)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(str(config.rootpath))
     for item in items:
         path = Path(str(item.path)).relative_to(root).as_posix()
         if path.startswith(JAX_SURFACE) and not path.startswith(NOT_JAX_SURFACE):
             item.add_marker(pytest.mark.jax_surface)
+
+    # the same order in every xdist worker (they must collect alike): the slow ones in
+    # SLOW_FIRST's order, then the others as collected
+    def rank(item: pytest.Item) -> int:
+        found = (i for i, prefix in enumerate(SLOW_FIRST) if item.nodeid.startswith(prefix))
+        return next(found, len(SLOW_FIRST))
+
+    items.sort(key=rank)
