@@ -149,10 +149,14 @@ def _carried(known: np.ndarray, values: np.ndarray, keys: np.ndarray, default: i
 
 @dataclass
 class WarmStart:
-    """A basis to start an LP from and, after it, the basis it ended with."""
+    """What a solve of a graph hands the next solve of it at other costs: a basis to
+    start an LP from and, after it, the basis it ended with; and the plan it found, which
+    O2's level 3 refines instead of making its first plans again
+    (`rhino.search.spmd.merge.solve_merged`)."""
 
     start: LpBasis | None = None
     found: LpBasis | None = None
+    plan: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

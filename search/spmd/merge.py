@@ -212,7 +212,9 @@ def solve_merged(
     level 3 and is the whole-core ILP's start: refining it is all that is done. `memo`
     keeps the windows' answers for the next call (on the same graph at other costs: the
     windows whose costs did not change are not solved again), `warm` the whole-core LP's
-    basis (`rhino.search.spmd.lp.WarmStart`)."""
+    basis (`rhino.search.spmd.lp.WarmStart`) and, for level 3 only, the plan of the same
+    graph at other costs to refine as `start` is (the combined-collectives search's plans
+    after the first)."""
     if problem.budget is not None:
         raise ValueError(
             "O2 plans without a memory constraint (the planner meets a budget by §4.4)"
@@ -261,8 +263,9 @@ def solve_merged(
     passes = 0
     starts = []
     clock = time.perf_counter()
-    firsts = [("given", core_choice(reduced, start, nearest=True))] if start is not None else []
-    for name in STARTS if start is None else ():
+    given = start if start is not None else warm.plan if warm is not None else None
+    firsts = [("given", core_choice(reduced, given, nearest=True))] if given is not None else []
+    for name in STARTS if given is None else ():
         search.start(name, segments)
         starts.append((search.core_cost(), name, dict(search.choice)))
         report.plan_costs[f"start_{name}"] = starts[-1][0]

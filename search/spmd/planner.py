@@ -164,7 +164,9 @@ def plan_combined(
     that the phases add up to the search time."""
     spent: list[float] = []  # the first plan's seconds solving, seconds writing
     bases: dict[frozenset[GroupKey], LpBasis | None] = {}
+    plans: dict[frozenset[GroupKey], tuple[int, ...]] = {}
     pool: ProcessPoolExecutor | None = None  # set once the first plan says level 3
+    level3 = False
 
     def plan_with(closed: frozenset[GroupKey], parent: frozenset[GroupKey] | None) -> Plan:
         clock = time.perf_counter()
@@ -175,12 +177,15 @@ def plan_combined(
             + (f", {keys} not combined" if closed else "")
         )
         solution = None
+        # level 3 refines the plan this one varies instead of making first plans again
+        start = plans.get(parent) if parent is not None and level3 else None
         if pool is not None and memo is not None:
-            solution = _solved_apart(pool, problem, request, options, memo)
+            solution = _solved_apart(pool, problem, request, options, memo, start)
         if solution is None:
-            warm = WarmStart(start=bases.get(parent) if parent is not None else None)
+            warm = WarmStart(start=bases.get(parent) if parent is not None else None, plan=start)
             solution = solve(problem, warm)
             bases[closed] = warm.found
+        plans[closed] = solution.choice
         solved = time.perf_counter()
         say("writing the plan")
         plan = to_plan(graph, problem, solution, request, 0.0)
@@ -190,6 +195,7 @@ def plan_combined(
 
     first = plan_with(frozenset(), None)
     clock = time.perf_counter()
+    level3 = first.solver.merge_level == 3
     if (
         first.solver.merge_level == 3
         and options.threads > 1
@@ -231,12 +237,14 @@ def _solved_apart(
     request: PlanRequest,
     options: SolveOptions,
     memo: SearchMemo,
+    start: tuple[int, ...] | None,
 ) -> Solution | None:
-    """`_solve` on one of `pool`'s workers, the windows it solved added to `memo`; None
-    where the workers could not start (a script that plans at import, with no `if
-    __name__ == "__main__":`, runs again in each: the caller then solves here)."""
+    """`_solve` on one of `pool`'s workers (level 3 refining `start`), the windows it
+    solved added to `memo`; None where the workers could not start (a script that plans
+    at import, with no `if __name__ == "__main__":`, runs again in each: the caller then
+    solves here)."""
     # copies: the pool pickles on its own thread while other plans add windows
-    work = (problem, request, options, dict(memo.windows), dict(memo.structures))
+    work = (problem, request, options, dict(memo.windows), dict(memo.structures), start)
     try:
         solution, windows = pool.submit(_solve_apart, work).result()
     except BrokenProcessPool:
@@ -247,14 +255,19 @@ def _solved_apart(
 
 def _solve_apart(
     work: tuple[
-        ShardingProblem, PlanRequest, SolveOptions, dict[Any, tuple[int, ...]], dict[bytes, Any]
+        ShardingProblem,
+        PlanRequest,
+        SolveOptions,
+        dict[Any, tuple[int, ...]],
+        dict[bytes, Any],
+        tuple[int, ...] | None,
     ],
 ) -> tuple[Solution, dict[Any, tuple[int, ...]]]:
     """`_solve` in a worker process (see `plan_combined`): the solution, and the windows
     it solved that the memo it was given did not have."""
-    problem, request, options, windows, structures = work
+    problem, request, options, windows, structures, start = work
     memo = SearchMemo(windows=dict(windows), structures=dict(structures))
-    solution = _solve(None, problem, request, options, memo)
+    solution = _solve(None, problem, request, options, memo, WarmStart(plan=start))
     return solution, {k: v for k, v in memo.windows.items() if k not in windows}
 
 

@@ -108,18 +108,28 @@ def initial(problem: ShardingProblem) -> Reduced:
     """The problem as a core with no reduction but the summing of parallel edges."""
     n = len(problem.nodes)
     budget = problem.budget is not None
+    # the problem's arrays themselves, not copies: a reduction writes new arrays, never
+    # into these (and nodes of one strategy count share one range of indices)
+    ranges: dict[int, np.ndarray] = {}
+    keep = {}
+    for v, node in enumerate(problem.nodes):
+        size = len(node.labels)
+        found = ranges.get(size)
+        if found is None:
+            found = ranges[size] = np.arange(size)
+        keep[v] = found
     r = Reduced(
         problem=problem,
         alive=set(range(n)),
-        cost={v: node.cost.copy() for v, node in enumerate(problem.nodes)},
-        keep={v: np.arange(len(node.labels)) for v, node in enumerate(problem.nodes)},
+        cost={v: node.cost for v, node in enumerate(problem.nodes)},
+        keep=keep,
         edges={},
         neighbours={v: set() for v in range(n)},
         base=[0.0] * n,
     )
     for e in problem.edges:
         key, m = ((e.u, e.v), e.cost) if e.u < e.v else ((e.v, e.u), e.cost.T)
-        r.edges[key] = r.edges[key] + m if key in r.edges else m.copy()
+        r.edges[key] = r.edges[key] + m if key in r.edges else m
         r.neighbours[e.u].add(e.v)
         r.neighbours[e.v].add(e.u)
     for v, node in enumerate(problem.nodes):

@@ -523,11 +523,16 @@ def improve(
         if e.cost.any() and min(e.cost.shape) > 1:
             incident[e.u].append((e.cost, e.v, True))
             incident[e.v].append((e.cost, e.u, False))
+    # a node whose neighbours kept their strategies since it was last weighed would keep
+    # its own again: only the others are weighed (without a budget, where nothing else
+    # moves the answer), the same sweeps as weighing every node
+    stale = [len(c) > 1 for c in node_cost]
     for _ in range(sweeps):
         changed = False
         for v in range(len(problem.nodes)):
-            if len(node_cost[v]) == 1:
+            if not stale[v]:
                 continue
+            stale[v] = within is not None
             total = node_cost[v].copy()
             for cost, w, outgoing in incident[v]:
                 total += cost[:, choice[w]] if outgoing else cost[choice[w], :]
@@ -543,6 +548,8 @@ def improve(
                 )
             choice[v] = best
             changed = True
+            for _, w, _ in incident[v]:
+                stale[w] = len(node_cost[w]) > 1
         if not changed or (within is not None and within[2].left() <= 0):
             break
     return choice

@@ -134,6 +134,24 @@ def test_segments_come_close_to_o3_on_series_parallel_problems(seed: int) -> Non
     assert again.choice == o2.choice  # deterministic
 
 
+def test_level_3_refines_the_plan_it_is_handed_instead_of_making_first_plans() -> None:
+    """The combined-collectives search hands each plan after the first the plan it varies
+    (`WarmStart.plan`): level 3 refines that one alone, and never ends above it."""
+    from rhino.search.spmd.lp import WarmStart
+
+    problem = series_parallel(0)
+    fresh = merge.solve_merged(problem, BY_SEGMENTS)
+    assert {"start_forward", "start_backward", "start_replicated"} <= set(fresh.stats.plan_costs)
+    # the given plan: every node at its first strategy, far from refined
+    given = tuple(0 for _ in problem.nodes)
+    handed = merge.solve_merged(problem, BY_SEGMENTS, warm=WarmStart(plan=given))
+    assert handed.stats.level == 3
+    assert [k for k in handed.stats.plan_costs if k.startswith("start_")] == ["start_given"]
+    assert handed.objective <= problem.evaluate(given).objective
+    again = merge.solve_merged(problem, BY_SEGMENTS, warm=WarmStart(plan=fresh.choice))
+    assert again.objective <= fresh.objective
+
+
 def plan(name: str, mesh: str, level: str, **kw):
     request = PlanRequest(
         parse_mesh(mesh), load_cluster("m8"), level, **{"solve": TO_THE_END, **kw}

@@ -237,6 +237,32 @@ def test_the_plans_of_the_combined_search_made_apart_are_the_plans_made_one_by_o
     assert [i.outs for i in apart.instructions] == [i.outs for i in one.instructions]
 
 
+def test_at_level_3_each_plan_of_the_combined_search_refines_the_plan_it_varies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plans after the first close one more key than a plan made before: O2's level 3
+    refines that plan (`WarmStart.plan`) instead of making its first plans again."""
+    from rhino.search.problem import SolveOptions, Tuning
+    from rhino.search.spmd import merge, planner
+
+    handed: list[tuple[int, ...] | None] = []
+    found: list[tuple[int, ...]] = []
+
+    def recorded(problem, options=None, start=None, memo=None, warm=None):  # type: ignore[no-untyped-def]
+        handed.append(warm.plan if warm is not None else None)
+        solution = merge.solve_merged(problem, options, start, memo, warm)
+        found.append(solution.choice)
+        return solution
+
+    monkeypatch.setattr(planner, "solve_merged", recorded)
+    segments = SolveOptions(threads=1, tuning=Tuning(whole_core_pairs=0))
+    plan = plan_for(ROOT / "examples" / "gpt_tiny.hlo", "2x4", solve=segments)
+    assert plan.solver.merge_level == 3
+    assert plan.solver.combined is not None and plan.solver.combined.plans >= 3
+    assert handed[0] is None  # the first plan: first plans of its own
+    assert all(given is not None and given in found[:i] for i, given in enumerate(handed) if i)
+
+
 def test_the_combined_search_plans_here_when_its_workers_cannot_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -357,3 +357,52 @@ def test_stdout_comes_back_after_overlapping_quiet_spans(capfd: pytest.CaptureFi
         t.join()
     os.write(1, b"kept\n")
     assert capfd.readouterr().out == "kept\n"
+
+
+def _improve_weighing_every_node(
+    problem: ShardingProblem, node_cost: list[np.ndarray], choice: list[int], sweeps: int = 20
+) -> list[int]:
+    """The local search as it was, every node weighed in every sweep (the reference)."""
+    from rhino.search.spmd.solver import MIN_GAIN_S
+
+    choice = list(choice)
+    for _ in range(sweeps):
+        changed = False
+        for v in range(len(problem.nodes)):
+            total = node_cost[v].copy()
+            for e in problem.edges:
+                if e.u == v:
+                    total += e.cost[:, choice[e.v]]
+                elif e.v == v:
+                    total += e.cost[choice[e.u], :]
+            best = int(np.argmin(total))
+            if total[best] < total[choice[v]] - MIN_GAIN_S:
+                choice[v], changed = best, True
+        if not changed:
+            break
+    return choice
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_local_search_weighs_only_nodes_whose_neighbours_moved_and_ends_the_same(
+    seed: int,
+) -> None:
+    from rhino.search.spmd.solver import improve
+
+    rng = np.random.default_rng(seed)
+    n = 60
+    nodes = tuple(
+        ProblemNode(f"n{v}", ("a", "b", "c"), rng.random(3).round(2), np.ones(3)) for v in range(n)
+    )
+    edges = tuple(
+        ProblemEdge(u, int(v), rng.random((3, 3)).round(2))
+        for u in range(n)
+        for v in rng.choice(np.arange(u + 1, n), size=min(3, n - u - 1), replace=False)
+    )
+    problem = ShardingProblem(nodes, edges)
+    cost = [node.cost for node in nodes]
+    start = [int(k) for k in rng.integers(0, 3, size=n)]
+    for sweeps in (1, 2, 20):
+        assert improve(problem, cost, start, sweeps) == _improve_weighing_every_node(
+            problem, cost, start, sweeps
+        )
