@@ -64,7 +64,10 @@ import bisect
 import dataclasses
 import hashlib
 import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -146,16 +149,17 @@ def critical_nodes(problem: ShardingProblem) -> Critical:
             )
         preds[e.v].append(e.u)
         succs[e.u].append(e.v)
-    earliest = np.zeros(n, dtype=np.int64)
+    first = [0] * n  # lists, not arrays: the loops read them an element at a time
     for v in range(n):
         if preds[v]:
-            earliest[v] = max(earliest[u] for u in preds[v]) + 1
-    tail = np.zeros(n, dtype=np.int64)
+            first[v] = max([first[u] for u in preds[v]]) + 1
+    tail = [0] * n
     for v in range(n - 1, -1, -1):
         if succs[v]:
-            tail[v] = max(tail[w] for w in succs[v]) + 1
+            tail[v] = max([tail[w] for w in succs[v]]) + 1
+    earliest = np.array(first, dtype=np.int64)
     span = int(earliest.max(initial=0))
-    latest = span - tail
+    latest = span - np.array(tail, dtype=np.int64)
     backbone = np.flatnonzero(earliest == latest)
     heavy = np.array([problem.nodes[v].heavy for v in backbone], dtype=bool)
     inputs = np.array([len(p) for p in preds], dtype=np.int64)
@@ -410,12 +414,11 @@ class _SegmentSearch:
         self.seen: dict[tuple[int, ...], int] = {}
         """Window -> tick it was last solved at."""
         self.windows: dict[tuple[int, ...], _Window] = {}
-        self.digests: dict[tuple[int, int], bytes] = {}
-        """(v, w) -> digest of the core's edge matrix oriented v x w (the core does not
-        change during the search)."""
-        self.cost_digests: dict[int, bytes] = {}
-        self.nears: dict[int, list[tuple[bytes, int, np.ndarray]]] = {}
-        self.labels: dict[int, bytes] = {}
+        self._edges: list[tuple[int, int, np.ndarray]] | None = None
+        """The core's edges (`core_cost`), listed at its first call."""
+        self._core: _CoreDigests | None = None
+        """The core's digests (the core does not change during the search), made with
+        the first window."""
 
     def start(self, how: str, segments: list[list[int]]) -> None:
         """A first plan of the core (see STARTS)."""
@@ -485,10 +488,14 @@ class _SegmentSearch:
         return {v: best[position[v]] for v in ids}
 
     def core_cost(self) -> float:
-        total = sum(float(self.r.cost[v][k]) for v, k in self.choice.items())
-        for (a, b), m in self.r.edges.items():
-            if a in self.choice and b in self.choice:
-                total += float(m[self.choice[a], self.choice[b]])
+        choice, cost = self.choice, self.r.cost
+        total = sum(cost[v].item(k) for v, k in choice.items())
+        if self._edges is None:
+            self._edges = [(a, b, m) for (a, b), m in self.r.edges.items()]
+        for a, b, m in self._edges:
+            ka, kb = choice.get(a), choice.get(b)
+            if ka is not None and kb is not None:
+                total += m.item(ka, kb)
         return total
 
     def _solve(self, nodes: list[int]) -> None:
@@ -563,84 +570,101 @@ class _SegmentSearch:
         window = self.windows.get(key)
         if window is not None:
             return window
+        if self._core is None:
+            self._core = _CoreDigests(self.r)
+        core = self._core
         members = set(key)
         # the nodes in a canonical order, so that windows that are the same problem up to
         # node names (repeated layers, whose nodes interleave differently in program
         # order) get the same digest: each node labelled by its costs and all its edges'
         # matrices, then by its neighbours' labels inside (one Weisfeiler-Lehman round);
         # ties keep the given order
+        blake2b, labels = hashlib.blake2b, core.labels
         label: dict[int, bytes] = {}
         for v in key:
-            inner = sorted(
-                self._digest(v, w) + self._label(w) for w in self.r.neighbours[v] & members
-            )
-            label[v] = hashlib.blake2b(b"".join([self._label(v), *inner]), digest_size=16).digest()
+            inner = sorted([d + labels[w] for d, w, _ in core.nears[v] if w in members])
+            label[v] = blake2b(b"".join([labels[v], *inner]), digest_size=16).digest()
         order = tuple(key[i] for i in sorted(range(len(key)), key=lambda i: (label[key[i]], i)))
         position = {v: i for i, v in enumerate(order)}
         inside: list[tuple[int, int, np.ndarray]] = []
         outside: list[tuple[int, int, np.ndarray]] = []
-        parts = [self._cost_digest(v) for v in order]  # then inside edges, then outside ones
+        parts = [core.costs[v] for v in order]  # then inside edges, then outside ones
         outside_parts = []
         for i, v in enumerate(order):
-            near = self._near(v)
-            if not self.r.neighbours[v].isdisjoint(members):
-                for d, w, m in near:
-                    j = position.get(w)
-                    if j is not None and i < j:
-                        inside.append((i, j, m))
-                        parts += [b"i%d,%d:" % (i, j), d]
-            gone = [(w, m, d) for d, w, m in near if w not in members]
-            outside += [(i, w, m) for w, m, _ in gone]
-            outside_parts += [b"o%d:%s" % (i, d) for _, _, d in gone]
-        digest = hashlib.blake2b(b"".join(parts + outside_parts), digest_size=16).digest()
+            for d, w, m in core.nears[v]:
+                j = position.get(w)
+                if j is None:
+                    outside.append((i, w, m))
+                    outside_parts.append(b"o%d:%s" % (i, d))
+                elif i < j:
+                    inside.append((i, j, m))
+                    parts += [b"i%d,%d:" % (i, j), d]
+        digest = blake2b(b"".join(parts + outside_parts), digest_size=16).digest()
         reach = tuple(sorted(members.union(w for _, w, _ in outside)))
         window = _Window(order, tuple(inside), tuple(outside), digest, reach)
         self.windows[key] = window
         return window
 
-    def _near(self, v: int) -> list[tuple[bytes, int, np.ndarray]]:
-        """v's neighbours w: (digest of edge (v, w), w, its matrix oriented v x w), by
+
+DIGEST_BATCH_BYTES = 4 << 20
+"""Bytes of matrices `_CoreDigests` rounds at once (bounds its memory)."""
+
+
+class _CoreDigests:
+    """Digests of a core's costs and edges, all made at once (the windows cover the whole
+    core): what `_SegmentSearch._window` labels and fingerprints windows by."""
+
+    def __init__(self, r: Reduced) -> None:
+        self.costs: dict[int, bytes] = {}
+        """v -> digest of its costs (and their count)."""
+        digests: dict[tuple[int, int], bytes] = {}  # (v, w): the matrix oriented v x w
+        for (_, shape), nodes in _by_form((v, r.cost[v]) for v in sorted(r.alive)):
+            head = np.array([shape[0]]).tobytes()
+            for batch in _batches(nodes, r.cost[nodes[0]].nbytes):
+                rounded = np.round(np.stack([r.cost[v] for v in batch]), 15)
+                for v, row in zip(batch, rounded, strict=True):
+                    self.costs[v] = _blake(head + row.tobytes())
+        for (_, shape), pairs in _by_form(r.edges.items()):
+            tails = (bytes(str(shape), "ascii"), bytes(str(shape[::-1]), "ascii"))
+            for batch in _batches(pairs, r.edges[pairs[0]].nbytes):
+                rounded = np.round(np.stack([r.edges[e] for e in batch]), 15)
+                flipped = np.ascontiguousarray(rounded.transpose(0, 2, 1))
+                for (a, b), m, t in zip(batch, rounded, flipped, strict=True):
+                    digests[(a, b)] = _blake(m.tobytes() + tails[0])
+                    digests[(b, a)] = _blake(t.tobytes() + tails[1])
+        self.nears: dict[int, list[tuple[bytes, int, np.ndarray]]] = {}
+        """v -> its neighbours w: (digest of edge (v, w), w, its matrix oriented v x w), by
         digest (then w)."""
-        near = self.nears.get(v)
-        if near is None:
+        self.labels: dict[int, bytes] = {}
+        """v -> digest of its costs and the matrices of all its edges."""
+        for v in r.alive:
             near = sorted(
-                ((self._digest(v, w), w, self.r.matrix(v, w)) for w in self.r.neighbours[v]),
+                ((digests[(v, w)], w, r.matrix(v, w)) for w in r.neighbours[v]),
                 key=lambda t: (t[0], t[1]),
             )
             self.nears[v] = near
-        return near
+            self.labels[v] = _blake(b"".join([self.costs[v], *(d for d, _, _ in near)]))
 
-    def _label(self, v: int) -> bytes:
-        """v's costs and the matrices of all its edges (whatever window it is in)."""
-        found = self.labels.get(v)
-        if found is None:
-            found = hashlib.blake2b(
-                b"".join([self._cost_digest(v), *(d for d, _, _ in self._near(v))]), digest_size=16
-            ).digest()
-            self.labels[v] = found
-        return found
 
-    def _cost_digest(self, v: int) -> bytes:
-        d = self.cost_digests.get(v)
-        if d is None:
-            cost = self.r.cost[v]
-            d = hashlib.blake2b(
-                np.array([len(cost)]).tobytes() + np.round(cost, 15).tobytes(), digest_size=16
-            ).digest()
-            self.cost_digests[v] = d
-        return d
+def _blake(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
 
-    def _digest(self, v: int, w: int) -> bytes:
-        """Digest of the matrix of edge (v, w), oriented v (rows) x w."""
-        d = self.digests.get((v, w))
-        if d is None:  # both orientations at once: one rounding of the matrix
-            m = np.round(self.r.matrix(v, w), 15)
-            for key, oriented in (((v, w), m), ((w, v), m.T)):
-                self.digests[key] = hashlib.blake2b(
-                    oriented.tobytes() + bytes(str(oriented.shape), "ascii"), digest_size=16
-                ).digest()
-            d = self.digests[(v, w)]
-        return d
+
+def _by_form(
+    items: Iterable[tuple[Any, np.ndarray]],
+) -> list[tuple[tuple[np.dtype, tuple[int, ...]], list[Any]]]:
+    """The items' keys grouped by their arrays' dtype and shape (so each group stacks)."""
+    groups: dict[tuple[np.dtype, tuple[int, ...]], list[Any]] = defaultdict(list)
+    for key, array in items:
+        groups[(array.dtype, array.shape)].append(key)
+    return list(groups.items())
+
+
+def _batches(keys: list[Any], nbytes: int) -> Iterator[list[Any]]:
+    """`keys` in runs of at most DIGEST_BATCH_BYTES of arrays of `nbytes` each."""
+    step = max(1, DIGEST_BATCH_BYTES // max(nbytes, 1))
+    for i in range(0, len(keys), step):
+        yield keys[i : i + step]
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,7 @@ def reduce_problem(problem: ShardingProblem, dominance: bool = True) -> Reduced:
     r.counts = dict.fromkeys(
         ("pruned", "separable", "fixed", "leaf", "series", "isolated", "memory_free"), 0
     )
+    _find_inseparable(r)
     _run(r, range(len(problem.nodes)))
     return r
 
@@ -309,6 +310,33 @@ def _restrict(r: Reduced, v: int, rows: np.ndarray) -> None:
 
 
 # -- edges -----------------------------------------------------------------------------
+
+
+SEPARABLE_BATCH_BYTES = 4 << 20
+"""Bytes of edge matrices `_find_inseparable` tests at once (bounds its memory)."""
+
+
+def _find_inseparable(r: Reduced) -> None:
+    """Mark in `r.inseparable` the edges whose matrix is far from separable, tested all at
+    once, matrices of one shape stacked (`_fold_separable` tests them one by one, each
+    oriented from the node it visits: the batch marks only edges that fail its test by
+    ten times its tolerance or more, which no orientation's rounding can move)."""
+    groups: dict[tuple[np.dtype, tuple[int, ...]], list[tuple[int, int]]] = {}
+    for key, m in r.edges.items():
+        if m.ndim == 2 and m.size:
+            groups.setdefault((m.dtype, m.shape), []).append(key)
+    for (dtype, shape), keys in groups.items():
+        step = max(1, SEPARABLE_BATCH_BYTES // (dtype.itemsize * math.prod(shape)))
+        for i in range(0, len(keys), step):
+            batch = keys[i : i + step]
+            m = np.stack([r.edges[key] for key in batch])
+            with np.errstate(invalid="ignore"):
+                a, b = m[:, :, :1], m[:, :1, :] - m[:, :1, :1]
+                off = np.abs(m - a - b).max(axis=(1, 2))
+                largest = np.abs(m).max(axis=(1, 2))
+                far = ~np.isfinite(off) | (off > 10 * SEPARABLE_RTOL * largest)
+            for k in np.flatnonzero(far).tolist():
+                r.inseparable[batch[k]] = r.edges[batch[k]]
 
 
 def _fold_separable(r: Reduced, v: int, push: Callable[[int], None]) -> bool:

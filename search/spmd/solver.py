@@ -190,17 +190,22 @@ def core_problem(problem: ShardingProblem, reduced: Reduced) -> ShardingProblem:
     nodes in index order, costs without the tie break (the solvers add it back)."""
     core_ids = sorted(reduced.alive)
     position = {v: i for i, v in enumerate(core_ids)}
-    return ShardingProblem(
-        tuple(
+    nodes = []
+    for v in core_ids:
+        node, keep = problem.nodes[v], reduced.keep[v]
+        memory = node.memory[keep]
+        labels = node.labels
+        nodes.append(
             ProblemNode(
-                problem.nodes[v].name,
-                tuple(problem.nodes[v].labels[k] for k in reduced.keep[v]),
-                reduced.cost[v] - TIE_BREAK_S_PER_BYTE * problem.nodes[v].memory[reduced.keep[v]],
-                problem.nodes[v].memory[reduced.keep[v]],
-                problem.nodes[v].live,
+                node.name,
+                tuple([labels[k] for k in keep.tolist()]),
+                reduced.cost[v] - TIE_BREAK_S_PER_BYTE * memory,
+                memory,
+                node.live,
             )
-            for v in core_ids
-        ),
+        )
+    return ShardingProblem(
+        tuple(nodes),
         tuple(ProblemEdge(position[a], position[b], m) for (a, b), m in reduced.edges.items()),
         None,
     )

@@ -75,3 +75,19 @@ def test_the_probe_sees_a_heavy_import_and_plan_loads_cp_sat_only_to_run_it() ->
     loaded = done.stdout.split()
     assert "highspy" in loaded
     assert "ortools" not in loaded and "pandas" not in loaded
+
+
+def test_a_plan_loads_neither_scipy_nor_jax() -> None:
+    """The LP's matrix is laid out by rhino itself (`rhino.search.spmd.lp.columns`):
+    importing scipy cost every planning process a tenth of a second."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, ",".join(HEAVY), "plan", "examples/mlp.hlo", "--mesh", "2x2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.split()
+    assert "highspy" in loaded  # the probe sees what the plan loaded
+    assert "scipy" not in loaded and "jax" not in loaded

@@ -203,18 +203,45 @@ def test_evaluate_refuses_a_strategy_the_node_does_not_have(bad: int) -> None:
         problem.evaluate(choice)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_the_lp_matrix_by_columns_is_scipys_to_the_bit(seed: int) -> None:
+    """`columns` lays a matrix out as scipy's coo_array(...).tocsc() does (the same
+    arrays, so HiGHS gets the same LP): rows ascending in each column, empty rows and
+    columns kept; entries given twice are summed (scipy's order of adding them is its
+    sort's, so there the sums agree to rounding)."""
+    from scipy.sparse import coo_array
+
+    import rhino.search.spmd.lp as lp
+
+    rng = np.random.default_rng(seed)
+    shape = (int(rng.integers(1, 30)), int(rng.integers(1, 30)))
+    count = int(rng.integers(0, 200))
+    at = rng.choice(shape[0] * shape[1], size=min(count, shape[0] * shape[1]), replace=False)
+    rows, cols = np.divmod(at, shape[1])
+    values = rng.normal(size=len(at))
+    mine = lp.columns(rows, cols, values, shape)
+    theirs = coo_array((values, (rows, cols)), shape=shape).tocsc()
+    assert mine.shape == theirs.shape
+    for name in ("indptr", "indices", "data"):
+        assert np.array_equal(getattr(mine, name), getattr(theirs, name)), name
+    twice = np.concatenate([np.arange(len(at)), rng.integers(0, max(len(at), 1), size=len(at))])
+    mine = lp.columns(rows[twice], cols[twice], values[twice], shape)
+    theirs = coo_array((values[twice], (rows[twice], cols[twice])), shape=shape).tocsc()
+    assert np.array_equal(mine.indptr, theirs.indptr)
+    assert np.array_equal(mine.indices, theirs.indices)
+    assert np.allclose(mine.data, theirs.data, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_lagrangian_bound_is_below_the_lp_optimum_for_any_prices(seed: int) -> None:
     """`_lagrangian_bound` is a lower bound for any row prices (equality and one-sided
     rows, boxes of 0 or 1), and the LP's own optimal prices make it tight."""
-    from scipy.sparse import csc_array
-
     import rhino.search.spmd.lp as lp
 
     rng = np.random.default_rng(seed)
     m, n = 6, 12
     dense = rng.integers(-2, 3, size=(m, n)).astype(float)
-    matrix = csc_array(dense)
+    matrix = lp.columns(*np.nonzero(dense), dense[np.nonzero(dense)], (m, n))
     x0 = rng.integers(0, 2, size=n).astype(float)  # a feasible point: rows around it
     lower, upper = dense @ x0, dense @ x0
     lower[:2] = -np.inf  # one-sided rows: <= and >=
