@@ -237,6 +237,31 @@ def test_the_plans_of_the_combined_search_made_apart_are_the_plans_made_one_by_o
     assert [i.outs for i in apart.instructions] == [i.outs for i in one.instructions]
 
 
+def test_a_worker_gets_a_plan_of_the_combined_search_as_its_changes_from_the_first() -> None:
+    """What goes to a worker for each plan after the first: the nodes and edges a closed
+    key changed, from which it makes the very problem (the same objects elsewhere)."""
+    from rhino.search.spmd import planner
+    from rhino.search.spmd.builder import build_graph
+    from rhino.search.spmd.combine import node_latencies
+
+    graph = build_graph(
+        parse_file(ROOT / "examples" / "gpt_tiny.hlo"), parse_mesh("2x4"), load_cluster("m8")
+    )
+    first = planner.to_problem(graph, None)
+    keys = sorted({key for table in node_latencies(graph) for key in table})
+    assert keys
+    for key in keys:
+        problem = planner.to_problem(graph, None, frozenset([key]))
+        changes = planner._changes(first, problem)
+        nodes, edges, budget, constant = changes
+        assert 0 < len(nodes) + len(edges) < len(first.nodes) + len(first.edges)
+        assert (budget, constant) == (problem.budget, problem.constant_memory)
+        again = planner._changed(first, changes)
+        assert all(a is b for a, b in zip(again.nodes, problem.nodes, strict=True))
+        assert all(a is b for a, b in zip(again.edges, problem.edges, strict=True))
+    assert planner._changes(first, first)[:2] == ([], [])
+
+
 def test_at_level_3_each_plan_of_the_combined_search_refines_the_plan_it_varies(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
