@@ -48,8 +48,8 @@ def test_help_lists_every_command_with_its_line() -> None:
     assert cli.get_command(click.Context(cli), "nope") is None
 
 
-@pytest.mark.parametrize("args", [["--help"], ["parse", str(ROOT / "examples" / "mlp.hlo")]])
-def test_help_and_parse_import_no_heavy_library(args: list[str]) -> None:
+def loaded_by(*args: str) -> list[str]:
+    """The heavy libraries `rhino ARGS` imports (run in a fresh interpreter)."""
     done = subprocess.run(
         [sys.executable, "-c", PROBE, ",".join(HEAVY), *args],
         capture_output=True,
@@ -58,21 +58,18 @@ def test_help_and_parse_import_no_heavy_library(args: list[str]) -> None:
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == ""
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize("args", [["--help"], ["parse", str(ROOT / "examples" / "mlp.hlo")]])
+def test_help_and_parse_import_no_heavy_library(args: list[str]) -> None:
+    assert loaded_by(*args) == []
 
 
 def test_the_probe_sees_a_heavy_import_and_plan_loads_cp_sat_only_to_run_it() -> None:
     """`rhino plan` needs the LP solver (HiGHS) to start; CP-SAT (and the pandas it
     pulls in, 0.4 s) only where an LP is not integral."""
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, ",".join(HEAVY), "plan", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr
-    loaded = done.stdout.split()
+    loaded = loaded_by("plan", "--help")
     assert "highspy" in loaded
     assert "ortools" not in loaded and "pandas" not in loaded
 
@@ -80,14 +77,6 @@ def test_the_probe_sees_a_heavy_import_and_plan_loads_cp_sat_only_to_run_it() ->
 def test_a_plan_loads_neither_scipy_nor_jax() -> None:
     """The LP's matrix is laid out by rhino itself (`rhino.search.spmd.lp.columns`):
     importing scipy cost every planning process a tenth of a second."""
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, ",".join(HEAVY), "plan", "examples/mlp.hlo", "--mesh", "2x2"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr
-    loaded = done.stdout.split()
+    loaded = loaded_by("plan", "examples/mlp.hlo", "--mesh", "2x2")
     assert "highspy" in loaded  # the probe sees what the plan loaded
     assert "scipy" not in loaded and "jax" not in loaded
