@@ -112,7 +112,23 @@ class LpBasis:
 
     columns: np.ndarray
     rows: np.ndarray
-    basis: highspy.HighsBasis
+    basis: highspy.HighsBasis | None
+    values: tuple[np.ndarray, np.ndarray] | None = None
+    """The statuses of the columns and of the rows as HiGHS' values, where `basis` was
+    read already (a basis sent to another process goes as these)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (LpBasis, (self.columns, self.rows, None, self._values()))
+
+    def _values(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.values is not None:
+            return self.values
+        assert self.basis is not None
+
+        def read(status: list[Any]) -> np.ndarray:
+            return np.array([s.value for s in status], dtype=np.int8)
+
+        return read(self.basis.col_status), read(self.basis.row_status)
 
     def statuses(self, columns: np.ndarray, rows: np.ndarray) -> highspy.HighsBasis:
         """An alien basis for the LP whose columns and rows have these keys: the status
@@ -130,11 +146,12 @@ class LpBasis:
         """(keys, status values) of the columns and of the rows, by key (read once: the
         plans of a round all start from their parent's basis)."""
 
-        def by_key(keys: np.ndarray, status: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        def by_key(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             order = np.argsort(keys)
-            return keys[order], np.array([s.value for s in status], dtype=np.int8)[order]
+            return keys[order], values[order]
 
-        return by_key(self.columns, self.basis.col_status), by_key(self.rows, self.basis.row_status)
+        columns, rows = self._values()
+        return by_key(self.columns, columns), by_key(self.rows, rows)
 
 
 def _carried(known: np.ndarray, values: np.ndarray, keys: np.ndarray, default: int) -> list[Any]:

@@ -63,6 +63,11 @@ HEAVY_SHARE = 0.005
 """Besides dots and convolutions, an instruction doing this share of the step's compute
 (on one device) is compute-heavy (`ProblemNode.heavy`)."""
 MEMORY_MODES = ("exact", "largest")
+APART_PAIRS = 100_000
+"""The combined-collectives search makes its later plans in worker processes (not on
+threads) where the first problem has at least this many strategy pairs over its edges
+(the README demo: 296k), or where O2 searched by segments: each plan's Python then runs
+beside the other's, not in turns, for the cost of sending what the plan changes."""
 
 
 @dataclass(frozen=True)
@@ -182,10 +187,15 @@ def plan_combined(
         start = plans.get(parent) if parent is not None and level3 else None
         if closed == frozenset():
             first_problem.append(problem)
+        basis = bases.get(parent) if parent is not None else None
         if pool is not None and memo is not None:
-            solution = _solved_apart(pool, first_problem[0], problem, request, options, memo, start)
+            apart = _solved_apart(
+                pool, first_problem[0], problem, request, options, memo, start, basis
+            )
+            if apart is not None:
+                solution, bases[closed] = apart
         if solution is None:
-            warm = WarmStart(start=bases.get(parent) if parent is not None else None, plan=start)
+            warm = WarmStart(start=basis, plan=start)
             solution = solve(problem, warm)
             bases[closed] = warm.found
         plans[closed] = solution.choice
@@ -200,7 +210,7 @@ def plan_combined(
     clock = time.perf_counter()
     level3 = first.solver.merge_level == 3
     if (
-        first.solver.merge_level == 3
+        (level3 or first_problem[0].size[2] >= APART_PAIRS)
         and options.threads > 1
         and memo is not None
         and request.memory_mode != "largest"  # its search reads the graph
@@ -247,13 +257,15 @@ def _solved_apart(
     options: SolveOptions,
     memo: SearchMemo,
     start: tuple[int, ...] | None,
-) -> Solution | None:
-    """`_solve` on one of `pool`'s workers (level 3 refining `start`), the windows it
-    solved added to `memo`; None where the workers could not start (a script that plans
-    at import, with no `if __name__ == "__main__":`, runs again in each: the caller then
-    solves here). The workers hold `first` (`_remember_first`): `problem` goes to them
-    as its nodes and edges that are not `first`'s (a closed key's members), not whole
-    (on the 48-layer GPT-2, 21 MB, 0.7 s to send and read)."""
+    basis: LpBasis | None,
+) -> tuple[Solution, LpBasis | None] | None:
+    """`_solve` on one of `pool`'s workers (level 3 refining `start`, an LP starting from
+    `basis`), the windows it solved added to `memo`: the solution and the basis its LP
+    ended with; None where the workers could not start (a script that plans at import,
+    with no `if __name__ == "__main__":`, runs again in each: the caller then solves
+    here). The workers hold `first` (`_remember_first`): `problem` goes to them as its
+    nodes and edges that are not `first`'s (a closed key's members), not whole (on the
+    48-layer GPT-2, 21 MB, 0.7 s to send and read)."""
     # copies: the pool pickles on its own thread while other plans add windows
     work = (
         _changes(first, problem),
@@ -262,13 +274,14 @@ def _solved_apart(
         dict(memo.windows),
         dict(memo.structures),
         start,
+        basis,
     )
     try:
-        solution, windows = pool.submit(_solve_apart, work).result()
+        solution, windows, found = pool.submit(_solve_apart, work).result()
     except BrokenProcessPool:
         return None
     memo.windows.update(windows)
-    return solution
+    return solution, found
 
 
 Changes = tuple[list[tuple[int, ProblemNode]], list[tuple[int, ProblemEdge]], float | None, float]
@@ -320,15 +333,17 @@ def _solve_apart(
         dict[Any, tuple[int, ...]],
         dict[bytes, Any],
         tuple[int, ...] | None,
+        LpBasis | None,
     ],
-) -> tuple[Solution, dict[Any, tuple[int, ...]]]:
-    """`_solve` in a worker process (see `plan_combined`): the solution, and the windows
-    it solved that the memo it was given did not have."""
-    changes, request, options, windows, structures, start = work
+) -> tuple[Solution, dict[Any, tuple[int, ...]], LpBasis | None]:
+    """`_solve` in a worker process (see `plan_combined`): the solution, the windows it
+    solved that the memo it was given did not have, and the basis its LP ended with."""
+    changes, request, options, windows, structures, start, basis = work
     problem = _changed(_FIRST[0], changes)
     memo = SearchMemo(windows=dict(windows), structures=dict(structures))
-    solution = _solve(None, problem, request, options, memo, WarmStart(plan=start))
-    return solution, {k: v for k, v in memo.windows.items() if k not in windows}
+    warm = WarmStart(start=basis, plan=start)
+    solution = _solve(None, problem, request, options, memo, warm)
+    return solution, {k: v for k, v in memo.windows.items() if k not in windows}, warm.found
 
 
 def _solve(

@@ -198,12 +198,14 @@ def test_state_paired_by_shape_is_said_and_an_alias_is_taken_as_given() -> None:
     assert not any("no input_output_alias" in n for n in graph.notes)
 
 
+@pytest.mark.parametrize(("mesh", "level"), [("2x4", 3), ("2x8", 2)])
 def test_the_plans_of_the_combined_search_made_apart_are_the_plans_made_one_by_one(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, mesh: str, level: int
 ) -> None:
     """The combined-collectives search makes a round's plans in worker processes where
-    O2 searched by segments (level 3): the same plan as one by one, the windows the
-    workers solved handed back."""
+    O2 searched by segments (level 3: the windows the workers solved handed back) or the
+    problem is large (level 2: each LP from its parent's basis, sent there and back):
+    the same plan as one by one."""
     import dataclasses
     from concurrent.futures import ProcessPoolExecutor
 
@@ -219,18 +221,19 @@ def test_the_plans_of_the_combined_search_made_apart_are_the_plans_made_one_by_o
 
     monkeypatch.setattr(planner, "ProcessPoolExecutor", Counted)
 
-    segments = SolveOptions(tuning=Tuning(whole_core_pairs=0))  # level 3 on a small model
+    # level 3 on a small model where the whole core may not be one ILP
+    options = SolveOptions(tuning=Tuning(whole_core_pairs=0)) if level == 3 else SolveOptions()
     plans = [
         plan_for(
             ROOT / "examples" / "gpt_tiny.hlo",
-            "2x4",
-            solve=dataclasses.replace(segments, threads=threads),
+            mesh,
+            solve=dataclasses.replace(options, threads=threads),
         )
         for threads in (1, 2)
     ]
     one, apart = plans
     assert len(pools) == one.solver.combined.plans - 1  # every plan after the first, apart
-    assert one.solver.merge_level == apart.solver.merge_level == 3
+    assert one.solver.merge_level == apart.solver.merge_level == level
     assert one.solver.combined is not None and one.solver.combined.plans >= 3
     assert apart.solver.combined == one.solver.combined
     assert apart.objective_s == one.objective_s

@@ -203,6 +203,43 @@ def test_evaluate_refuses_a_strategy_the_node_does_not_have(bad: int) -> None:
         problem.evaluate(choice)
 
 
+def test_an_lp_basis_sent_to_another_process_starts_an_lp_alike() -> None:
+    """A basis HiGHS ended an LP with, pickled (as for a worker process) and read back,
+    gives the next LP the same starting statuses."""
+    import pickle
+
+    import highspy
+
+    import rhino.search.spmd.lp as lp
+
+    rng = np.random.default_rng(3)
+    m, n = 5, 9
+    dense = rng.integers(-2, 3, size=(m, n)).astype(float)
+    x0 = rng.integers(0, 2, size=n).astype(float)
+    bounds = dense @ x0
+    matrix = lp.columns(*np.nonzero(dense), dense[np.nonzero(dense)], (m, n))
+    warm = lp.WarmStart()
+    columns, rows = np.arange(n, dtype=np.int64) * 7, np.arange(m, dtype=np.int64) * 5
+    run = lp._run_highs(
+        rng.normal(size=n),
+        matrix,
+        bounds,
+        bounds,
+        np.ones(n),
+        10,
+        False,
+        warm=(warm, columns, rows),
+    )
+    assert run is not None and warm.found is not None and warm.found.basis is not None
+    sent = pickle.loads(pickle.dumps(warm.found))
+    assert sent.basis is None and sent.values is not None
+    fewer = columns[::2]  # an LP with some of these columns and rows, and new ones
+    more = np.concatenate([rows, [999]])
+    here, there = warm.found.statuses(fewer, more), sent.statuses(fewer, more)
+    assert here.col_status == there.col_status and here.row_status == there.row_status
+    assert any(s == highspy.HighsBasisStatus.kBasic for s in here.col_status + here.row_status)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_the_lp_matrix_by_columns_is_scipys_to_the_bit(seed: int) -> None:
     """`columns` lays a matrix out as scipy's coo_array(...).tocsc() does (the same
