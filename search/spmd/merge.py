@@ -64,10 +64,7 @@ import bisect
 import dataclasses
 import hashlib
 import time
-from collections import defaultdict
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -81,7 +78,7 @@ from rhino.search.problem import (
     SolveStatus,
 )
 from rhino.search.spmd.lp import MIN_CPSAT_S, TIE_BREAK_S_PER_BYTE, WarmStart
-from rhino.search.spmd.reduce import Reduced, reduce_further, reduce_problem
+from rhino.search.spmd.reduce import Reduced, reduce_further, reduce_problem, stacked
 from rhino.search.spmd.solver import (
     core_choice,
     core_problem,
@@ -606,10 +603,6 @@ class _SegmentSearch:
         return window
 
 
-DIGEST_BATCH_BYTES = 4 << 20
-"""Bytes of matrices `_CoreDigests` rounds at once (bounds its memory)."""
-
-
 class _CoreDigests:
     """Digests of a core's costs and edges, all made at once (the windows cover the whole
     core): what `_SegmentSearch._window` labels and fingerprints windows by."""
@@ -618,20 +611,18 @@ class _CoreDigests:
         self.costs: dict[int, bytes] = {}
         """v -> digest of its costs (and their count)."""
         digests: dict[tuple[int, int], bytes] = {}  # (v, w): the matrix oriented v x w
-        for (_, shape), nodes in _by_form((v, r.cost[v]) for v in sorted(r.alive)):
-            head = np.array([shape[0]]).tobytes()
-            for batch in _batches(nodes, r.cost[nodes[0]].nbytes):
-                rounded = np.round(np.stack([r.cost[v] for v in batch]), 15)
-                for v, row in zip(batch, rounded, strict=True):
-                    self.costs[v] = _blake(head + row.tobytes())
-        for (_, shape), pairs in _by_form(r.edges.items()):
+        for nodes, costs in stacked((v, r.cost[v]) for v in sorted(r.alive)):
+            head = np.array([costs.shape[1]]).tobytes()
+            for v, row in zip(nodes, np.round(costs, 15), strict=True):
+                self.costs[v] = _blake(head + row.tobytes())
+        for pairs, matrices in stacked(r.edges.items()):
+            shape = matrices.shape[1:]
             tails = (bytes(str(shape), "ascii"), bytes(str(shape[::-1]), "ascii"))
-            for batch in _batches(pairs, r.edges[pairs[0]].nbytes):
-                rounded = np.round(np.stack([r.edges[e] for e in batch]), 15)
-                flipped = np.ascontiguousarray(rounded.transpose(0, 2, 1))
-                for (a, b), m, t in zip(batch, rounded, flipped, strict=True):
-                    digests[(a, b)] = _blake(m.tobytes() + tails[0])
-                    digests[(b, a)] = _blake(t.tobytes() + tails[1])
+            rounded = np.round(matrices, 15)
+            flipped = np.ascontiguousarray(rounded.transpose(0, 2, 1))
+            for (a, b), m, t in zip(pairs, rounded, flipped, strict=True):
+                digests[(a, b)] = _blake(m.tobytes() + tails[0])
+                digests[(b, a)] = _blake(t.tobytes() + tails[1])
         self.nears: dict[int, list[tuple[bytes, int, np.ndarray]]] = {}
         """v -> its neighbours w: (digest of edge (v, w), w, its matrix oriented v x w), by
         digest (then w)."""
@@ -648,23 +639,6 @@ class _CoreDigests:
 
 def _blake(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
-
-
-def _by_form(
-    items: Iterable[tuple[Any, np.ndarray]],
-) -> list[tuple[tuple[np.dtype, tuple[int, ...]], list[Any]]]:
-    """The items' keys grouped by their arrays' dtype and shape (so each group stacks)."""
-    groups: dict[tuple[np.dtype, tuple[int, ...]], list[Any]] = defaultdict(list)
-    for key, array in items:
-        groups[(array.dtype, array.shape)].append(key)
-    return list(groups.items())
-
-
-def _batches(keys: list[Any], nbytes: int) -> Iterator[list[Any]]:
-    """`keys` in runs of at most DIGEST_BATCH_BYTES of arrays of `nbytes` each."""
-    step = max(1, DIGEST_BATCH_BYTES // max(nbytes, 1))
-    for i in range(0, len(keys), step):
-        yield keys[i : i + step]
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,7 @@ def plan_combined(
         solution = None
         # level 3 refines the plan this one varies instead of making first plans again
         start = plans.get(parent) if parent is not None and level3 else None
-        if closed == frozenset():
+        if parent is None:
             first_problem.append(problem)
         basis = bases.get(parent) if parent is not None else None
         if pool is not None and memo is not None:

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -42,6 +43,7 @@ WHOLE_BYTES = 1e-9
 """A memory term within this above a whole number of bytes (float sums of byte counts)
 rounds down to it in the memory rows' integer terms."""
 MAX_SERIES_WORK = 2_000_000
+K = TypeVar("K")
 """Largest s_u * s_v * s_w table for eliminating a chain link."""
 
 
@@ -312,8 +314,22 @@ def _restrict(r: Reduced, v: int, rows: np.ndarray) -> None:
 # -- edges -----------------------------------------------------------------------------
 
 
-SEPARABLE_BATCH_BYTES = 4 << 20
-"""Bytes of edge matrices `_find_inseparable` tests at once (bounds its memory)."""
+STACK_BYTES = 4 << 20
+"""Bytes of arrays `stacked` puts in one stack (bounds its memory)."""
+
+
+def stacked(arrays: Iterable[tuple[K, np.ndarray]]) -> Iterator[tuple[list[K], np.ndarray]]:
+    """The arrays, of one dtype and shape at a time, stacked in runs of at most
+    STACK_BYTES: (their keys, the stack), to test or digest many small arrays in one
+    numpy call each."""
+    groups: dict[tuple[np.dtype, tuple[int, ...]], list[tuple[K, np.ndarray]]] = {}
+    for key, array in arrays:
+        groups.setdefault((array.dtype, array.shape), []).append((key, array))
+    for members in groups.values():
+        step = max(1, STACK_BYTES // max(members[0][1].nbytes, 1))
+        for i in range(0, len(members), step):
+            run = members[i : i + step]
+            yield [key for key, _ in run], np.stack([array for _, array in run])
 
 
 def _find_inseparable(r: Reduced) -> None:
@@ -321,22 +337,14 @@ def _find_inseparable(r: Reduced) -> None:
     once, matrices of one shape stacked (`_fold_separable` tests them one by one, each
     oriented from the node it visits: the batch marks only edges that fail its test by
     ten times its tolerance or more, which no orientation's rounding can move)."""
-    groups: dict[tuple[np.dtype, tuple[int, ...]], list[tuple[int, int]]] = {}
-    for key, m in r.edges.items():
-        if m.ndim == 2 and m.size:
-            groups.setdefault((m.dtype, m.shape), []).append(key)
-    for (dtype, shape), keys in groups.items():
-        step = max(1, SEPARABLE_BATCH_BYTES // (dtype.itemsize * math.prod(shape)))
-        for i in range(0, len(keys), step):
-            batch = keys[i : i + step]
-            m = np.stack([r.edges[key] for key in batch])
-            with np.errstate(invalid="ignore"):
-                a, b = m[:, :, :1], m[:, :1, :] - m[:, :1, :1]
-                off = np.abs(m - a - b).max(axis=(1, 2))
-                largest = np.abs(m).max(axis=(1, 2))
-                far = ~np.isfinite(off) | (off > 10 * SEPARABLE_RTOL * largest)
-            for k in np.flatnonzero(far).tolist():
-                r.inseparable[batch[k]] = r.edges[batch[k]]
+    for batch, m in stacked((key, m) for key, m in r.edges.items() if m.ndim == 2 and m.size):
+        with np.errstate(invalid="ignore"):
+            a, b = m[:, :, :1], m[:, :1, :] - m[:, :1, :1]
+            off = np.abs(m - a - b).max(axis=(1, 2))
+            largest = np.abs(m).max(axis=(1, 2))
+            far = ~np.isfinite(off) | (off > 10 * SEPARABLE_RTOL * largest)
+        for k in np.flatnonzero(far).tolist():
+            r.inseparable[batch[k]] = r.edges[batch[k]]
 
 
 def _fold_separable(r: Reduced, v: int, push: Callable[[int], None]) -> bool:
