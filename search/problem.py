@@ -206,6 +206,13 @@ class Tuning:
     simplex and the interior point did not finish in minutes where PDLP converged. Its
     point is not exact, so its value is never taken as the optimum: the bound comes from
     its prices, the plan from rounding its point."""
+    ahead_windows: int = 100
+    """O2's level 3: where its first plans solved at least this many windows, a worker
+    process solves the refinement's next windows while this one solves the current one
+    (`rhino.search.spmd.ahead`; the plan is the same with or without). Its refinement
+    then solves many more: T5-large's first plans solve 177 windows and its refinement
+    1127 (75% of its time); the 72-layer GPT's 26 and 102, where the worker's start
+    would cost more than it gains."""
     small_nodes: int = 5_000
     """`rhino.search.iopddl`: up to this many nodes, the exact solver (reductions, LP,
     CP-SAT) runs on the whole problem after the group search (its LP gives the lower

@@ -47,8 +47,12 @@ convergence (first plans rank their refined outcomes poorly: on the 12-layer GPT
 the second-best first plan ends best). Repeated layers give identical windows: a
 window's answer is remembered by a fingerprint of its costs and the strategies around
 it (its nodes in a canonical order, see `_window`), so each distinct window is solved
-once. Last, the whole core gets the node-by-node local search of
-`rhino.search.spmd.solver.improve`.
+once. Where the first plans solved many windows, a worker process solves the pass's
+next windows while this one solves the current one, and this one solves the windows
+after those while it waits for the worker (`rhino.search.spmd.ahead`): an answer found
+ahead is taken only where the window has the very strategies around it it was found
+with, so the plan is the one solved in order. Last, the whole core gets the
+node-by-node local search of `rhino.search.spmd.solver.improve`.
 
 What this is not: Rhino stitches its segments by dynamic programming over the strategies
 of the critical nodes between them. Here the stitching is by the refinement's
@@ -69,14 +73,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rhino.search.problem import (
-    ProblemEdge,
-    ProblemNode,
     ShardingProblem,
     Sizes,
     Solution,
     SolveOptions,
     SolveStatus,
 )
+from rhino.search.spmd.ahead import Ahead, window_answer
+from rhino.search.spmd.identity import ByArray
 from rhino.search.spmd.lp import MIN_CPSAT_S, TIE_BREAK_S_PER_BYTE, WarmStart
 from rhino.search.spmd.reduce import Reduced, reduce_further, reduce_problem, stacked
 from rhino.search.spmd.solver import (
@@ -110,6 +114,13 @@ GPTs (scripts/bench_o2.py), in less time."""
 SEGMENT_TIME_S = 5.0
 """Wall time limit of one window's ILP (it usually needs milliseconds), a guard: the
 limit that acts is SEGMENT_WORK."""
+AHEAD_DEPTH = 2
+"""Windows the worker has at once (`_SegmentSearch._give_ahead`): the one it solves and
+the next, so that it does not wait while this process takes an answer (one: T5-large's
+refinement 16.7 s, two: 14.8 s, three: 15.1 s)."""
+AHEAD_SCAN = 8
+"""How far ahead in a pass `_SegmentSearch._give_ahead` looks for the worker's next
+window."""
 SEGMENT_WORK = 0.2
 """CP-SAT's deterministic time for one window whose LP optimum is fractional: the same
 on any machine, so the plan does not depend on its speed. Longer finds no better plans
@@ -260,11 +271,45 @@ def solve_merged(
     segments = _segments(reduced, core_ids, crit, options.tuning.segment_nodes)
     report.measured(segments=len(segments))
     search = _SegmentSearch(problem, reduced, options, memo.windows)
+    given = start if start is not None else warm.plan if warm is not None else None
+    try:
+        report.measured(passes=_refined(search, segments, given, whole, report))
+    finally:
+        if search.ahead is not None:
+            search.ahead.close()
+    clock = time.perf_counter()
+    choice: tuple[int, ...] = reduced.expand(search.polish())
+    report.phases["polish"] = time.perf_counter() - clock
+    report.measured(windows_solved=search.solved, windows_reused=search.reused)
+    evaluation = problem.evaluate(choice)
+    report.phases["total"] = time.perf_counter() - begin
+    return _with_stats(
+        Solution(
+            choice=choice,
+            objective=evaluation.objective,
+            bound=0.0,  # segments prove nothing about the whole
+            status=SolveStatus.FEASIBLE,
+            solve_time_s=time.perf_counter() - begin,
+            peak_memory=evaluation.peak_memory,
+        ),
+        report,
+    )
+
+
+def _refined(
+    search: _SegmentSearch,
+    segments: list[list[int]],
+    given: tuple[int, ...] | None,
+    whole: Solution | None,
+    report: Report,
+) -> int:
+    """Level 3's first plans (or `given`, and the whole-core ILP's unproven plan), then
+    their refinement (see module doc), into `search.choice`: how many passes ran."""
+    reduced, options = search.r, search.options
     report.phases["segments"] = report.phases["refine"] = 0.0
     passes = 0
     starts = []
     clock = time.perf_counter()
-    given = start if start is not None else warm.plan if warm is not None else None
     firsts = [("given", core_choice(reduced, given, nearest=True))] if given is not None else []
     for name in STARTS if given is None else ():
         search.start(name, segments)
@@ -279,6 +324,8 @@ def solve_merged(
             report.plan_costs[f"start_{name}"] = starts[-1][0]
     report.phases["segments"] += time.perf_counter() - clock
     clock = time.perf_counter()
+    if Ahead.wanted(options, search.solved):  # (the same plan without it)
+        search.ahead = Ahead(reduced)
     narrow, wide = search.coupled(segments, 1), search.coupled(segments, 2)
     # successive halving: one refinement pass for every start not far behind the best,
     # then the passes to convergence for the best after it
@@ -297,24 +344,7 @@ def solve_merged(
     passes += search.refine(segments, wide, 1, WIDE_PASSES)
     report.plan_costs[f"refined_{name}"] = search.core_cost()
     report.phases["refine"] = time.perf_counter() - clock
-    report.measured(passes=passes)
-    clock = time.perf_counter()
-    choice: tuple[int, ...] = reduced.expand(search.polish())
-    report.phases["polish"] = time.perf_counter() - clock
-    report.measured(windows_solved=search.solved, windows_reused=search.reused)
-    evaluation = problem.evaluate(choice)
-    report.phases["total"] = time.perf_counter() - begin
-    return _with_stats(
-        Solution(
-            choice=choice,
-            objective=evaluation.objective,
-            bound=0.0,  # segments prove nothing about the whole
-            status=SolveStatus.FEASIBLE,
-            solve_time_s=time.perf_counter() - begin,
-            peak_memory=evaluation.peak_memory,
-        ),
-        report,
-    )
+    return passes
 
 
 def _with_stats(solution: Solution, report: Report) -> Solution:
@@ -411,6 +441,16 @@ class _SegmentSearch:
         self.seen: dict[tuple[int, ...], int] = {}
         """Window -> tick it was last solved at."""
         self.windows: dict[tuple[int, ...], _Window] = {}
+        self.ahead: Ahead | None = None
+        self.far: ByArray[bool] = ByArray()
+        """Which of the core's matrices the windows' reductions found far from separable
+        (`rhino.search.spmd.identity`)."""
+        """The worker solving windows ahead of the refinement, where it has one."""
+        self.upcoming: list[list[int]] = []
+        """The pass's next windows (AHEAD_SCAN of them) after the one being solved."""
+        self.early: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...] | None]] = {}
+        """Window -> (the picks around it, its answer) solved here ahead of the pass, while
+        waiting for the worker."""
         self._edges: list[tuple[int, int, np.ndarray]] | None = None
         """The core's edges (`core_cost`), listed at its first call."""
         self._core: _CoreDigests | None = None
@@ -449,6 +489,7 @@ class _SegmentSearch:
     def restart(self, choice: dict[int, int]) -> None:
         self.choice = dict(choice)
         self.seen = {}
+        self.early = {}
 
     def refine(
         self, segments: list[list[int]], coupled: list[list[int]], first: int, last: int
@@ -464,10 +505,14 @@ class _SegmentSearch:
             if self.options.left() <= 0:
                 break
             passes += 1
-            for window in coupled + straddling if number % 2 else coupled + segments:
+            listing = coupled + straddling if number % 2 else coupled + segments
+            for at, window in enumerate(listing):
                 if self.options.left() <= 0:
                     break
+                self.upcoming = listing[at + 1 : at + 1 + AHEAD_SCAN]
+                self._give_ahead(self._window(window))
                 self._solve(window)
+            self.upcoming = []
             after = self.core_cost()
             if after >= before - PASS_GAIN * abs(before):
                 break
@@ -500,42 +545,18 @@ class _SegmentSearch:
         their strategy, unplaced ones left out (not yet decided)."""
         window = self._window(nodes)
         # nothing it sees changed since it was last solved: the same answer again
-        last = self.seen.get(window.nodes, -1)
-        if last >= 0 and all(self.changed.get(v, -1) < last for v in window.reach):
+        if self._unchanged(window):
             self.reused += 1
             return
         self.tick += 1
         self.seen[window.nodes] = self.tick
-        outside = tuple(self.choice.get(w, -1) for _, w, _ in window.outside)
-        key = (window.digest, outside)
+        picks = self._picks(window)
+        key = (window.digest, picks)
         found = self.memo.get(key)
         if found is None:
-            cost = [self.r.cost[v].copy() for v in window.nodes]
-            for (i, _, m), k in zip(window.outside, outside, strict=True):
-                if k >= 0:
-                    cost[i] += m[:, k]
-            sub = ShardingProblem(
-                tuple(
-                    ProblemNode(
-                        self.problem.nodes[v].name,
-                        tuple(map(str, range(len(c)))),
-                        c,
-                        np.zeros(len(c)),
-                    )
-                    for v, c in zip(window.nodes, cost, strict=True)
-                ),
-                tuple(ProblemEdge(i, j, m) for i, j, m in window.inside),
-            )
-            options = SolveOptions(
-                time_limit_s=max(MIN_CPSAT_S, min(SEGMENT_TIME_S, self.options.left())),
-                threads=self.options.threads,
-                seed=self.options.seed,
-                work_limit=SEGMENT_WORK,
-                tuning=self.options.tuning,
-            )
-            reduced = reduce_problem(tie_broken(sub), dominance=False)
-            solution = solve_ilp(sub, options, reduced=reduced)
-            found = solution.choice
+            found = self._answered(window, picks)
+            if found is None:
+                found = self._answer(window, picks)
             # optimal, or the best CP-SAT finds within SEGMENT_WORK (the same again)
             self.memo[key] = found
             self.solved += 1
@@ -550,6 +571,94 @@ class _SegmentSearch:
             if self.choice.get(v) != k:
                 self.choice[v] = int(k)
                 self.changed[v] = self.tick
+
+    def _answer(self, window: _Window, picks: tuple[int, ...]) -> tuple[int, ...]:
+        """The window's optimum with `picks` around it, solved here."""
+        names = [self.problem.nodes[v].name for v in window.nodes]
+        costs = [self.r.cost[v] for v in window.nodes]
+        options = self._window_options()
+        inside, outside = window.inside, window.outside
+        return window_answer(names, costs, inside, outside, picks, options, self.far)
+
+    def _answered(self, window: _Window, picks: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The window's answer with `picks` around it where it was found ahead: by the
+        worker (waited for, solving the next windows here meanwhile), or here while
+        waiting for the worker before; None where it was not."""
+        early = self.early.pop(window.nodes, None)
+        if early is not None and early[0] == picks and early[1] is not None:
+            return early[1]
+        ahead = self.ahead
+        if ahead is None or not ahead.has(window.nodes, picks):
+            return None
+        while not ahead.back(window.nodes, picks) and self._solve_early():
+            pass
+        return ahead.take(window.nodes, picks)
+
+    def _solve_early(self) -> bool:
+        """Solve here the next upcoming window whose answer is not known (`_next_unknown`;
+        its answer is taken only if the strategies around it are the same when the pass
+        reaches it), the worker given the one after it where it is free; False where
+        there is none."""
+        found = self._next_unknown()
+        if found is None:
+            return False
+        window, picks = found
+        self.early[window.nodes] = (picks, None)  # claimed: the worker gets another
+        self._give_ahead(None)
+        self.early[window.nodes] = (picks, self._answer(window, picks))
+        return True
+
+    def _unchanged(self, window: _Window) -> bool:
+        """Did nothing the window sees change since it was last solved?"""
+        last = self.seen.get(window.nodes, -1)
+        return last >= 0 and all(self.changed.get(v, -1) < last for v in window.reach)
+
+    def _picks(self, window: _Window) -> tuple[int, ...]:
+        """The strategies of the nodes around the window (-1: not placed yet)."""
+        return tuple(self.choice.get(w, -1) for _, w, _ in window.outside)
+
+    def _window_options(self) -> SolveOptions:
+        return SolveOptions(
+            time_limit_s=max(MIN_CPSAT_S, min(SEGMENT_TIME_S, self.options.left())),
+            threads=self.options.threads,
+            seed=self.options.seed,
+            work_limit=SEGMENT_WORK,
+            tuning=self.options.tuning,
+        )
+
+    def _give_ahead(self, current: _Window | None) -> None:
+        """Where the worker (`self.ahead`) is free, give it the first upcoming window of
+        the pass (after `current`, the one this process is at) whose answer is not known
+        for the strategies around it now, nor asked for."""
+        ahead = self.ahead
+        if ahead is None:
+            return
+        ahead.poll()
+        if ahead.working >= AHEAD_DEPTH:
+            return
+        if current is not None and ahead.has(current.nodes, self._picks(current)):
+            return  # this process takes the worker's answer next
+        found = self._next_unknown()
+        if found is not None:
+            window, picks = found
+            ahead.give(window.nodes, window.inside, window.outside, picks, self._window_options())
+
+    def _next_unknown(self) -> tuple[_Window, tuple[int, ...]] | None:
+        """The first upcoming window of the pass whose answer is not known for the
+        strategies around it now (remembered, found ahead here, or asked of the worker),
+        and those strategies."""
+        for nodes in self.upcoming:
+            window = self._window(nodes)
+            picks = self._picks(window)
+            if (window.digest, picks) in self.memo:
+                continue
+            if self.ahead is not None and self.ahead.has(window.nodes, picks):
+                continue
+            early = self.early.get(window.nodes)
+            if early is not None and early[0] == picks:
+                continue
+            return window, picks
+        return None
 
     def _window_cost(self, window: _Window, choice: tuple[int, ...]) -> float:
         """Cost of the terms `choice` of the window's nodes decides (placed neighbours

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 
-from rhino.hlo.collector import collector_paused
+from rhino.hlo.collector import collector_paused, heap_frozen
 from rhino.hlo.errors import ConfigError
 from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
@@ -121,15 +121,16 @@ def make_plan(
     )
     phases["build"] = time.perf_counter() - clock
     memo = SearchMemo()  # O2's windows and critical path, found once for every plan made
-    plan = plan_combined(
-        graph,
-        request,
-        lambda p, warm: _solve(graph, p, request, options, memo, warm),
-        options,
-        say,
-        phases,
-        memo,
-    )
+    with heap_frozen():  # the module and the graph: never walked by the search's collections
+        plan = plan_combined(
+            graph,
+            request,
+            lambda p, warm: _solve(graph, p, request, options, memo, warm),
+            options,
+            say,
+            phases,
+            memo,
+        )
     return dataclasses.replace(
         plan,
         search_time_s=time.perf_counter() - start,

@@ -36,6 +36,7 @@ import numpy as np
 
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.problem import ProblemNode, ShardingProblem
+from rhino.search.spmd.identity import ByArray
 
 SEPARABLE_RTOL = 1e-12
 """An edge is separable when C - (a + b) is within this of max |C| everywhere."""
@@ -142,18 +143,21 @@ def initial(problem: ShardingProblem) -> Reduced:
     return r
 
 
-def reduce_problem(problem: ShardingProblem, dominance: bool = True) -> Reduced:
+def reduce_problem(
+    problem: ShardingProblem, dominance: bool = True, far: ByArray[bool] | None = None
+) -> Reduced:
     """Apply every exact reduction until none applies. InfeasibleError when a node has
     no allowed strategy left. Without `dominance`, dominated strategies stay (forbidden
     ones still go): on the small problems of O2's windows the ILP settles them faster
     than the test does, and O2's refinement of a large core does not need them gone
-    (`reduce_further` drops them later if wanted)."""
+    (`reduce_further` drops them later if wanted). `far` remembers which edge matrices
+    are far from separable, for problems that share their matrices (O2's windows)."""
     r = initial(problem)
     r.dominance = dominance
     r.counts = dict.fromkeys(
         ("pruned", "separable", "fixed", "leaf", "series", "isolated", "memory_free"), 0
     )
-    _find_inseparable(r)
+    _find_inseparable(r, far)
     _run(r, range(len(problem.nodes)))
     return r
 
@@ -332,19 +336,32 @@ def stacked(arrays: Iterable[tuple[K, np.ndarray]]) -> Iterator[tuple[list[K], n
             yield [key for key, _ in run], np.stack([array for _, array in run])
 
 
-def _find_inseparable(r: Reduced) -> None:
+def _find_inseparable(r: Reduced, known: ByArray[bool] | None = None) -> None:
     """Mark in `r.inseparable` the edges whose matrix is far from separable, tested all at
     once, matrices of one shape stacked (`_fold_separable` tests them one by one, each
     oriented from the node it visits: the batch marks only edges that fail its test by
-    ten times its tolerance or more, which no orientation's rounding can move)."""
-    for batch, m in stacked((key, m) for key, m in r.edges.items() if m.ndim == 2 and m.size):
+    ten times its tolerance or more, which no orientation's rounding can move); `known`
+    has the answers for matrices tested before, and gets those for the others."""
+    todo = []
+    for key, m in r.edges.items():
+        if m.ndim != 2 or not m.size:
+            continue
+        found = known.get(m) if known is not None else None
+        if found is None:
+            todo.append((key, m))
+        elif found:
+            r.inseparable[key] = m
+    for batch, m in stacked(todo):
         with np.errstate(invalid="ignore"):
             a, b = m[:, :, :1], m[:, :1, :] - m[:, :1, :1]
             off = np.abs(m - a - b).max(axis=(1, 2))
             largest = np.abs(m).max(axis=(1, 2))
-            far = ~np.isfinite(off) | (off > 10 * SEPARABLE_RTOL * largest)
-        for k in np.flatnonzero(far).tolist():
-            r.inseparable[batch[k]] = r.edges[batch[k]]
+            far = (~np.isfinite(off) | (off > 10 * SEPARABLE_RTOL * largest)).tolist()
+        for key, is_far in zip(batch, far, strict=True):
+            if is_far:
+                r.inseparable[key] = r.edges[key]
+            if known is not None:
+                known.put(r.edges[key], is_far)
 
 
 def _fold_separable(r: Reduced, v: int, push: Callable[[int], None]) -> bool:
