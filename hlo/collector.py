@@ -11,6 +11,9 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+_frozen = False
+"""Is a `heap_frozen` block running?"""
+
 
 @contextmanager
 def collector_paused() -> Iterator[None]:
@@ -28,7 +31,9 @@ def collector_paused() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
-            if gc.get_freeze_count() == 0:  # else it would thaw what someone else froze
+            if _frozen:  # inside `heap_frozen`: frozen too, thawed with the rest
+                gc.freeze()
+            elif gc.get_freeze_count() == 0:  # else it would thaw what someone else froze
                 gc.freeze()
                 gc.unfreeze()
             gc.enable()
@@ -42,15 +47,19 @@ def heap_frozen() -> Iterator[None]:
     A search allocates and frees millions of small objects over the module, graph and
     problem built before it; each full collection in the meantime would walk all of
     those again (on T5-large's O2 plan, 2.7 s of its 20 s solve). Garbage among them is
-    collected after the block. Where something froze objects already, it is left alone
-    (unfreezing would thaw those too).
+    collected after the block. `collector_paused` blocks inside freeze what they made
+    too. Where something froze objects already, it is left alone (unfreezing would thaw
+    those too).
     """
+    global _frozen
     if gc.get_freeze_count():
         yield
         return
     gc.collect()  # the garbage left so far first (a builder that paused the collector)
     gc.freeze()
+    _frozen = True
     try:
         yield
     finally:
+        _frozen = False
         gc.unfreeze()
