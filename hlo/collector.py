@@ -55,7 +55,6 @@ def heap_frozen() -> Iterator[None]:
     if gc.get_freeze_count():
         yield
         return
-    gc.collect()  # the garbage left so far first (a builder that paused the collector)
     gc.freeze()
     _frozen = True
     try:
