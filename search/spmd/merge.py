@@ -67,6 +67,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import hashlib
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -615,7 +616,7 @@ class _SegmentSearch:
 
     def _picks(self, window: _Window) -> tuple[int, ...]:
         """The strategies of the nodes around the window (-1: not placed yet)."""
-        return tuple(self.choice.get(w, -1) for _, w, _ in window.outside)
+        return tuple(map(self.choice.get, window.around, itertools.repeat(-1)))
 
     def _window_options(self) -> SolveOptions:
         return SolveOptions(
@@ -663,12 +664,13 @@ class _SegmentSearch:
     def _window_cost(self, window: _Window, choice: tuple[int, ...]) -> float:
         """Cost of the terms `choice` of the window's nodes decides (placed neighbours
         outside it at their strategy)."""
-        total = sum(float(self.r.cost[v][k]) for v, k in zip(window.nodes, choice, strict=True))
-        total += sum(float(m[choice[i], choice[j]]) for i, j, m in window.inside)
+        cost = self.r.cost
+        total = sum(cost[v].item(k) for v, k in zip(window.nodes, choice, strict=True))
+        total += sum(m.item(choice[i], choice[j]) for i, j, m in window.inside)
         for i, w, m in window.outside:
             k = self.choice.get(w, -1)
             if k >= 0:
-                total += float(m[choice[i], k])
+                total += m.item(choice[i], k)
         return total
 
     def _window(self, nodes: list[int]) -> _Window:
@@ -706,8 +708,9 @@ class _SegmentSearch:
                     inside.append((i, j, m))
                     parts += [b"i%d,%d:" % (i, j), d]
         digest = blake2b(b"".join(parts + outside_parts), digest_size=16).digest()
-        reach = tuple(sorted(members.union(w for _, w, _ in outside)))
-        window = _Window(order, tuple(inside), tuple(outside), digest, reach)
+        around = tuple(w for _, w, _ in outside)
+        reach = tuple(sorted(members.union(around)))
+        window = _Window(order, tuple(inside), tuple(outside), digest, reach, around)
         self.windows[key] = window
         return window
 
@@ -763,3 +766,5 @@ class _Window:
     """The same for windows alike in everything but node names (repeated layers)."""
     reach: tuple[int, ...]
     """Its nodes and their neighbours."""
+    around: tuple[int, ...]
+    """The outside node of each outside edge."""
