@@ -59,7 +59,7 @@ def window_answer(
     edge left out): a strategy per node, or CP-SAT's best within `options.work_limit`
     where the window's LP is fractional. `far` remembers which of the core's matrices
     are far from separable, window after window (`rhino.search.spmd.reduce`: testing
-    them again took a tenth of T5-large's windows' time)."""
+    them again took about 7% of T5-large's windows' time)."""
     charged = [c.copy() for c in costs]
     for (i, _, m), k in zip(outside, picks, strict=True):
         if k >= 0:
