@@ -443,10 +443,10 @@ class _SegmentSearch:
         """Window -> tick it was last solved at."""
         self.windows: dict[tuple[int, ...], _Window] = {}
         self.ahead: Ahead | None = None
+        """The worker solving windows ahead of the refinement, where it has one."""
         self.far: ByArray[bool] = ByArray()
         """Which of the core's matrices the windows' reductions found far from separable
         (`rhino.search.spmd.identity`)."""
-        """The worker solving windows ahead of the refinement, where it has one."""
         self.upcoming: list[list[int]] = []
         """The pass's next windows (AHEAD_SCAN of them) after the one being solved."""
         self.early: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...] | None]] = {}
