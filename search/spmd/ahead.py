@@ -16,6 +16,7 @@ started at all.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import multiprocessing
 import signal
@@ -32,7 +33,7 @@ import numpy as np
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
 from rhino.search.spmd.identity import ByArray
 from rhino.search.spmd.reduce import Reduced, reduce_problem
-from rhino.search.spmd.solver import solve_ilp, tie_broken
+from rhino.search.spmd.solver import solve_ilp
 from rhino.search.workers import worker_context
 
 CLOSE_S = 0.2
@@ -66,13 +67,29 @@ def window_answer(
             charged[i] += m[:, k]
     sub = ShardingProblem(
         tuple(
-            ProblemNode(name, tuple(map(str, range(len(c)))), c, np.zeros(len(c)))
+            ProblemNode(name, _labels(len(c)), c, _nothing(len(c)))
             for name, c in zip(names, charged, strict=True)
         ),
         tuple(ProblemEdge(i, j, m) for i, j, m in inside),
     )
-    reduced = reduce_problem(tie_broken(sub), dominance=False, far=far)
+    # the window holds no memory: tie_broken(sub) would be sub with each cost + 0.0
+    reduced = reduce_problem(sub, dominance=False, far=far)
     return solve_ilp(sub, options, reduced=reduced).choice
+
+
+@functools.cache
+def _labels(count: int) -> tuple[str, ...]:
+    """A window node's strategy labels: its strategies' positions."""
+    return tuple(map(str, range(count)))
+
+
+@functools.cache
+def _nothing(count: int) -> np.ndarray:
+    """A window node's memory: none. One read-only array per strategy count (the
+    reductions write new arrays, never into a problem's)."""
+    zeros = np.zeros(count)
+    zeros.flags.writeable = False
+    return zeros
 
 
 @dataclass(frozen=True)

@@ -213,25 +213,20 @@ def solve_lp(
     vals: list[np.ndarray] = [np.ones(n_vars)]
     n_rows = len(sizes)
     naming = _Naming(names, sizes) if names is not None and warm is not None else None
+    grouped = []
     for e in pair_edges:
         rep_u, of_u = _grouped(e.cost)
         rep_v, of_v = _grouped(e.cost.T)
-        gu, gv = len(rep_u), len(rep_v)
-        pair = n_vars + np.arange(gu * gv).reshape(gu, gv)  # pair[g, h]
-        n_vars += gu * gv
         if naming is not None:
             naming.edge(e.u, e.v, rep_u, rep_v)
-        objective.append(e.cost[np.ix_(rep_u, rep_v)].ravel() * LP_UNIT)
-        # (rows): sum_h pair[g, h] - sum_{k in g} s_u[k] = 0
-        rows += [n_rows + np.repeat(np.arange(gu), gv), n_rows + np.asarray(of_u)]
-        cols += [pair.ravel(), first[e.u] + np.arange(len(of_u))]
-        vals += [np.ones(gu * gv), -np.ones(len(of_u))]
-        n_rows += gu
-        # (cols): sum_g pair[g, h] - sum_{l in h} s_v[l] = 0
-        rows += [n_rows + np.tile(np.arange(gv), gu), n_rows + np.asarray(of_v)]
-        cols += [pair.ravel(), first[e.v] + np.arange(len(of_v))]
-        vals += [np.ones(gu * gv), -np.ones(len(of_v))]
-        n_rows += gv
+        whole = len(rep_u) == e.cost.shape[0] and len(rep_v) == e.cost.shape[1]
+        objective.append((e.cost if whole else e.cost[np.ix_(rep_u, rep_v)]).ravel() * LP_UNIT)
+        grouped.append((e.u, e.v, len(rep_u), len(rep_v), of_u, of_v))
+    if grouped:
+        edge_rows, edge_cols, n_vars, n_rows = _pair_rows(grouped, first, n_vars, n_rows)
+        rows.append(edge_rows)
+        cols.append(edge_cols)
+        vals.append(np.where(edge_cols >= first[-1], 1.0, -1.0))
     cost = np.concatenate(objective)
     forbidden = ~np.isfinite(cost)  # a forbidden choice or pair: the variable is 0
     cost[forbidden] = 0.0
@@ -281,6 +276,54 @@ def solve_lp(
     )
     bound = _lagrangian_bound(pure, matrix, lower, upper, col_upper, prices)
     return LpResult(None, bound / LP_UNIT if np.isfinite(bound) else 0.0, hint, n_vars, n_rows)
+
+
+def _pair_rows(
+    grouped: list[tuple[int, int, int, int, np.ndarray, np.ndarray]],
+    first: np.ndarray,
+    n_vars: int,
+    n_rows: int,
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """The rows of the edges `grouped` (each u, v, its gu and gv groups of u's and of v's
+    strategies, the group of each of u's and of v's strategies), laid out edge after
+    edge from column `n_vars` and row `n_rows` on: edge e's pairs pair[g, h] are gu x gv
+    columns in row-major order; its gu (rows) rows, sum_h pair[g, h] - sum_{k in g}
+    s_u[k] = 0; then its gv (cols) rows, sum_g pair[g, h] - sum_{l in h} s_v[l] = 0.
+    Returns each entry's row and column (a pair's entries are +1, a strategy's -1: the
+    strategies' columns are those below `first[-1]`), and the columns and rows in all
+    after them. All edges in a few numpy calls, not ten calls per edge."""
+    us, vs, gu, gv = (np.array([g[i] for g in grouped], dtype=np.int64) for i in range(4))
+    of_u, of_v = [g[4] for g in grouped], [g[5] for g in grouped]
+    pairs = gu * gv
+    pair_start = n_vars + np.cumsum(pairs) - pairs
+    row_start = n_rows + np.cumsum(gu + gv) - (gu + gv)  # each edge's (rows), then (cols)
+    edge = np.repeat(np.arange(len(grouped)), pairs)
+    column = np.arange(n_vars, n_vars + int(pairs.sum()))
+    local = column - pair_start[edge]
+    across = gv[edge]
+    pair_rows_u = row_start[edge] + local // across
+    pair_rows_v = (row_start + gu)[edge] + local % across
+    su = np.array([len(o) for o in of_u], dtype=np.int64)
+    sv = np.array([len(o) for o in of_v], dtype=np.int64)
+    rows = [
+        pair_rows_u,
+        pair_rows_v,
+        np.repeat(row_start, su) + np.concatenate(of_u),
+        np.repeat(row_start + gu, sv) + np.concatenate(of_v),
+    ]
+    cols = [column, column, _strategies(first[us], su), _strategies(first[vs], sv)]
+    return (
+        np.concatenate(rows),
+        np.concatenate(cols),
+        n_vars + int(pairs.sum()),
+        n_rows + int((gu + gv).sum()),
+    )
+
+
+def _strategies(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """starts[i], starts[i] + 1, ..., starts[i] + counts[i] - 1, for each i in turn."""
+    offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(starts, counts) + offsets
 
 
 @dataclass(frozen=True)
@@ -554,9 +597,28 @@ def _grouped(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(min(rows.shape[0], 1), dtype=np.int64), np.zeros(
             rows.shape[0], dtype=np.int64
         )
+    if rows.dtype.itemsize == 8 and _distinct(rows):  # the usual case (see _distinct)
+        return np.arange(rows.shape[0], dtype=np.int64), np.arange(rows.shape[0], dtype=np.int64)
     whole = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
     _, first, inverse = np.unique(whole, return_index=True, return_inverse=True)
     order = np.argsort(first)  # groups by their first row
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
     return first[order].astype(np.int64), rank[inverse.ravel()]
+
+
+def _distinct(rows: np.ndarray) -> bool:
+    """True when no two rows of `rows` (C-contiguous, 8-byte items) are the same: their
+    bits, as integers, summed with fixed odd weights (modulo 2^64, so in any order the
+    same sum) all differ. Where two sums meet, False, and `_grouped` compares the rows
+    themselves. Half the time of sorting them, and the rows of 3 in 4 of T5-large's
+    window LPs' edges all differ."""
+    with np.errstate(over="ignore"):
+        sums = (rows.view(np.uint64) * _weights(rows.shape[1])).sum(axis=1, dtype=np.uint64)
+    sums.sort()
+    return bool((sums[1:] != sums[:-1]).all())
+
+
+@functools.cache
+def _weights(count: int) -> np.ndarray:
+    return np.random.default_rng(count).integers(0, 2**63, count, dtype=np.uint64) * 2 + 1

@@ -470,3 +470,74 @@ def test_the_local_search_weighs_only_nodes_whose_neighbours_moved_and_ends_the_
         assert improve(problem, cost, start, sweeps) == _improve_weighing_every_node(
             problem, cost, start, sweeps
         )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rows_are_grouped_by_their_bits(seed: int) -> None:
+    """`_grouped` puts rows alike bit for bit in one group, the groups in the order of
+    their first rows, whether the rows all differ (the quick test of `_distinct`) or not:
+    repeated rows, infinities, -0.0 beside 0.0, transposed views."""
+    import rhino.search.spmd.lp as lp
+
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        n, k = int(rng.integers(1, 12)), int(rng.integers(1, 9))
+        matrix = rng.integers(0, 3, size=(n, k)).astype(float)
+        if rng.random() < 0.3:
+            matrix[rng.integers(0, n), rng.integers(0, k)] = np.inf
+        if rng.random() < 0.3:
+            matrix[matrix == 0.0] = -0.0 if rng.random() < 0.5 else 0.0
+            matrix[rng.integers(0, n), rng.integers(0, k)] = -0.0
+        if rng.random() < 0.5:
+            matrix = matrix.T
+        first_of: dict[bytes, int] = {}
+        expected = [first_of.setdefault(row.tobytes(), len(first_of)) for row in matrix]
+        firsts, row_group = lp._grouped(matrix)
+        assert row_group.tolist() == expected
+        assert firsts.tolist() == [expected.index(g) for g in range(len(first_of))]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_lp_holds_every_plan_at_its_cost(seed: int) -> None:
+    """The LP `solve_lp` lays out (strategies node by node, then each edge's pairs of
+    strategy groups, row-major): every plan, as that point, meets every row, and its cost
+    there is the plan's."""
+    import rhino.search.spmd.lp as lp
+    from rhino.search.spmd.solver import fold_single_edges
+
+    problem = random_problem(seed + 100)
+    node_cost = [n.cost.astype(float) for n in problem.nodes]
+    pair_edges = fold_single_edges(problem, node_cost)
+    laid: list[tuple[np.ndarray, lp.Columns, np.ndarray]] = []
+
+    def keep(cost: np.ndarray, matrix: lp.Columns, lower: np.ndarray, *_: object, **__: object):
+        laid.append((cost, matrix, lower))
+        return None
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lp, "_run_highs", keep)
+        lp.solve_lp(problem, node_cost, pair_edges, SolveOptions())
+    ((cost, matrix, rhs),) = laid
+    dense = np.zeros(matrix.shape)
+    for j in range(matrix.shape[1]):
+        span = slice(matrix.indptr[j], matrix.indptr[j + 1])
+        dense[matrix.indices[span], j] = matrix.data[span]
+    sizes = [len(n.labels) for n in problem.nodes]
+    first = np.concatenate(([0], np.cumsum(sizes)))
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        choice = [int(rng.integers(0, s)) for s in sizes]
+        x = np.zeros(matrix.shape[1])
+        x[first[:-1] + choice] = 1.0
+        at = int(first[-1])
+        for e in pair_edges:
+            _, group_u = lp._grouped(e.cost)
+            firsts_v, group_v = lp._grouped(e.cost.T)
+            x[at + group_u[choice[e.u]] * len(firsts_v) + group_v[choice[e.v]]] = 1.0
+            at += (group_u.max() + 1) * len(firsts_v)
+        assert at == matrix.shape[1]
+        assert np.array_equal(dense @ x, rhs)
+        expected = sum(c[k] for c, k in zip(node_cost, choice, strict=True)) + sum(
+            e.cost[choice[e.u], choice[e.v]] for e in pair_edges
+        )
+        assert cost @ x == pytest.approx(expected * lp.LP_UNIT, rel=1e-12)
