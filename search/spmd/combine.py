@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -83,14 +83,20 @@ def search_groups(
     plan_with: Callable[[frozenset[GroupKey], frozenset[GroupKey]], Plan],
     time_left: Callable[[], float],
     workers: int = 1,
+    speculate: bool = False,
 ) -> tuple[Plan, frozenset[GroupKey], int]:
     """From `first` (planned with no key closed), close keys greedily (see module doc):
     `plan_with(closed, parent)` plans with those keys' members charged their whole
     latency, `parent` the closed keys of the plan it varies. The plans of one round
     (one more key closed each) are made `workers` at a time (threads: the solvers
     release the GIL) and weighed in the order they would be made one by one, so the
-    answer does not depend on `workers`. Returns the cheapest plan found by
-    `objective_s`, its closed keys, and how many plans were made."""
+    answer does not depend on `workers`. With `speculate`, a worker left idle at the end
+    of a round starts the next round's plans as they would be if the best plan the round
+    has finished were its best (a wrong guess is dropped: its worker would have waited
+    anyway, though the search waits for it to end); `plan_with` must then give the same
+    plan for the same (closed, parent) whenever it is called. Returns the cheapest plan
+    found by `objective_s`, its closed keys, and how many plans were made (of those the
+    search weighed)."""
     best, closed, made = first, frozenset[GroupKey](), 0
     tried = {closed}
 
@@ -100,17 +106,23 @@ def search_groups(
     # one by one on this thread where there is one worker or one plan: a worker thread
     # gets its own malloc arena, ~70 MiB more peak memory on the README demo
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        while (
-            best.combined_latency_s > GROUP_SEARCH_SHARE * best.objective_s
-            and made < MAX_GROUP_PLANS
-        ):
-            trials = [closed | {key} for key in used_keys(best)]
-            trials = [t for t in dict.fromkeys(trials) if t not in tried]
-            trials = trials[: MAX_GROUP_PLANS - made]
+        started: dict[tuple[frozenset[GroupKey], frozenset[GroupKey]], Future[Plan | None]] = {}
+
+        def start(trial: frozenset[GroupKey], parent: frozenset[GroupKey]) -> Future[Plan | None]:
+            if (trial, parent) not in started:
+                started[(trial, parent)] = pool.submit(make, trial, parent)
+            return started[(trial, parent)]
+
+        while trials := _next_trials(best, closed, made, tried):
             tried.update(trials)
-            parents = [closed] * len(trials)
-            at_once = workers > 1 and len(trials) > 1
-            plans = pool.map(make, trials, parents) if at_once else map(make, trials, parents)
+            plans: Iterable[Plan | None]
+            if workers > 1 and (len(trials) > 1 or (trials[0], closed) in started):
+                futures = [start(t, closed) for t in trials]
+                if speculate:
+                    _speculate(futures, trials, best, made, tried, workers, start, started)
+                plans = [f.result() for f in futures]
+            else:
+                plans = map(make, trials, [closed] * len(trials))
             improved: tuple[Plan, frozenset[GroupKey]] | None = None
             for plan, trial in zip(plans, trials, strict=True):
                 if plan is None:
@@ -122,6 +134,47 @@ def search_groups(
                 break
             best, closed = improved
     return best, closed, made
+
+
+def _next_trials(
+    best: Plan, closed: frozenset[GroupKey], made: int, tried: set[frozenset[GroupKey]]
+) -> list[frozenset[GroupKey]]:
+    """The next round's trials from the best plan so far (`closed` its keys), with `made`
+    plans made and the sets `tried`: none once what is left to gain is small or the
+    plans are all made."""
+    if best.combined_latency_s <= GROUP_SEARCH_SHARE * best.objective_s:
+        return []
+    trials = [closed | {key} for key in used_keys(best)]
+    return [t for t in dict.fromkeys(trials) if t not in tried][: MAX_GROUP_PLANS - made]
+
+
+def _speculate(
+    futures: list[Future[Plan | None]],
+    trials: list[frozenset[GroupKey]],
+    best: Plan,
+    made: int,
+    tried: set[frozenset[GroupKey]],
+    workers: int,
+    start: Callable[[frozenset[GroupKey], frozenset[GroupKey]], Future[Plan | None]],
+    started: dict[tuple[frozenset[GroupKey], frozenset[GroupKey]], Future[Plan | None]],
+) -> None:
+    """Until the round's `futures` are all done: while fewer than `workers` of the plans
+    `started` are being made, start the next round's trials as if the best of the
+    round's plans done so far (in trial order, as the round weighs them) were its best."""
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        leader: tuple[Plan, frozenset[GroupKey]] | None = None
+        for future, trial in zip(futures, trials, strict=True):
+            plan = future.result() if future.done() else None
+            if plan is not None and plan.objective_s < (leader or (best,))[0].objective_s:
+                leader = (plan, trial)
+        if leader is None or not pending:
+            continue
+        running = sum(not f.done() for f in started.values())
+        guess = _next_trials(leader[0], leader[1], made + len(trials), tried)
+        for trial in [t for t in guess if (t, leader[1]) not in started][: workers - running]:
+            start(trial, leader[1])
 
 
 def combine(

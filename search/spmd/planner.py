@@ -224,7 +224,10 @@ def plan_combined(
             initargs=(first_problem[0],),
         )
     try:
-        plan, closed, made = search_groups(first, plan_with, options.left, options.threads)
+        # plans made apart: a worker idle at a round's end may start the next round's
+        plan, closed, made = search_groups(
+            first, plan_with, options.left, options.threads, speculate=pool is not None
+        )
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)

@@ -64,6 +64,55 @@ def test_the_answer_does_not_depend_on_the_workers(seed: int) -> None:
         assert parent is not None and parent < closed and len(closed - parent) == 1
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_a_round_started_on_a_guess_gives_the_answer_made_one_by_one(seed: int) -> None:
+    """With `speculate`, workers idle at a round's end start the next round on the best
+    plan the round has so far: the answer and the plan count are those made one by one,
+    every plan one by one makes is made, and every other plan varies some plan by one
+    key."""
+    first_one, calls_one = fake_planner(seed, jitter=False)
+    first_two, calls_two = fake_planner(seed, jitter=True)
+    start = first_one(frozenset(), None)  # type: ignore[operator]
+    one = search_groups(start, first_one, lambda: 1.0, workers=1)  # type: ignore[arg-type]
+    two = search_groups(start, first_two, lambda: 1.0, workers=2, speculate=True)  # type: ignore[arg-type]
+    assert one == two
+    assert set(calls_one[1:]) <= set(calls_two)
+    assert len(set(calls_two)) == len(calls_two)  # no plan made twice
+    for closed, parent in calls_two:
+        assert parent is not None and parent < closed and len(closed - parent) == 1
+
+
+def test_a_guess_is_made_while_the_round_ends() -> None:
+    """A round of three plans on two workers: the two first done, the third still being
+    made, the next round's first plan starts on the better of the two (its parent)."""
+    made: list[tuple[frozenset[GroupKey], frozenset[GroupKey] | None]] = []
+    third_done = threading.Event()
+    waited: list[bool] = []
+    lock = threading.Lock()
+
+    def plan_with(closed: frozenset[GroupKey], parent: frozenset[GroupKey] | None) -> FakePlan:
+        with lock:
+            made.append((closed, parent))
+        if closed == frozenset({KEYS[2]}):
+            waited.append(third_done.wait(5.0))  # it ends once the guess has started
+        if len(closed) == 2:
+            third_done.set()
+        used = [k for k in KEYS if k not in closed]
+        collectives = tuple(
+            PlannedCollective(kind, axes, 1.0, 1e-6, "x", group=g)
+            for g, (kind, axes) in enumerate(used)
+        )
+        cheaper = {frozenset({KEYS[0]}): 1.0, frozenset({KEYS[1]}): 1.2}
+        return FakePlan(cheaper.get(closed, 1.5) - 0.01 * len(closed), 0.5, collectives)
+
+    start = plan_with(frozenset(), None)
+    best, closed, count = search_groups(start, plan_with, lambda: 1.0, workers=2, speculate=True)  # type: ignore[arg-type]
+    assert waited == [True]  # the guess started before the round's last plan ended
+    assert (frozenset({KEYS[0], KEYS[1]}), frozenset({KEYS[0]})) in made
+    assert closed >= {KEYS[0]}
+    assert count <= MAX_GROUP_PLANS
+
+
 def test_no_plan_is_made_once_the_time_is_out() -> None:
     plan_with, calls = fake_planner(3, jitter=False)
     start = plan_with(frozenset(), None)  # type: ignore[operator]
