@@ -7,9 +7,11 @@ module --build_graph--> ShardingGraph --to_problem--> ShardingProblem
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import multiprocessing
+import threading
 import time
 import weakref
 from collections import defaultdict
@@ -174,6 +176,12 @@ def plan_combined(
     pool: ProcessPoolExecutor | None = None  # set once the first plan says level 3
     level3 = False
     first_problem: list[ShardingProblem] = []  # the one every later problem varies
+    apart = (
+        options.threads > 1
+        and memo is not None
+        and request.memory_mode != "largest"  # its search reads the graph
+        and multiprocessing.parent_process() is None  # a worker of --devices: no more
+    )
 
     def plan_with(closed: frozenset[GroupKey], parent: frozenset[GroupKey] | None) -> Plan:
         clock = time.perf_counter()
@@ -188,13 +196,15 @@ def plan_combined(
         start = plans.get(parent) if parent is not None and level3 else None
         if parent is None:
             first_problem.append(problem)
+            if apart and problem.size[2] >= APART_PAIRS:  # later plans go to workers:
+                started_pool()  # they start while this one is solved
         basis = bases.get(parent) if parent is not None else None
-        if pool is not None and memo is not None:
-            apart = _solved_apart(
+        if pool is not None and memo is not None and parent is not None:
+            made = _solved_apart(
                 pool, first_problem[0], problem, request, options, memo, start, basis
             )
-            if apart is not None:
-                solution, bases[closed] = apart
+            if made is not None:
+                solution, bases[closed] = made
         if solution is None:
             warm = WarmStart(start=basis, plan=start)
             solution = solve(problem, warm)
@@ -207,23 +217,24 @@ def plan_combined(
             spent.extend((solved - clock, time.perf_counter() - solved))
         return dataclasses.replace(plan, solver=search_report(plan.solver, solution))
 
-    first = plan_with(frozenset(), None)
-    clock = time.perf_counter()
-    level3 = first.solver.merge_level == 3
-    if (
-        (level3 or first_problem[0].size[2] >= APART_PAIRS)
-        and options.threads > 1
-        and memo is not None
-        and request.memory_mode != "largest"  # its search reads the graph
-        and multiprocessing.parent_process() is None  # a worker of --devices: no more
-    ):
+    def started_pool() -> None:
+        nonlocal pool
         pool = ProcessPoolExecutor(
             options.threads,
             mp_context=worker_context(__name__),
             initializer=_remember_first,  # sent once to each worker, then only changes
             initargs=(first_problem[0],),
         )
+        # each worker started now, not at its first plan, and from a thread: starting
+        # the fork server waits for it to import the planner (0.2 s)
+        threading.Thread(target=_warmed, args=(pool, options.threads), daemon=True).start()
+
     try:
+        first = plan_with(frozenset(), None)
+        clock = time.perf_counter()
+        level3 = first.solver.merge_level == 3
+        if level3 and apart and pool is None:
+            started_pool()
         # plans made apart: a worker idle at a round's end may start the next round's
         plan, closed, made = search_groups(
             first, plan_with, options.left, options.threads, speculate=pool is not None
@@ -251,6 +262,13 @@ def plan_combined(
         },
     )
     return dataclasses.replace(plan, solver=solver)
+
+
+def _warmed(pool: ProcessPoolExecutor, workers: int) -> None:
+    """Start `pool`'s `workers` processes (each given a task that does nothing)."""
+    with contextlib.suppress(BrokenProcessPool, RuntimeError):  # broken or shut down
+        for _ in range(workers):
+            pool.submit(int)
 
 
 def _solved_apart(
