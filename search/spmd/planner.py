@@ -196,8 +196,11 @@ def plan_combined(
         start = plans.get(parent) if parent is not None and level3 else None
         if parent is None:
             first_problem.append(problem)
-            if apart and problem.size[2] >= APART_PAIRS:  # later plans go to workers:
-                started_pool()  # they start while this one is solved
+            # later plans go to workers by its size: they start while this one is solved,
+            # where it is small enough to be sent at once (on T5-large's 8.5M pairs, sending
+            # it would cost the first plan 1.7 s and 110 MB for a combined search it skips)
+            if apart and APART_PAIRS <= problem.size[2] <= options.tuning.whole_core_pairs:
+                started_pool(warm=True)
         basis = bases.get(parent) if parent is not None else None
         if pool is not None and memo is not None and parent is not None:
             made = _solved_apart(
@@ -217,7 +220,7 @@ def plan_combined(
             spent.extend((solved - clock, time.perf_counter() - solved))
         return dataclasses.replace(plan, solver=search_report(plan.solver, solution))
 
-    def started_pool() -> None:
+    def started_pool(warm: bool) -> None:
         nonlocal pool
         pool = ProcessPoolExecutor(
             options.threads,
@@ -225,16 +228,16 @@ def plan_combined(
             initializer=_remember_first,  # sent once to each worker, then only changes
             initargs=(first_problem[0],),
         )
-        # each worker started now, not at its first plan, and from a thread: starting
-        # the fork server waits for it to import the planner (0.2 s)
-        threading.Thread(target=_warmed, args=(pool, options.threads), daemon=True).start()
+        if warm:  # each worker started now, not at its first plan, and from a thread:
+            # starting the fork server waits for it to import the planner (0.2 s)
+            threading.Thread(target=_warmed, args=(pool, options.threads), daemon=True).start()
 
     try:
         first = plan_with(frozenset(), None)
         clock = time.perf_counter()
         level3 = first.solver.merge_level == 3
-        if level3 and apart and pool is None:
-            started_pool()
+        if (level3 or first_problem[0].size[2] >= APART_PAIRS) and apart and pool is None:
+            started_pool(warm=False)  # its workers start with the first plan they get
         # plans made apart: a worker idle at a round's end may start the next round's
         plan, closed, made = search_groups(
             first, plan_with, options.left, options.threads, speculate=pool is not None
