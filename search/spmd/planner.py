@@ -173,7 +173,7 @@ def plan_combined(
     spent: list[float] = []  # the first plan's seconds solving, seconds writing
     bases: dict[frozenset[GroupKey], LpBasis | None] = {}
     plans: dict[frozenset[GroupKey], tuple[int, ...]] = {}
-    pool: ProcessPoolExecutor | None = None  # set once the first plan says level 3
+    pool: ProcessPoolExecutor | None = None  # the later plans' workers, where they have any
     level3 = False
     first_problem: list[ShardingProblem] = []  # the one every later problem varies
     apart = (
@@ -203,11 +203,11 @@ def plan_combined(
                 started_pool(warm=True)
         basis = bases.get(parent) if parent is not None else None
         if pool is not None and memo is not None and parent is not None:
-            made = _solved_apart(
+            remote = _solved_apart(
                 pool, first_problem[0], problem, request, options, memo, start, basis
             )
-            if made is not None:
-                solution, bases[closed] = made
+            if remote is not None:
+                solution, bases[closed] = remote
         if solution is None:
             warm = WarmStart(start=basis, plan=start)
             solution = solve(problem, warm)
