@@ -197,7 +197,7 @@ def plan_combined(
         if parent is None:
             first_problem.append(problem)
             # later plans go to workers by its size: they start while this one is solved,
-            # where it is small enough to be sent at once (on T5-large's 8.5M pairs, sending
+            # where it is small enough to be sent at once (on T5-large's 13.9M pairs, sending
             # it would cost the first plan 1.7 s and 110 MB for a combined search it skips)
             if apart and APART_PAIRS <= problem.size[2] <= options.tuning.whole_core_pairs:
                 started_pool(warm=True)
