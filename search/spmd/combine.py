@@ -163,7 +163,7 @@ def _speculate(
     round's plans done so far (in trial order, as the round weighs them) were its best."""
     pending = set(futures)
     while pending:
-        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        pending = wait(pending, return_when=FIRST_COMPLETED).not_done
         leader: tuple[Plan, frozenset[GroupKey]] | None = None
         for future, trial in zip(futures, trials, strict=True):
             plan = future.result() if future.done() else None

@@ -36,6 +36,7 @@ import highspy
 import numpy as np
 
 from rhino.search.problem import ProblemEdge, ShardingProblem, SolveOptions, Tuning
+from rhino.search.spmd.reduce import consecutive
 
 TIE_BREAK_S_PER_BYTE = 1e-17
 """Seconds each byte a plan holds weighs besides its cost, so ties go to less memory."""
@@ -311,19 +312,13 @@ def _pair_rows(
         np.repeat(row_start, su) + np.concatenate(of_u),
         np.repeat(row_start + gu, sv) + np.concatenate(of_v),
     ]
-    cols = [column, column, _strategies(first[us], su), _strategies(first[vs], sv)]
+    cols = [column, column, consecutive(first[us], su), consecutive(first[vs], sv)]
     return (
         np.concatenate(rows),
         np.concatenate(cols),
         n_vars + int(pairs.sum()),
         n_rows + int((gu + gv).sum()),
     )
-
-
-def _strategies(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """starts[i], starts[i] + 1, ..., starts[i] + counts[i] - 1, for each i in turn."""
-    offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    return np.repeat(starts, counts) + offsets
 
 
 @dataclass(frozen=True)

@@ -336,6 +336,12 @@ def stacked(arrays: Iterable[tuple[K, np.ndarray]]) -> Iterator[tuple[list[K], n
             yield [key for key, _ in run], np.stack([array for _, array in run])
 
 
+def consecutive(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """starts[i], starts[i] + 1, ..., starts[i] + counts[i] - 1, for each i in turn."""
+    offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(starts, counts) + offsets
+
+
 def _find_inseparable(r: Reduced, known: ByArray[bool] | None = None) -> None:
     """Mark in `r.inseparable` the edges whose matrix is far from separable, tested all at
     once, matrices of one shape stacked (`_fold_separable` tests them one by one, each
@@ -599,10 +605,8 @@ def _members(kept: np.ndarray, ids: np.ndarray, lo: np.ndarray, hi: np.ndarray) 
     """For each point index in `kept` (sorted), the ids whose [lo, hi) holds it (sorted)."""
     a, b = np.searchsorted(kept, lo), np.searchsorted(kept, hi)
     count = b - a
-    total = int(count.sum())
     node = np.repeat(ids, count)
-    # row of each (node, row) pair: a[v], a[v] + 1, ..., b[v] - 1 for each v in turn
-    row = np.arange(total) - np.repeat(np.cumsum(count) - count, count) + np.repeat(a, count)
+    row = consecutive(a, count)  # of each (node, row) pair: a[v], ..., b[v] - 1 for each v
     order = np.lexsort((node, row))
     node, row = node[order], row[order]
     return np.split(node, np.searchsorted(row, np.arange(1, len(kept))))
