@@ -135,8 +135,11 @@ def initial(problem: ShardingProblem) -> Reduced:
         r.edges[key] = r.edges[key] + m if key in r.edges else m
         r.neighbours[e.u].add(e.v)
         r.neighbours[e.v].add(e.u)
+    lows: dict[int, float] = {}  # nodes of a kind share their memory array
     for v, node in enumerate(problem.nodes):
-        low = float(node.memory.min())
+        low = lows.get(id(node.memory))
+        if low is None:
+            low = lows[id(node.memory)] = float(node.memory.min())
         r.base[v] = low
         if budget and (node.memory > low).any():
             r.memory[v] = node.memory - low
@@ -181,23 +184,26 @@ def _run(r: Reduced, nodes: Iterable[int]) -> None:
             queued.add(v)
             queue.append(v)
 
-    while queue:
+    # inf - inf in `_fold_separable`'s test of a forbidden pair is nan, as it should be:
+    # silenced here once, not per edge (numpy's errstate is slow to enter)
+    with np.errstate(invalid="ignore"):
         while queue:
-            v = queue.popleft()
-            queued.discard(v)
-            if v not in r.alive:
-                continue
-            if v not in r.memory and len(r.neighbours[v]) <= 2:
-                # a leaf or chain link goes whatever its strategies: pruning them first
-                # would change nothing the elimination leaves behind
-                _eliminate(r, v, push)
+            while queue:
+                v = queue.popleft()
+                queued.discard(v)
                 if v not in r.alive:
                     continue
-            while _prune(r, v, push) or _fold_separable(r, v, push):
-                pass
-            _eliminate(r, v, push)
-        for v in _memory_free(r):
-            push(v)
+                if v not in r.memory and len(r.neighbours[v]) <= 2:
+                    # a leaf or chain link goes whatever its strategies: pruning them first
+                    # would change nothing the elimination leaves behind
+                    _eliminate(r, v, push)
+                    if v not in r.alive:
+                        continue
+                while _prune(r, v, push) or _fold_separable(r, v, push):
+                    pass
+                _eliminate(r, v, push)
+            for v in _memory_free(r):
+                push(v)
 
 
 def _memory_free(r: Reduced) -> list[int]:
@@ -238,6 +244,9 @@ def _prune(r: Reduced, v: int, push: Callable[[int], None]) -> bool:
     parts += [r.matrix(v, w) for w in neighbours]
     features = np.concatenate(parts, axis=1)
     if np.isfinite(features).all():
+        if not r.dominance:  # nothing forbidden, and nothing else to test
+            r.unpruned[v] = read
+            return False
         allowed = np.ones(s, dtype=bool)
     else:
         allowed = np.isfinite(r.cost[v])
@@ -378,10 +387,10 @@ def _fold_separable(r: Reduced, v: int, push: Callable[[int], None]) -> bool:
         if r.inseparable.get(key) is r.edges[key]:
             continue  # found not separable before, and unchanged since
         m = r.matrix(v, w)
-        # C - (a + b), nan or inf where C is not finite (a forbidden pair: not separable)
-        with np.errstate(invalid="ignore"):
-            a, b = m[:, 0], m[0, :] - m[0, 0]
-            off = float(np.abs(m - a[:, None] - b[None, :]).max())
+        # C - (a + b), nan or inf where C is not finite (a forbidden pair: not separable;
+        # `_run` silences numpy's warning of it)
+        a, b = m[:, 0], m[0, :] - m[0, 0]
+        off = float(np.abs(m - a[:, None] - b[None, :]).max())
         if off != 0.0 and not (
             math.isfinite(off) and off <= SEPARABLE_RTOL * float(np.abs(m).max())
         ):
@@ -468,10 +477,10 @@ def _eliminate(r: Reduced, v: int, push: Callable[[int], None]) -> None:
         a, b = r.matrix(u, v), r.matrix(v, w)
         if a.shape[0] * a.shape[1] * b.shape[1] > MAX_SERIES_WORK:
             return
-        joint = a[:, :, None] + cost[None, :, None] + b[None, :, :]  # [k_u, l, k_w]
         su, sw = a.shape[0], b.shape[1]
-        flat = joint.transpose(0, 2, 1).reshape(su * sw, -1)
-        found = _best(flat, small)
+        # [k_u, l, k_w], each term (a + c) + b as a[:, :, None] + c + b sums it
+        joint = (a + cost[None, :])[:, :, None] + b[None, :, :]
+        found = _best(joint.transpose(0, 2, 1).reshape(su * sw, -1), small)
         if found is None:
             return
         best, pick = found

@@ -231,17 +231,21 @@ def core_choice(
 
 def tie_broken(problem: ShardingProblem) -> ShardingProblem:
     """The problem where ties go to less memory (see _solve)."""
+    # nodes alike in kind and weight share their arrays (`rhino.search.spmd.planner`), and
+    # then their tie-broken costs: made once, never written to (the problem holds the
+    # arrays whose ids key it while it runs)
+    broken: dict[tuple[int, int], np.ndarray] = {}
+    costs = []
+    for n in problem.nodes:
+        key = (id(n.cost), id(n.memory))
+        cost = broken.get(key)
+        if cost is None:
+            cost = broken[key] = n.cost + TIE_BREAK_S_PER_BYTE * n.memory
+        costs.append(cost)
     return ShardingProblem(
         tuple(  # the constructor itself: dataclasses.replace costs 3x as much per node
-            ProblemNode(
-                n.name,
-                n.labels,
-                n.cost + TIE_BREAK_S_PER_BYTE * n.memory,
-                n.memory,
-                n.live,
-                n.heavy,
-            )
-            for n in problem.nodes
+            ProblemNode(n.name, n.labels, cost, n.memory, n.live, n.heavy)
+            for n, cost in zip(problem.nodes, costs, strict=True)
         ),
         problem.edges,
         problem.budget,
