@@ -687,30 +687,38 @@ class _SegmentSearch:
         # order) get the same digest: each node labelled by its costs and all its edges'
         # matrices, then by its neighbours' labels inside (one Weisfeiler-Lehman round);
         # ties keep the given order
-        blake2b, labels = hashlib.blake2b, core.labels
         label: dict[int, bytes] = {}
         for v in key:
-            inner = sorted([d + labels[w] for d, w, _ in core.nears[v] if w in members])
-            label[v] = blake2b(b"".join([labels[v], *inner]), digest_size=16).digest()
+            if members.issuperset(core.around[v]):  # most nodes: the same in every window
+                found = core.whole.get(v)
+                if found is None:
+                    found = core.whole[v] = core.label(v, members)
+                label[v] = found
+            else:
+                label[v] = core.label(v, members)
         order = tuple(key[i] for i in sorted(range(len(key)), key=lambda i: (label[key[i]], i)))
         position = {v: i for i, v in enumerate(order)}
         inside: list[tuple[int, int, np.ndarray]] = []
         outside: list[tuple[int, int, np.ndarray]] = []
+        around: list[int] = []
         parts = [core.costs[v] for v in order]  # then inside edges, then outside ones
-        outside_parts = []
+        outside_parts: list[bytes] = []  # per node: its position and count, their digests
         for i, v in enumerate(order):
+            head = len(outside_parts)
             for d, w, m in core.nears[v]:
                 j = position.get(w)
                 if j is None:
                     outside.append((i, w, m))
-                    outside_parts.append(b"o%d:%s" % (i, d))
+                    around.append(w)
+                    outside_parts.append(d)  # 16 bytes each
                 elif i < j:
                     inside.append((i, j, m))
                     parts += [b"i%d,%d:" % (i, j), d]
-        digest = blake2b(b"".join(parts + outside_parts), digest_size=16).digest()
-        around = tuple(w for _, w, _ in outside)
+            if len(outside_parts) > head:
+                outside_parts.insert(head, b"o%d,%d:" % (i, len(outside_parts) - head))
+        digest = _blake(b"".join(parts + outside_parts))
         reach = tuple(sorted(members.union(around)))
-        window = _Window(order, tuple(inside), tuple(outside), digest, reach, around)
+        window = _Window(order, tuple(inside), tuple(outside), digest, reach, tuple(around))
         self.windows[key] = window
         return window
 
@@ -740,6 +748,10 @@ class _CoreDigests:
         digest (then w)."""
         self.labels: dict[int, bytes] = {}
         """v -> digest of its costs and the matrices of all its edges."""
+        self.around: dict[int, frozenset[int]] = {}
+        """v -> its neighbours."""
+        self.whole: dict[int, bytes] = {}
+        """v -> its `label` in the windows that hold all its neighbours, once made."""
         for v in r.alive:
             near = sorted(
                 ((digests[(v, w)], w, r.matrix(v, w)) for w in r.neighbours[v]),
@@ -747,6 +759,14 @@ class _CoreDigests:
             )
             self.nears[v] = near
             self.labels[v] = _blake(b"".join([self.costs[v], *(d for d, _, _ in near)]))
+            self.around[v] = frozenset(r.neighbours[v])
+
+    def label(self, v: int, members: set[int]) -> bytes:
+        """v's label in a window of `members`: its own, then each edge to a neighbour in
+        the window with that neighbour's (one Weisfeiler-Lehman round, see `_window`)."""
+        labels = self.labels
+        inner = sorted([d + labels[w] for d, w, _ in self.nears[v] if w in members])
+        return _blake(b"".join([labels[v], *inner]))
 
 
 def _blake(data: bytes) -> bytes:

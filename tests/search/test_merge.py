@@ -152,6 +152,84 @@ def test_level_3_refines_the_plan_it_is_handed_instead_of_making_first_plans() -
     assert again.objective <= fresh.objective
 
 
+def repeated_blocks(blocks: int) -> ShardingProblem:
+    """Blocks alike to the bit (a layer's forward, backward and update, its parameter read
+    again) and a hub every block's heavy node reads (a shared constant's broadcast), which
+    every other block's update reads too: windows alike inside but not outside."""
+    nodes: list[ProblemNode] = []
+    edges: list[ProblemEdge] = []
+    k = 3
+
+    def add(name: str, rng: np.random.Generator, heavy: bool = False) -> int:
+        nodes.append(node(name, k, rng, heavy))
+        return len(nodes) - 1
+
+    def link(u: int, v: int, rng: np.random.Generator, backward: bool = False) -> None:
+        cost = rng.random((k, k)).round(4)
+        np.fill_diagonal(cost, 0.0)
+        edges.append(ProblemEdge(u, v, cost, backward))
+
+    hub = add("hub", np.random.default_rng(99))
+    last = add("input", np.random.default_rng(98))
+    for b in range(blocks):
+        rng = np.random.default_rng(7)  # every block the same
+        param, dot = add(f"param{b}", rng), add(f"dot{b}", rng, heavy=True)
+        link(last, dot, rng)
+        link(param, dot, rng)
+        link(hub, dot, rng)
+        left, right, join = add(f"left{b}", rng), add(f"right{b}", rng), add(f"join{b}", rng)
+        for u, v in ((dot, left), (dot, right), (left, join), (right, join)):
+            link(u, v, rng)
+        grad, update = add(f"grad{b}", rng, heavy=True), add(f"update{b}", rng)
+        for u, v in ((join, grad), (dot, grad), (param, grad), (grad, update)):
+            link(u, v, rng)
+        if b % 2:  # windows alike inside, unlike outside
+            link(hub, update, rng)
+        link(param, update, rng)
+        link(update, param, rng, backward=True)
+        last = join
+    return ShardingProblem(tuple(nodes), tuple(edges))
+
+
+def test_windows_share_a_digest_exactly_when_they_are_the_same_problem() -> None:
+    """A window's digest is its answer's key across windows and plans: windows alike in
+    everything but node names (repeated layers) share one, and no two other windows do.
+    "Alike" read off the windows themselves: their nodes' costs in the window's order,
+    the edges inside by position, the edges outside by position and matrix."""
+    from rhino.search.spmd.reduce import initial
+
+    problem = repeated_blocks(12)
+    reduced = initial(problem)  # the windows of the whole graph (reductions make blocks differ)
+    search = merge._SegmentSearch(problem, reduced, BY_SEGMENTS, {})
+    segments = merge._segments(reduced, sorted(reduced.alive), merge.critical_nodes(problem), 4)
+    halves = [(s[: len(s) // 2], s[len(s) // 2 :]) for s in segments]
+    listing = segments + search.coupled(segments, 1) + search.coupled(segments, 2)
+    listing += [halves[i][1] + halves[i + 1][0] for i in range(len(halves) - 1)]
+    windows = list({tuple(nodes): search._window(nodes) for nodes in listing}.values())
+
+    def content(w: merge._Window) -> tuple:
+        def matrix(m: np.ndarray) -> tuple:
+            return (m.shape, np.round(m, 15).tobytes())
+
+        return (
+            tuple(np.round(reduced.cost[v], 15).tobytes() for v in w.nodes),
+            tuple((i, j, matrix(m)) for i, j, m in w.inside),
+            tuple((i, matrix(m)) for i, _, m in w.outside),
+        )
+
+    for w in windows:
+        assert sorted(w.nodes) == sorted(set(w.nodes))
+        assert w.around == tuple(o for _, o, _ in w.outside)
+        assert not set(w.around) & set(w.nodes)
+    shared = 0
+    for a in range(len(windows)):
+        for b in range(a + 1, len(windows)):
+            same = content(windows[a]) == content(windows[b])
+            assert (windows[a].digest == windows[b].digest) == same
+            shared += same
+    assert shared >= 10  # the repeated layers' windows were found alike
+
+
 def plan(name: str, mesh: str, level: str, **kw):
     request = PlanRequest(
         parse_mesh(mesh), load_cluster("m8"), level, **{"solve": TO_THE_END, **kw}
