@@ -687,15 +687,7 @@ class _SegmentSearch:
         # order) get the same digest: each node labelled by its costs and all its edges'
         # matrices, then by its neighbours' labels inside (one Weisfeiler-Lehman round);
         # ties keep the given order
-        label: dict[int, bytes] = {}
-        for v in key:
-            if members.issuperset(core.around[v]):  # most nodes: the same in every window
-                found = core.whole.get(v)
-                if found is None:
-                    found = core.whole[v] = core.label(v, members)
-                label[v] = found
-            else:
-                label[v] = core.label(v, members)
+        label = {v: core.label(v, members) for v in key}
         order = tuple(key[i] for i in sorted(range(len(key)), key=lambda i: (label[key[i]], i)))
         position = {v: i for i, v in enumerate(order)}
         inside: list[tuple[int, int, np.ndarray]] = []
@@ -704,18 +696,18 @@ class _SegmentSearch:
         parts = [core.costs[v] for v in order]  # then inside edges, then outside ones
         outside_parts: list[bytes] = []  # per node: its position and count, their digests
         for i, v in enumerate(order):
-            head = len(outside_parts)
+            out: list[bytes] = []  # 16 bytes each
             for d, w, m in core.nears[v]:
                 j = position.get(w)
                 if j is None:
                     outside.append((i, w, m))
                     around.append(w)
-                    outside_parts.append(d)  # 16 bytes each
+                    out.append(d)
                 elif i < j:
                     inside.append((i, j, m))
                     parts += [b"i%d,%d:" % (i, j), d]
-            if len(outside_parts) > head:
-                outside_parts.insert(head, b"o%d,%d:" % (i, len(outside_parts) - head))
+            if out:
+                outside_parts += [b"o%d,%d:" % (i, len(out)), *out]
         digest = _blake(b"".join(parts + outside_parts))
         reach = tuple(sorted(members.union(around)))
         window = _Window(order, tuple(inside), tuple(outside), digest, reach, tuple(around))
@@ -748,8 +740,8 @@ class _CoreDigests:
         digest (then w)."""
         self.labels: dict[int, bytes] = {}
         """v -> digest of its costs and the matrices of all its edges."""
-        self.around: dict[int, frozenset[int]] = {}
-        """v -> its neighbours."""
+        self.neighbours = r.neighbours
+        """v -> its neighbours (the core's own sets: it does not change during the search)."""
         self.whole: dict[int, bytes] = {}
         """v -> its `label` in the windows that hold all its neighbours, once made."""
         for v in r.alive:
@@ -759,14 +751,21 @@ class _CoreDigests:
             )
             self.nears[v] = near
             self.labels[v] = _blake(b"".join([self.costs[v], *(d for d, _, _ in near)]))
-            self.around[v] = frozenset(r.neighbours[v])
 
     def label(self, v: int, members: set[int]) -> bytes:
         """v's label in a window of `members`: its own, then each edge to a neighbour in
-        the window with that neighbour's (one Weisfeiler-Lehman round, see `_window`)."""
+        the window with that neighbour's (one Weisfeiler-Lehman round, see `_window`).
+        Most nodes of a window have all their neighbours in it: their label is the same
+        in every such window, made once."""
+        whole = members.issuperset(self.neighbours[v])
+        if whole and v in self.whole:
+            return self.whole[v]
         labels = self.labels
         inner = sorted([d + labels[w] for d, w, _ in self.nears[v] if w in members])
-        return _blake(b"".join([labels[v], *inner]))
+        found = _blake(b"".join([labels[v], *inner]))
+        if whole:
+            self.whole[v] = found
+        return found
 
 
 def _blake(data: bytes) -> bytes:
