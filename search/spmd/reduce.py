@@ -82,6 +82,10 @@ class Reduced:
     """Edge -> its matrix when `_fold_separable` last found it not separable (likewise)."""
     dominance: bool = True
     """Are dominated strategies dropped (see `reduce_problem`)?"""
+    finite: bool = False
+    """Was every cost, memory and matrix finite to begin with, with no sum of them near
+    overflow (so nothing is forbidden, and nothing the reductions make is infinite)?
+    Found only where the dominance test is off: `_prune` then has nothing to do."""
 
     def matrix(self, a: int, b: int) -> np.ndarray:
         """The edge matrix oriented a (rows) x b (columns)."""
@@ -130,8 +134,12 @@ def initial(problem: ShardingProblem) -> Reduced:
         neighbours={v: set() for v in range(n)},
         base=[0.0] * n,
     )
+    transposed: dict[int, np.ndarray] = {}  # one view per shared matrix: tested once
     for e in problem.edges:
-        key, m = ((e.u, e.v), e.cost) if e.u < e.v else ((e.v, e.u), e.cost.T)
+        if e.u < e.v:
+            key, m = (e.u, e.v), e.cost
+        else:
+            key, m = (e.v, e.u), transposed.setdefault(id(e.cost), e.cost.T)
         r.edges[key] = r.edges[key] + m if key in r.edges else m
         r.neighbours[e.u].add(e.v)
         r.neighbours[e.v].add(e.u)
@@ -157,6 +165,7 @@ def reduce_problem(
     are far from separable, for problems that share their matrices (O2's windows)."""
     r = initial(problem)
     r.dominance = dominance
+    r.finite = not dominance and _all_finite(r)
     r.counts = dict.fromkeys(
         ("pruned", "separable", "fixed", "leaf", "series", "isolated", "memory_free"), 0
     )
@@ -172,6 +181,21 @@ def reduce_further(r: Reduced) -> None:
     r.dominance = True
     r.unpruned.clear()  # found without the dominance test
     _run(r, sorted(r.alive))
+
+
+OVERFLOW_GUARD = 1e300
+"""Largest |value| times the number of costs and matrices (a bound on any sum the
+reductions make of them) below which `Reduced.finite` holds for finite values."""
+
+
+def _all_finite(r: Reduced) -> bool:
+    """`Reduced.finite` of a core no reduction has run on yet."""
+    arrays = {id(a): a for a in r.cost.values()}
+    arrays.update((id(a), a) for a in r.memory.values())
+    arrays.update((id(a), a) for a in r.edges.values())
+    values = np.concatenate([a.ravel() for a in arrays.values()] or [np.zeros(1)])
+    largest = float(np.abs(values).max())  # nan for nan
+    return math.isfinite(largest) and largest * (len(r.cost) + len(r.edges)) < OVERFLOW_GUARD
 
 
 def _run(r: Reduced, nodes: Iterable[int]) -> None:
@@ -228,6 +252,8 @@ def _memory_free(r: Reduced) -> list[int]:
 
 def _prune(r: Reduced, v: int, push: Callable[[int], None]) -> bool:
     """Drop forbidden and dominated strategies of v; True if any went."""
+    if r.finite and not r.dominance:
+        return False  # nothing is forbidden, and nothing else is tested
     neighbours = sorted(r.neighbours[v])
     read = (r.cost[v], r.memory.get(v), *(r.edges[(min(v, w), max(v, w))] for w in neighbours))
     last = r.unpruned.get(v)
@@ -357,26 +383,27 @@ def _find_inseparable(r: Reduced, known: ByArray[bool] | None = None) -> None:
     oriented from the node it visits: the batch marks only edges that fail its test by
     ten times its tolerance or more, which no orientation's rounding can move); `known`
     has the answers for matrices tested before, and gets those for the others."""
-    todo = []
+    todo: dict[int, tuple[np.ndarray, list[tuple[int, int]]]] = {}  # one test per matrix
     for key, m in r.edges.items():
         if m.ndim != 2 or not m.size:
             continue
         found = known.get(m) if known is not None else None
         if found is None:
-            todo.append((key, m))
+            todo.setdefault(id(m), (m, []))[1].append(key)
         elif found:
             r.inseparable[key] = m
-    for batch, m in stacked(todo):
+    for batch, m in stacked((keys, m) for m, keys in todo.values()):
         with np.errstate(invalid="ignore"):
             a, b = m[:, :, :1], m[:, :1, :] - m[:, :1, :1]
             off = np.abs(m - a - b).max(axis=(1, 2))
             largest = np.abs(m).max(axis=(1, 2))
             far = (~np.isfinite(off) | (off > 10 * SEPARABLE_RTOL * largest)).tolist()
-        for key, is_far in zip(batch, far, strict=True):
+        for keys, is_far in zip(batch, far, strict=True):
+            matrix = r.edges[keys[0]]
             if is_far:
-                r.inseparable[key] = r.edges[key]
+                r.inseparable.update(dict.fromkeys(keys, matrix))
             if known is not None:
-                known.put(r.edges[key], is_far)
+                known.put(matrix, is_far)
 
 
 def _fold_separable(r: Reduced, v: int, push: Callable[[int], None]) -> bool:

@@ -3,6 +3,8 @@ problem alone, and any plan of the reduced core, expanded, costs what the core s
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -64,3 +66,58 @@ def test_reducing_further_with_dominance_keeps_the_optimum(seed: int) -> None:
     assert problem.evaluate(choice).objective == pytest.approx(
         solve_brute_force(problem).objective, abs=1e-12
     )
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_without_the_dominance_test_forbidden_strategies_still_go(seed: int) -> None:
+    rng = np.random.default_rng(400 + seed)
+    n = 5  # a clique: no node is a leaf or a chain link
+    nodes = [
+        ProblemNode(f"n{v}", ("a", "b", "c"), rng.random(3).round(3), np.ones(3)) for v in range(n)
+    ]
+    edges = tuple(
+        ProblemEdge(u, v, rng.random((3, 3)).round(3)) for u in range(n) for v in range(u + 1, n)
+    )
+    assert reduce_problem(ShardingProblem(tuple(nodes), edges), dominance=False).finite
+    v = seed % n
+    gone = nodes[v].cost.copy()
+    gone[rng.permutation(3)[:2]] = np.inf  # two of v's three strategies are forbidden
+    nodes[v] = dataclasses.replace(nodes[v], cost=gone)
+    problem = ShardingProblem(tuple(nodes), edges)
+    reduced = reduce_problem(problem, dominance=False)
+    assert not reduced.finite
+    assert all(np.isfinite(cost).all() for cost in reduced.cost.values())
+    core = solve_brute_force(core_problem(problem, reduced))
+    ids = sorted(reduced.alive)
+    choice = reduced.expand({u: core.choice[i] for i, u in enumerate(ids)})
+    assert np.isfinite(gone[choice[v]])
+    assert problem.evaluate(choice).objective == pytest.approx(
+        solve_brute_force(problem).objective, abs=1e-12
+    )
+
+
+def test_edges_sharing_one_matrix_reduce_as_their_copies_do() -> None:
+    """Edges that share a matrix object, either way round (as the builder makes them), are
+    tested for separability once, and reduce to exactly what copies of it reduce to."""
+    rng = np.random.default_rng(7)
+    shared = rng.random((3, 3)).round(3)
+    n = 12
+    nodes = tuple(
+        ProblemNode(f"n{v}", ("a", "b", "c"), rng.random(3).round(3), np.ones(3)) for v in range(n)
+    )
+    pairs = [
+        (v, (v + step) % n) if (v + step) % 2 else ((v + step) % n, v)
+        for v in range(n)
+        for step in (1, 3, 5)
+    ]
+    together = ShardingProblem(nodes, tuple(ProblemEdge(u, v, shared) for u, v in pairs))
+    apart = ShardingProblem(nodes, tuple(ProblemEdge(u, v, shared.copy()) for u, v in pairs))
+    one, other = reduce_problem(together, dominance=False), reduce_problem(apart, dominance=False)
+    assert one.alive == other.alive and one.alive
+    assert one.edges.keys() == other.edges.keys()
+    for key, m in one.edges.items():
+        np.testing.assert_array_equal(m, other.edges[key])
+    for v, cost in one.cost.items():
+        np.testing.assert_array_equal(cost, other.cost[v])
+    assert one.offset == other.offset
+    assert one.inseparable.keys() == other.inseparable.keys()
