@@ -189,22 +189,15 @@ reductions make of them) below which `Reduced.finite` holds for finite values.""
 
 
 def _all_finite(r: Reduced) -> bool:
-    """`Reduced.finite` of a core no reduction has run on yet (its arrays read a few MB
-    at a time: a whole copy of T5-large's would be 100 MB more peak memory)."""
+    """`Reduced.finite` of a core no reduction has run on yet (its arrays read a stack at a
+    time: a whole copy of T5-large's would be 100 MB more peak memory)."""
     arrays = {id(a): a for a in r.cost.values()}
     arrays.update((id(a), a) for a in r.memory.values())
     arrays.update((id(a), a) for a in r.edges.values())
     limit = OVERFLOW_GUARD / max(1, len(r.cost) + len(r.edges))
-    run: list[np.ndarray] = []
-    held = 0
-    for i, a in enumerate(arrays.values(), 1):
-        run.append(a.ravel())
-        held += a.size
-        if held >= STACK_BYTES // 8 or i == len(arrays):
-            largest = float(np.abs(np.concatenate(run)).max(initial=0.0))  # nan for nan
-            if not largest < limit:
-                return False
-            run, held = [], 0
+    for _, stack in stacked((None, a) for a in arrays.values()):
+        if not float(np.abs(stack).max(initial=0.0)) < limit:  # nan or inf: not below
+            return False
     return True
 
 
