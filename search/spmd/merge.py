@@ -84,6 +84,7 @@ from rhino.search.spmd.ahead import Ahead, window_answer
 from rhino.search.spmd.identity import ByArray
 from rhino.search.spmd.lp import MIN_CPSAT_S, TIE_BREAK_S_PER_BYTE, WarmStart
 from rhino.search.spmd.reduce import Reduced, reduce_further, reduce_problem, stacked
+from rhino.search.spmd.replay import Recording, recorded, replayed
 from rhino.search.spmd.solver import (
     core_choice,
     core_problem,
@@ -242,7 +243,7 @@ def solve_merged(
     clock = time.perf_counter()
     # dominated strategies stay: the refinement's windows settle them themselves, and
     # finding them on a 40k-node graph takes as long as the rest of the reductions
-    reduced = reduce_problem(tie_broken(problem), dominance=False)
+    reduced = memo.reduced(problem)
     pairs = sum(m.size for m in reduced.edges.values())
     whole_core_pairs = options.tuning.whole_core_pairs
     if pairs <= 2 * whole_core_pairs:  # the whole-core ILP's: as small a core as can be
@@ -404,6 +405,23 @@ class SearchMemo:
     structures: dict[bytes, tuple[Critical, Sizes]] = field(default_factory=dict)
     """Digest of a problem's shape (nodes, edges, which are backward, which nodes are
     heavy: what `structure` reads) -> its `structure`."""
+    record: bool = False
+    """Record the first problem's whole-graph reductions, for later ones to replay
+    (`rhino.search.spmd.replay`): where this process solves later problems of the graph
+    (what is recorded is about as large as the problem)."""
+    recording: Recording | None = None
+
+    def reduced(self, problem: ShardingProblem) -> Reduced:
+        """`reduce_problem(tie_broken(problem), dominance=False)`: with `record`, the first
+        problem's run recorded and a later one's replayed from it where it can be."""
+        if self.recording is not None:
+            found = replayed(self.recording, problem)
+            if found is not None:
+                return found
+        elif self.record:
+            reduced, self.recording = recorded(problem)
+            return reduced
+        return reduce_problem(tie_broken(problem), dominance=False)
 
     def structure(self, problem: ShardingProblem) -> tuple[Critical, Sizes]:
         """`structure(problem)`, computed once per shape."""

@@ -55,6 +55,7 @@ from rhino.search.spmd.plan import (
     mesh_use_warnings,
     module_hash,
 )
+from rhino.search.spmd.replay import Recording
 from rhino.search.spmd.reshard import reshard
 from rhino.search.spmd.solver import PROVEN_GAP, check_budget, solve_ilp
 from rhino.search.spmd.spec import ShardingSpec, SpecError
@@ -182,6 +183,8 @@ def plan_combined(
         and request.memory_mode != "largest"  # its search reads the graph
         and multiprocessing.parent_process() is None  # a worker of --devices: no more
     )
+    if memo is not None:  # later plans made here replay the first one's reductions
+        memo.record = not apart
 
     def plan_with(closed: frozenset[GroupKey], parent: frozenset[GroupKey] | None) -> Plan:
         clock = time.perf_counter()
@@ -344,6 +347,11 @@ def _changed(first: ShardingProblem, changes: Changes) -> ShardingProblem:
 
 _FIRST: list[ShardingProblem] = []
 """In a worker process of `plan_combined`: the first problem, which later ones vary."""
+_RECORDING: list[Recording | None] = [None]
+"""In a worker process of `plan_combined`: the whole-graph reductions of the first
+problem it solved, which the later ones replay (`SearchMemo.recording`; sending the
+main process' would cost more than it saves: 75 MB and 1 s to pickle on the 48-layer
+GPT-2)."""
 
 
 def _remember_first(problem: ShardingProblem) -> None:
@@ -365,9 +373,12 @@ def _solve_apart(
     solved that the memo it was given did not have, and the basis its LP ended with."""
     changes, request, options, windows, structures, start, basis = work
     problem = _changed(_FIRST[0], changes)
-    memo = SearchMemo(windows=dict(windows), structures=dict(structures))
+    memo = SearchMemo(
+        windows=dict(windows), structures=dict(structures), record=True, recording=_RECORDING[0]
+    )
     warm = WarmStart(start=basis, plan=start)
     solution = _solve(None, problem, request, options, memo, warm)
+    _RECORDING[0] = memo.recording
     return solution, {k: v for k, v in memo.windows.items() if k not in windows}, warm.found
 
 

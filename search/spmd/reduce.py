@@ -44,8 +44,13 @@ WHOLE_BYTES = 1e-9
 """A memory term within this above a whole number of bytes (float sums of byte counts)
 rounds down to it in the memory rows' integer terms."""
 MAX_SERIES_WORK = 2_000_000
-K = TypeVar("K")
 """Largest s_u * s_v * s_w table for eliminating a chain link."""
+K = TypeVar("K")
+KEPT, FOLDED, FIXED, ISOLATED, LEAF, SERIES = range(6)
+"""The kinds of step `Reduced.log` records: (KEPT, v, w) an edge found not separable from
+v; (FOLDED, v, w, cost of v, cost of w) one folded; (FIXED, v, neighbours, their costs);
+(ISOLATED, v, trail step, cost paid); (LEAF, v, u, table, cost of u); (SERIES, v, u, w,
+table, matrix of (u, w))."""
 
 
 @dataclass
@@ -86,6 +91,9 @@ class Reduced:
     """Was every cost, memory and matrix finite to begin with, with no sum of them near
     overflow (so nothing is forbidden, and nothing the reductions make is infinite)?
     Found only where the dominance test is off: `_prune` then has nothing to do."""
+    log: list[tuple] | None = None
+    """Where the run is recorded (`rhino.search.spmd.replay`): each step as it is taken,
+    with the arrays it made."""
 
     def matrix(self, a: int, b: int) -> np.ndarray:
         """The edge matrix oriented a (rows) x b (columns)."""
@@ -155,22 +163,35 @@ def initial(problem: ShardingProblem) -> Reduced:
 
 
 def reduce_problem(
-    problem: ShardingProblem, dominance: bool = True, far: ByArray[bool] | None = None
+    problem: ShardingProblem,
+    dominance: bool = True,
+    far: ByArray[bool] | None = None,
+    record: bool = False,
 ) -> Reduced:
     """Apply every exact reduction until none applies. InfeasibleError when a node has
     no allowed strategy left. Without `dominance`, dominated strategies stay (forbidden
     ones still go): on the small problems of O2's windows the ILP settles them faster
     than the test does, and O2's refinement of a large core does not need them gone
     (`reduce_further` drops them later if wanted). `far` remembers which edge matrices
-    are far from separable, for problems that share their matrices (O2's windows)."""
-    r = initial(problem)
+    are far from separable, for problems that share their matrices (O2's windows). With
+    `record`, the run's steps go to `Reduced.log` where it can be replayed (no dominance
+    test, no budget, every value finite: `rhino.search.spmd.replay`)."""
+    return reduce_core(initial(problem), dominance, far, record)
+
+
+def reduce_core(
+    r: Reduced, dominance: bool = True, far: ByArray[bool] | None = None, record: bool = False
+) -> Reduced:
+    """`reduce_problem` of the core `initial` made (in place)."""
     r.dominance = dominance
     r.finite = not dominance and _all_finite(r)
+    if record and r.finite and r.problem.budget is None:
+        r.log = []
     r.counts = dict.fromkeys(
         ("pruned", "separable", "fixed", "leaf", "series", "isolated", "memory_free"), 0
     )
     _find_inseparable(r, far)
-    _run(r, range(len(problem.nodes)))
+    _run(r, range(len(r.problem.nodes)))
     return r
 
 
@@ -179,6 +200,7 @@ def reduce_further(r: Reduced) -> None:
     if r.dominance:
         return
     r.dominance = True
+    r.log = None  # what is recorded is the run without the test
     r.unpruned.clear()  # found without the dominance test
     _run(r, sorted(r.alive))
 
@@ -194,8 +216,17 @@ def _all_finite(r: Reduced) -> bool:
     arrays = {id(a): a for a in r.cost.values()}
     arrays.update((id(a), a) for a in r.memory.values())
     arrays.update((id(a), a) for a in r.edges.values())
-    limit = OVERFLOW_GUARD / max(1, len(r.cost) + len(r.edges))
-    for _, stack in stacked((None, a) for a in arrays.values()):
+    return finite_below(arrays.values(), overflow_limit(r))
+
+
+def overflow_limit(r: Reduced) -> float:
+    """The largest |value| a core's arrays may hold for `Reduced.finite`."""
+    return OVERFLOW_GUARD / max(1, len(r.cost) + len(r.edges))
+
+
+def finite_below(arrays: Iterable[np.ndarray], limit: float) -> bool:
+    """Is every value of the arrays finite and below `limit` in magnitude?"""
+    for _, stack in stacked((None, a) for a in arrays):
         if not float(np.abs(stack).max(initial=0.0)) < limit:  # nan or inf: not below
             return False
     return True
@@ -412,27 +443,40 @@ def _find_inseparable(r: Reduced, known: ByArray[bool] | None = None) -> None:
 def _fold_separable(r: Reduced, v: int, push: Callable[[int], None]) -> bool:
     """Fold every edge of v whose matrix is a[k] + b[l] into the two nodes' costs."""
     folded = False
+    log = r.log
     for w in sorted(r.neighbours[v]):
         key = (min(v, w), max(v, w))
         if r.inseparable.get(key) is r.edges[key]:
+            if log is not None:
+                log.append((KEPT, v, w))
             continue  # found not separable before, and unchanged since
-        m = r.matrix(v, w)
-        # C - (a + b), nan or inf where C is not finite (a forbidden pair: not separable;
-        # `_run` silences numpy's warning of it)
-        a, b = m[:, 0], m[0, :] - m[0, 0]
-        off = float(np.abs(m - a[:, None] - b[None, :]).max())
-        if off != 0.0 and not (
-            math.isfinite(off) and off <= SEPARABLE_RTOL * float(np.abs(m).max())
-        ):
+        terms = separable_terms(r.matrix(v, w))
+        if terms is None:
             r.inseparable[key] = r.edges[key]
+            if log is not None:
+                log.append((KEPT, v, w))
             continue
+        a, b = terms
         r.cost[v] = r.cost[v] + a
         r.cost[w] = r.cost[w] + b
+        if log is not None:
+            log.append((FOLDED, v, w, r.cost[v], r.cost[w]))
         _remove_edge(r, v, w)
         r.counts["separable"] += 1
         push(w)
         folded = True
     return folded
+
+
+def separable_terms(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a, b) with m[k, l] = a[k] + b[l] (within SEPARABLE_RTOL of max |m|), or None."""
+    # C - (a + b), nan or inf where C is not finite (a forbidden pair: not separable;
+    # `_run` silences numpy's warning of it)
+    a, b = m[:, 0], m[0, :] - m[0, 0]
+    off = float(np.abs(m - a[:, None] - b[None, :]).max())
+    if off != 0.0 and not (math.isfinite(off) and off <= SEPARABLE_RTOL * float(np.abs(m).max())):
+        return None
+    return a, b
 
 
 def _remove_edge(r: Reduced, a: int, b: int) -> None:
@@ -460,7 +504,7 @@ def _smallest(r: Reduced, v: int) -> np.ndarray | None:
     return np.flatnonzero(r.memory[v] == 0)
 
 
-def _best(table: np.ndarray, small: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+def cheapest(table: np.ndarray, small: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
     """Min over axis 1 of `table` and its argmin, taken among `small` only; None when that
     is dearer than the min over all (so memory would have to be traded for cost)."""
     if small is None:
@@ -479,26 +523,32 @@ def _eliminate(r: Reduced, v: int, push: Callable[[int], None]) -> None:
     neighbours = sorted(r.neighbours[v])
     small = _smallest(r, v)
     cost = r.cost[v]
+    log = r.log
     if len(cost) == 1:
         for w in neighbours:
             r.cost[w] = r.cost[w] + r.matrix(w, v)[:, 0]
             _remove_edge(r, v, w)
             push(w)
+        if log is not None:
+            log.append((FIXED, v, tuple(neighbours), tuple(r.cost[w] for w in neighbours)))
         _kill(r, v, ("fixed", v, int(r.keep[v][0])), cost[0], "fixed")
     elif not neighbours:
-        found = _best(cost[None, :], small)
+        found = cheapest(cost[None, :], small)
         if found is not None:
             best, pick = found
-            _kill(r, v, ("fixed", v, int(r.keep[v][pick[0]])), best[0], "isolated")
+            step = ("fixed", v, int(r.keep[v][pick[0]]))
+            if log is not None:
+                log.append((ISOLATED, v, step, best[0]))
+            _kill(r, v, step, best[0], "isolated")
     elif len(neighbours) == 1:
         (u,) = neighbours
-        found = _best(r.matrix(u, v) + cost[None, :], small)
-        if found is None:
+        leaf = leaf_terms(r, u, v, small)
+        if leaf is None:
             return
-        best, pick = found
-        table = np.full(len(r.problem.nodes[u].labels), -1)
-        table[r.keep[u]] = r.keep[v][pick]
+        best, table = leaf
         r.cost[u] = r.cost[u] + best
+        if log is not None:
+            log.append((LEAF, v, u, table, r.cost[u]))
         _remove_edge(r, u, v)
         _kill(r, v, ("leaf", v, u, table), 0.0, "leaf")
         push(u)
@@ -507,26 +557,57 @@ def _eliminate(r: Reduced, v: int, push: Callable[[int], None]) -> None:
         a, b = r.matrix(u, v), r.matrix(v, w)
         if a.shape[0] * a.shape[1] * b.shape[1] > MAX_SERIES_WORK:
             return
-        su, sw = a.shape[0], b.shape[1]
-        # [k_u, l, k_w], each term (a + c) + b as a[:, :, None] + c + b sums it
-        joint = (a + cost[None, :])[:, :, None] + b[None, :, :]
-        found = _best(joint.transpose(0, 2, 1).reshape(su * sw, -1), small)
-        if found is None:
+        series = series_terms(r, u, v, w, small)
+        if series is None:
             return
-        best, pick = found
-        picked = r.keep[v][pick].reshape(su, sw)
-        shape = (len(r.problem.nodes[u].labels), len(r.problem.nodes[w].labels))
-        if (su, sw) == shape:  # nothing pruned: original indices are remaining ones
-            table = picked
-        else:
-            table = np.full(shape, -1)
-            table[np.ix_(r.keep[u], r.keep[w])] = picked
+        best, table = series
         _remove_edge(r, u, v)
         _remove_edge(r, v, w)
-        _add_to_edge(r, u, w, best.reshape(su, sw))
+        _add_to_edge(r, u, w, best)
+        if log is not None:
+            log.append((SERIES, v, u, w, table, r.edges[(u, w)]))
         _kill(r, v, ("series", v, u, w, table), 0.0, "series")
         push(u)
         push(w)
+
+
+def leaf_terms(
+    r: Reduced, u: int, v: int, small: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Leaf v folded into its one neighbour u: what u's costs gain, and v's best strategy
+    (original index) for each of u's (-1 where u's was pruned); None where memory would
+    have to be traded for cost (see `_best`)."""
+    found = cheapest(r.matrix(u, v) + r.cost[v][None, :], small)
+    if found is None:
+        return None
+    best, pick = found
+    table = np.full(len(r.problem.nodes[u].labels), -1)
+    table[r.keep[u]] = r.keep[v][pick]
+    return best, table
+
+
+def series_terms(
+    r: Reduced, u: int, v: int, w: int, small: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Chain link v (neighbours u < w) eliminated: the matrix between u and w it leaves
+    (u's strategies rows), and v's best strategy (original index) for each pair of
+    theirs; None as `leaf_terms`."""
+    a, b = r.matrix(u, v), r.matrix(v, w)
+    su, sw = a.shape[0], b.shape[1]
+    # [k_u, l, k_w], each term (a + c) + b as a[:, :, None] + c + b sums it
+    joint = (a + r.cost[v][None, :])[:, :, None] + b[None, :, :]
+    found = cheapest(joint.transpose(0, 2, 1).reshape(su * sw, -1), small)
+    if found is None:
+        return None
+    best, pick = found
+    picked = r.keep[v][pick].reshape(su, sw)
+    shape = (len(r.problem.nodes[u].labels), len(r.problem.nodes[w].labels))
+    if (su, sw) == shape:  # nothing pruned: original indices are remaining ones
+        table = picked
+    else:
+        table = np.full(shape, -1)
+        table[np.ix_(r.keep[u], r.keep[w])] = picked
+    return best.reshape(su, sw), table
 
 
 def _kill(r: Reduced, v: int, step: tuple, paid: float, kind: str) -> None:

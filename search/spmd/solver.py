@@ -229,28 +229,28 @@ def core_choice(
     return picks
 
 
-def tie_broken(problem: ShardingProblem) -> ShardingProblem:
-    """The problem where ties go to less memory (see _solve)."""
+def tie_broken(
+    problem: ShardingProblem, like: tuple[ShardingProblem, ShardingProblem] | None = None
+) -> ShardingProblem:
+    """The problem where ties go to less memory (see _solve). `like`: a problem of the
+    same graph and its tie-broken one, whose nodes are taken where `problem` has the
+    same node objects."""
     # nodes alike in kind and weight share their arrays (`rhino.search.spmd.planner`), and
     # then their tie-broken costs: made once, never written to (the problem holds the
     # arrays whose ids key it while it runs)
     broken: dict[tuple[int, int], np.ndarray] = {}
-    costs = []
-    for n in problem.nodes:
+    nodes = []
+    for v, n in enumerate(problem.nodes):
+        if like is not None and like[0].nodes[v] is n:
+            nodes.append(like[1].nodes[v])
+            continue
         key = (id(n.cost), id(n.memory))
         cost = broken.get(key)
         if cost is None:
             cost = broken[key] = n.cost + TIE_BREAK_S_PER_BYTE * n.memory
-        costs.append(cost)
-    return ShardingProblem(
-        tuple(  # the constructor itself: dataclasses.replace costs 3x as much per node
-            ProblemNode(n.name, n.labels, cost, n.memory, n.live, n.heavy)
-            for n, cost in zip(problem.nodes, costs, strict=True)
-        ),
-        problem.edges,
-        problem.budget,
-        problem.constant_memory,
-    )
+        # the constructor itself: dataclasses.replace costs 3x as much per node
+        nodes.append(ProblemNode(n.name, n.labels, cost, n.memory, n.live, n.heavy))
+    return ShardingProblem(tuple(nodes), problem.edges, problem.budget, problem.constant_memory)
 
 
 @dataclass(frozen=True)
