@@ -576,7 +576,7 @@ def leaf_terms(
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Leaf v folded into its one neighbour u: what u's costs gain, and v's best strategy
     (original index) for each of u's (-1 where u's was pruned); None where memory would
-    have to be traded for cost (see `_best`)."""
+    have to be traded for cost (see `cheapest`)."""
     found = cheapest(r.matrix(u, v) + r.cost[v][None, :], small)
     if found is None:
         return None

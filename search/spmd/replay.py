@@ -217,12 +217,12 @@ class _Replay:
             if kind == KEPT or kind == FOLDED:
                 w = step[2]
                 key = (min(v, w), max(v, w))
-                if key in changed_edges and not self._tested(key, v, w, kind == FOLDED):
-                    return False
                 if kind == KEPT:
+                    if key in changed_edges and self._terms(key, v, w) is not None:
+                        return False
                     continue
                 if key in changed_edges or v in changed_costs or w in changed_costs:
-                    terms = separable_terms(r.matrix(v, w))
+                    terms = self._terms(key, v, w)
                     if terms is None:
                         return False
                     cost[v] = self._cost(v, cost[v] + terms[0], step[3])
@@ -260,36 +260,36 @@ class _Replay:
                 first, second = (min(u, v), max(u, v)), (min(v, w), max(v, w))
                 joined = (u, w)  # u < w
                 old = edges.get(joined)
-                if (
+                remade = (
                     first in changed_edges
                     or second in changed_edges
                     or v in changed_costs
                     or (old is not None and joined in changed_edges)
-                ):
+                )
+                if remade:
                     best, table = series_terms(r, u, v, w)  # type: ignore[misc]
+                self._drop(first)
+                self._drop(second)
+                if remade:
                     made = old + best if old is not None else best.copy()
-                    self._drop(first)
-                    self._drop(second)
                     edges[joined] = self._matrix(joined, made, step[5])
                 else:
-                    self._drop(first)
-                    self._drop(second)
                     edges[joined] = step[5]
                     changed_edges.discard(joined)
                 self._kill(v, ("series", v, u, w, table), 0.0)
         return True
 
-    def _tested(self, key: tuple[int, int], v: int, w: int, separable: bool) -> bool:
-        """Does the changed edge `key`, tested from v, come out `separable` as recorded?
-        (One found not separable is not tested again while its matrix stays, as
-        `reduce._fold_separable` does.)"""
+    def _terms(self, key: tuple[int, int], v: int, w: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """`separable_terms` of edge `key` oriented from v (None: not separable). A changed
+        matrix found not separable is not tested again while it stays, as
+        `reduce._fold_separable` does."""
         matrix = self.r.edges[key]
         if self.inseparable.get(key) is matrix:
-            return not separable
-        if separable_terms(self.r.matrix(v, w)) is None:
+            return None
+        terms = separable_terms(self.r.matrix(v, w))
+        if terms is None and key in self.dirty_edges:
             self.inseparable[key] = matrix
-            return not separable
-        return separable
+        return terms
 
     def _cost(self, v: int, made: np.ndarray, recorded: np.ndarray) -> np.ndarray:
         """v's new cost `made`: the recorded array where it is the same, bit for bit."""
