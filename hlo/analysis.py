@@ -235,13 +235,13 @@ def _scalar(inst: Instruction | None) -> float | None:
     ):
         return None
     from rhino.hlo.errors import TextError
-    from rhino.hlo.literal import decode_literal
+    from rhino.hlo.literal import decode_scalar
 
-    try:
-        value = decode_literal(inst.literal, inst.shape)
+    try:  # not decode_literal: numpy's import is a sixth of `rhino parse`
+        value = decode_scalar(inst.literal, inst.shape)
     except TextError:
         return None
-    return None if value is None else float(value.reshape(()))
+    return None if value is None or isinstance(value, complex) else float(value)
 
 
 def _tuple_element(inst: Instruction, index: int) -> Instruction | None:

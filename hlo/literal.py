@@ -45,18 +45,33 @@ def check_literal(text: str, shape: Shape) -> None:
     _read(text, shape, build=False)
 
 
+def decode_scalar(text: str, shape: Shape) -> bool | int | float | complex | None:
+    """The value of a literal of one element (an array `shape` whose numel is 1) as a
+    Python bool, int, float or complex, read as `decode_literal` reads it but without
+    numpy (a trip count in `rhino parse`); None where it is elided. TextError if not."""
+    if text.strip() == "{...}" or shape.dtype == "token":
+        return None
+    reader = _reader(text, build=False)
+    values: list[Any] = []
+    reader.array(shape, 0, values)
+    reader.finish()
+    return values[0]
+
+
 def _read(text: str, shape: Shape, *, build: bool) -> Any:
     if text.strip() == "{...}":
         return None
+    reader = _reader(text, build=build)
+    value = reader.literal(shape)
+    reader.finish()
+    return value
+
+
+def _reader(text: str, *, build: bool) -> _Reader:
     tokens = [
         (m.group(0), m.start()) for m in _TOKEN.finditer(text) if not m.group(0).startswith("/*")
     ]
-    reader = _Reader(tokens, text, build=build)
-    value = reader.literal(shape)
-    if reader.i != len(tokens):
-        tok, pos = tokens[reader.i]
-        raise TextError(f"unexpected {tok!r} after the end of the literal", pos)
-    return value
+    return _Reader(tokens, text, build=build)
 
 
 class _Reader:
@@ -66,6 +81,12 @@ class _Reader:
         self.i = 0
         self.build = build
         """Return numpy arrays; else None where numpy would surely accept the values."""
+
+    def finish(self) -> None:
+        """Raise TextError where tokens are left after the literal."""
+        if self.i != len(self.tokens):
+            tok, pos = self.tokens[self.i]
+            raise TextError(f"unexpected {tok!r} after the end of the literal", pos)
 
     def peek(self) -> tuple[str, int]:
         if self.i >= len(self.tokens):

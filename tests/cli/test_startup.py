@@ -22,7 +22,7 @@ HEAVY = (
     "jaxlib",
     "matplotlib",
     "pandas",
-    "numpy",  # a module without loops needs no array (trip counts, replica groups do)
+    "numpy",  # no array is needed to parse (replica groups of collectives aside)
 )
 
 PROBE = """

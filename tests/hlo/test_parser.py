@@ -295,6 +295,57 @@ def test_check_literal_raises_what_decode_literal_raises(literal: str, shape: st
     assert outcome(check_literal) == outcome(decode_literal)
 
 
+@pytest.mark.parametrize(
+    ("literal", "shape"),
+    [
+        ("7", "s32[]"),
+        ("-3", "s64[]"),
+        ("{4}", "u32[1]"),
+        ("{{2.5}}", "f32[1,1]"),
+        ("true", "pred[]"),
+        ("0", "pred[]"),
+        ("-inf", "f32[]"),
+        ("1e-05", "bf16[]"),
+        ("{...}", "f32[1]"),
+        ("(1, 2)", "c64[]"),
+        ("{1, 2}", "s32[1]"),
+        ("{1} 2", "s32[1]"),
+        ("maybe", "pred[]"),
+        ("", "f32[]"),
+    ],
+)
+def test_decode_scalar_reads_what_decode_literal_reads(literal: str, shape: str) -> None:
+    """The numpy-free reading of a one-element literal (`rhino parse`'s trip counts):
+    the same value, or the same error."""
+    from rhino.hlo.literal import decode_literal, decode_scalar
+
+    def outcome(read) -> object:  # type: ignore[no-untyped-def]
+        try:
+            value = read(literal, parse_shape(shape))
+        except Exception as e:
+            return type(e), str(e), getattr(e, "offset", None)
+        return None if value is None else complex(value.reshape(()).item())
+
+    def scalar(text, s):  # type: ignore[no-untyped-def]
+        value = decode_scalar(text, s)
+        return None if value is None else _AsArray(value)
+
+    assert outcome(scalar) == outcome(decode_literal)
+
+
+class _AsArray:
+    """What `outcome` reads of an array, for a Python value."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def reshape(self, _: object) -> _AsArray:
+        return self
+
+    def item(self) -> object:
+        return self.value
+
+
 def test_eager_parse_verify_and_summary_import_no_numpy() -> None:
     import subprocess
     import sys
@@ -309,14 +360,15 @@ def test_eager_parse_verify_and_summary_import_no_numpy() -> None:
         "summarize(module)\n"
         "print('numpy' in sys.modules)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe, str(ROOT / "examples" / "mlp.hlo")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False"
+    for example in ("mlp.hlo", "gpt_scan_tiny.hlo"):  # the second has loops: trip counts
+        done = subprocess.run(
+            [sys.executable, "-c", probe, str(ROOT / "examples" / example)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "False", example
 
 
 def test_an_eager_parse_locates_each_copy_of_a_repeated_attribute_tail() -> None:
