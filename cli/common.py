@@ -274,8 +274,8 @@ def stdout_is_terminal() -> bool:
 def emit_json(command: str, payload: dict[str, Any]) -> None:
     """Print `{"schema": "rhino.<command>/<version>", "versions": {...}, ...payload}` on
     stdout; "versions" names the rhino, jax, jaxlib and Python that produced it."""
+    from rhino.hlo.jsonable import jsonable
     from rhino.runtime.environment import versions
-    from rhino.search.spmd.plan import jsonable
 
     doc = {
         "schema": f"rhino.{command}/{JSON_SCHEMA_VERSION}",

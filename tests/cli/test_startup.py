@@ -61,7 +61,14 @@ def loaded_by(*args: str) -> list[str]:
     return done.stdout.split()
 
 
-@pytest.mark.parametrize("args", [["--help"], ["parse", str(ROOT / "examples" / "mlp.hlo")]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["parse", str(ROOT / "examples" / "mlp.hlo")],
+        ["parse", str(ROOT / "examples" / "gpt_scan_tiny.hlo"), "--json"],
+    ],
+)
 def test_help_and_parse_import_no_heavy_library(args: list[str]) -> None:
     assert loaded_by(*args) == []
 

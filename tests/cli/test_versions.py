@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from importlib import metadata
+from pathlib import Path
 
 import jax
 import jaxlib
@@ -56,3 +57,24 @@ def test_versions_outside_the_tested_range_are_named() -> None:
         environment.untested_jax({**found, "jaxlib": "0.13.0"}) or ""
     )
     assert "jax none" in (environment.untested_jax({**found, "jax": "none"}) or "")
+
+
+@pytest.mark.parametrize("name", ["rhino", "jax", "jaxlib", "click", "nosuchpackage"])
+def test_installed_versions_read_from_folders_are_importlib_metadatas(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`versions()` reads NAME-VERSION.dist-info folder names on sys.path (not importing
+    importlib.metadata): the version importlib.metadata gives, the first on sys.path where
+    two are installed, and importlib.metadata's answer where no folder names one."""
+    try:
+        expected = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        expected = "none"
+    assert environment._installed_version(name) == expected
+    shadow = tmp_path / f"{name.upper()}-9.9.dist-info"  # found first, any case
+    shadow.mkdir()
+    (shadow / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 9.9\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert environment._installed_version(name) == metadata.version(name) == "9.9"
+    shadow.rename(tmp_path / "elsewhere")
+    assert environment._installed_version(name) == expected

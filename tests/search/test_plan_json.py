@@ -12,10 +12,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
+from rhino.hlo.jsonable import jsonable
 from rhino.hlo.parser import parse_file
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import DeviceMesh, parse_mesh
-from rhino.search.spmd.plan import MeshUse, Plan, jsonable, mesh_use
+from rhino.search.spmd.plan import MeshUse, Plan, mesh_use
 from rhino.search.spmd.planner import PlanRequest, make_plan
 from rhino.search.spmd.spec import parse_spec
 from rhino.search.spmd.strategy import dividing_axes, work_fraction

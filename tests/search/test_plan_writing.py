@@ -12,6 +12,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from rhino.hlo.jsonable import jsonable
 from rhino.hlo.parser import parse_file
 from rhino.hlo.printer import print_module
 from rhino.search.cluster import load_cluster
@@ -25,7 +26,6 @@ from rhino.search.spmd.plan import (
     InstructionPlan,
     PlannedCollective,
     PlannedReshard,
-    jsonable,
     module_hash,
 )
 from rhino.search.spmd.planner import PlanRequest, to_plan, to_problem
