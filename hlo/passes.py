@@ -82,14 +82,18 @@ def _inline(
             calls = [i for i in comp.instructions if i.opcode in opcodes and len(i.called) == 1]
             if not calls:
                 break
-            for call in calls:
-                _inline_one(comp, call, used, origin)
+            # in order: a call that is another's operand is replaced by its body's root
+            # before the other is inlined
+            comp.splice({call: _inline_one(comp, call, used, origin) for call in calls})
     return drop_unreachable(out)
 
 
 def _inline_one(
     comp: Computation, call: Instruction, used: _Names, origin: dict[str, str] | None
-) -> None:
+) -> list[Instruction]:
+    """The body of `call`'s computation cloned, its parameters the call's operands, and
+    the call's users now using the clone of its root; the clones, for `comp.splice` to
+    put where the call is."""
     callee = call.called[0]
     mapping: dict[int, Instruction] = {}
     clones: list[Instruction] = []
@@ -112,13 +116,12 @@ def _inline_one(
         mapping[id(inst)] = clone
         if origin is not None:
             origin[clone.name] = origin.get(call.name, call.name)
-    comp.insert_all_before(call, clones)
     assert callee.root is not None
     result = mapping[id(callee.root)]
     call.replace_all_uses_with(result)
     if comp.root is call:
         comp.root = result
-    comp.remove(call)
+    return clones
 
 
 class _Names:
