@@ -409,9 +409,12 @@ class Computation:
         the list, where an `insert_all_before` and a `remove` for each searched it (the
         538 calls inlined into T5-large's 26k-instruction entry: a tenth of its graph's
         build)."""
+        used = next((old for old in replaced if old.users), None)
+        if used is not None:
+            self._unlink(used)  # raises, before anything is changed
+        self._adopt([inst for insts in replaced.values() for inst in insts])
         for old in replaced:
             self._unlink(old)
-        self._adopt([inst for insts in replaced.values() for inst in insts])
         out: list[Instruction] = []
         for inst in self.instructions:
             new = replaced.get(inst)

@@ -119,6 +119,36 @@ def test_inserting_several_before_an_instruction_keeps_their_order_and_refuses_a
     assert comp.get("e") is None
 
 
+def test_splicing_puts_each_replaced_instruction_out_and_its_instructions_where_it_was() -> None:
+    from rhino.hlo.ir import Instruction
+    from rhino.hlo.opcode import Opcode
+    from rhino.hlo.parser import parse_module
+    from rhino.hlo.shape import parse_shape
+
+    module = parse_module(
+        "HloModule m\nENTRY e {\n  a = f32[] parameter(0)\n  b = f32[] negate(a)\n"
+        "  c = f32[] negate(a)\n  ROOT d = f32[] add(b, c)\n}\n"
+    )
+    comp = module.entry
+    a, b, c, d = comp.instructions
+
+    def made(*names: str) -> list[Instruction]:
+        return [Instruction(n, Opcode.NEGATE, parse_shape("f32[]"), [a]) for n in names]
+
+    with pytest.raises(ValueError, match="still used"):
+        comp.splice({b: made("x")})
+    with pytest.raises(ValueError, match="already has"):
+        d.replace_operand(0, a)
+        d.replace_operand(1, a)
+        comp.splice({b: made("y"), c: made("y")})
+    assert comp.instructions == [a, b, c, d] and b in a.users and comp.get("y") is None
+    one, two = made("b1", "b2"), made()
+    comp.splice({b: one, c: two})
+    assert [i.name for i in comp.instructions] == ["a", "b1", "b2", "d"]
+    assert comp.get("b") is None and comp.get("c") is None and comp.get("b2") is one[1]
+    assert b not in a.users and c not in a.users and one[0].parent is comp
+
+
 def test_a_body_inlined_many_times_gets_the_names_a_search_from_one_would_give() -> None:
     from rhino.hlo.passes import _Names
 
