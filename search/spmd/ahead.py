@@ -32,7 +32,7 @@ import numpy as np
 
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
 from rhino.search.spmd.identity import ByArray
-from rhino.search.spmd.reduce import Reduced, reduce_problem
+from rhino.search.spmd.reduce import Matrices, Reduced, reduce_problem
 from rhino.search.spmd.solver import solve_ilp
 from rhino.search.workers import worker_context
 
@@ -53,14 +53,15 @@ def window_answer(
     outside: Outside,
     picks: tuple[int, ...],
     options: SolveOptions,
-    far: ByArray[bool] | None = None,
+    far: Matrices | None = None,
 ) -> tuple[int, ...]:
     """The optimum of a window of core nodes (`names`, their `costs`, the `inside` edges)
     with the nodes around it at `picks` (one per `outside` edge; -1: not placed yet, the
     edge left out): a strategy per node, or CP-SAT's best within `options.work_limit`
     where the window's LP is fractional. `far` remembers which of the core's matrices
-    are far from separable, window after window (`rhino.search.spmd.reduce`: testing
-    them again took about 7% of T5-large's windows' time)."""
+    are far from separable, and their largest values, window after window
+    (`rhino.search.spmd.reduce`: testing them again took about 7% of T5-large's windows'
+    time)."""
     charged = [c.copy() for c in costs]
     for (i, _, m), k in zip(outside, picks, strict=True):
         if k >= 0:
@@ -194,7 +195,7 @@ def _serve(conn: Connection) -> None:
     it that it is sent, until None or until this process's end of the pipe goes. Ctrl-C
     is this process's to handle."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    far: ByArray[bool] = ByArray()
+    far: Matrices = ByArray()
     with contextlib.suppress(EOFError, OSError):
         core = CoreCopy.received(conn)
         while (task := conn.recv()) is not None:

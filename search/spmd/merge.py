@@ -83,7 +83,7 @@ from rhino.search.problem import (
 from rhino.search.spmd.ahead import Ahead, window_answer
 from rhino.search.spmd.identity import ByArray
 from rhino.search.spmd.lp import MIN_CPSAT_S, TIE_BREAK_S_PER_BYTE, WarmStart
-from rhino.search.spmd.reduce import Reduced, reduce_further, reduce_problem, stacked
+from rhino.search.spmd.reduce import Matrices, Reduced, reduce_further, reduce_problem, stacked
 from rhino.search.spmd.replay import Recording, recorded, replayed
 from rhino.search.spmd.solver import (
     core_choice,
@@ -462,9 +462,9 @@ class _SegmentSearch:
         self.windows: dict[tuple[int, ...], _Window] = {}
         self.ahead: Ahead | None = None
         """The worker solving windows ahead of the refinement, where it has one."""
-        self.far: ByArray[bool] = ByArray()
-        """Which of the core's matrices the windows' reductions found far from separable
-        (`rhino.search.spmd.identity`)."""
+        self.far: Matrices = ByArray()
+        """Which of the core's matrices the windows' reductions found far from separable,
+        and their largest values (`rhino.search.spmd.identity`)."""
         self.upcoming: list[list[int]] = []
         """The pass's next windows (AHEAD_SCAN of them) after the one being solved."""
         self.early: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...] | None]] = {}

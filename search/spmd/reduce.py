@@ -162,10 +162,15 @@ def initial(problem: ShardingProblem) -> Reduced:
     return r
 
 
+Matrices = ByArray[tuple[bool, float]]
+"""What `_find_inseparable` found of edge matrices, by array: is it far from separable,
+and its largest |value|."""
+
+
 def reduce_problem(
     problem: ShardingProblem,
     dominance: bool = True,
-    far: ByArray[bool] | None = None,
+    far: Matrices | None = None,
     record: bool = False,
 ) -> Reduced:
     """Apply every exact reduction until none applies. InfeasibleError when a node has
@@ -180,17 +185,17 @@ def reduce_problem(
 
 
 def reduce_core(
-    r: Reduced, dominance: bool = True, far: ByArray[bool] | None = None, record: bool = False
+    r: Reduced, dominance: bool = True, far: Matrices | None = None, record: bool = False
 ) -> Reduced:
     """`reduce_problem` of the core `initial` made (in place)."""
     r.dominance = dominance
-    r.finite = not dominance and _all_finite(r)
+    peaks = _find_inseparable(r, far)
+    r.finite = not dominance and _all_finite(r, peaks)
     if record and r.finite and r.problem.budget is None:
         r.log = []
     r.counts = dict.fromkeys(
         ("pruned", "separable", "fixed", "leaf", "series", "isolated", "memory_free"), 0
     )
-    _find_inseparable(r, far)
     _run(r, range(len(r.problem.nodes)))
     return r
 
@@ -210,13 +215,20 @@ OVERFLOW_GUARD = 1e300
 reductions make of them) below which `Reduced.finite` holds for finite values."""
 
 
-def _all_finite(r: Reduced) -> bool:
+def _all_finite(r: Reduced, peaks: dict[int, float] | None = None) -> bool:
     """`Reduced.finite` of a core no reduction has run on yet (its arrays read a stack at a
-    time: a whole copy of T5-large's would be 100 MB more peak memory)."""
+    time: a whole copy of T5-large's would be 100 MB more peak memory). `peaks`: the
+    largest |value| of edge matrices, by id, where `_find_inseparable` has it."""
+    limit = overflow_limit(r)
     arrays = {id(a): a for a in r.cost.values()}
     arrays.update((id(a), a) for a in r.memory.values())
-    arrays.update((id(a), a) for a in r.edges.values())
-    return finite_below(arrays.values(), overflow_limit(r))
+    for m in r.edges.values():
+        peak = peaks.get(id(m)) if peaks is not None else None
+        if peak is None:
+            arrays[id(m)] = m
+        elif not peak < limit:  # nan or inf: not below
+            return False
+    return finite_below(arrays.values(), limit)
 
 
 def overflow_limit(r: Reduced) -> float:
@@ -411,20 +423,25 @@ def consecutive(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.repeat(starts, counts) + offsets
 
 
-def _find_inseparable(r: Reduced, known: ByArray[bool] | None = None) -> None:
+def _find_inseparable(r: Reduced, known: Matrices | None = None) -> dict[int, float]:
     """Mark in `r.inseparable` the edges whose matrix is far from separable, tested all at
     once, matrices of one shape stacked (`_fold_separable` tests them one by one, each
     oriented from the node it visits: the batch marks only edges that fail its test by
     ten times its tolerance or more, which no orientation's rounding can move); `known`
-    has the answers for matrices tested before, and gets those for the others."""
+    has the answers for matrices tested before, and gets those for the others. Returns
+    the largest |value| of each matrix tested or known, by id (`_all_finite` reads them:
+    finding them again was 3% of T5-large's refinement)."""
     todo: dict[int, tuple[np.ndarray, list[tuple[int, int]]]] = {}  # one test per matrix
+    peaks: dict[int, float] = {}
     for key, m in r.edges.items():
         if m.ndim != 2 or not m.size:
             continue
         found = known.get(m) if known is not None else None
         if found is None:
             todo.setdefault(id(m), (m, []))[1].append(key)
-        elif found:
+            continue
+        peaks[id(m)] = found[1]
+        if found[0]:
             r.inseparable[key] = m
     for batch, m in stacked((keys, m) for m, keys in todo.values()):
         with np.errstate(invalid="ignore"):
@@ -432,12 +449,14 @@ def _find_inseparable(r: Reduced, known: ByArray[bool] | None = None) -> None:
             off = np.abs(m - a - b).max(axis=(1, 2))
             largest = np.abs(m).max(axis=(1, 2))
             far = (~np.isfinite(off) | (off > 10 * SEPARABLE_RTOL * largest)).tolist()
-        for keys, is_far in zip(batch, far, strict=True):
+        for keys, is_far, peak in zip(batch, far, largest.tolist(), strict=True):
             matrix = r.edges[keys[0]]
+            peaks[id(matrix)] = peak
             if is_far:
                 r.inseparable.update(dict.fromkeys(keys, matrix))
             if known is not None:
-                known.put(matrix, is_far)
+                known.put(matrix, (is_far, peak))
+    return peaks
 
 
 def _fold_separable(r: Reduced, v: int, push: Callable[[int], None]) -> bool:

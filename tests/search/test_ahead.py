@@ -15,7 +15,7 @@ import pytest
 from rhino.search.problem import ShardingProblem, Solution, Tuning
 from rhino.search.spmd import ahead, merge
 from rhino.search.spmd.identity import ByArray
-from rhino.search.spmd.reduce import reduce_problem
+from rhino.search.spmd.reduce import Matrices, reduce_problem
 from rhino.search.spmd.solver import tie_broken
 from tests.search.test_merge import BY_SEGMENTS, series_parallel
 
@@ -158,7 +158,7 @@ def test_windows_solved_with_what_earlier_ones_found_are_solved_alike() -> None:
     )
     segments = merge._segments(search.r, sorted(search.r.alive), merge.critical_nodes(problem), 12)
     search.start("forward", segments)
-    far: ByArray[bool] = ByArray()
+    far: Matrices = ByArray()
     checked = 0
     for nodes in segments + search.coupled(segments, 1):
         window = search._window(nodes)

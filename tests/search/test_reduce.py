@@ -96,6 +96,30 @@ def test_without_the_dominance_test_forbidden_strategies_still_go(seed: int) -> 
     )
 
 
+@pytest.mark.parametrize("bad", [np.inf, np.nan, 1e299, None])
+def test_finite_reads_each_edge_matrix_whether_tested_here_or_remembered(bad: float | None) -> None:
+    """`Reduced.finite` is False where an edge matrix has an infinite, nan or too large
+    value (the largest |value| `_find_inseparable` found), the first time a matrix is
+    seen and when the memo of windows (`far`) remembers it."""
+    from rhino.search.spmd.identity import ByArray
+    from rhino.search.spmd.reduce import Matrices
+
+    rng = np.random.default_rng(7)
+    n = 5  # a clique: nothing reduces before the test
+    nodes = tuple(
+        ProblemNode(f"n{v}", ("a", "b", "c"), rng.random(3), np.ones(3)) for v in range(n)
+    )
+    matrices = [rng.random((3, 3)) for _ in range(n * (n - 1) // 2)]
+    if bad is not None:
+        matrices[3][1, 2] = bad
+    edges = tuple(ProblemEdge(u, v, matrices.pop()) for u in range(n) for v in range(u + 1, n))
+    problem = ShardingProblem(nodes, edges)
+    known: Matrices = ByArray()
+    for _ in range(2):  # tested, then remembered
+        assert reduce_problem(problem, dominance=False, far=known).finite is (bad is None)
+    assert len(known) == len(edges)
+
+
 def test_edges_sharing_one_matrix_reduce_as_their_copies_do() -> None:
     """Edges that share a matrix object, either way round (as the builder makes them), are
     tested for separability once, and reduce to exactly what copies of it reduce to."""
