@@ -15,13 +15,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
-from rich.console import Console, ConsoleDimensions
 
 from rhino.cli import flags
 from rhino.hlo.errors import ConfigError, HloParseError, RhinoError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console
+
     from rhino.runtime.sources import Loaded
+
+    stdout: Console
+    stderr: Console
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -32,22 +36,27 @@ PIPE_WIDTH = 10_000
 line folded (a terminal keeps its own width)."""
 
 
-class _Console(Console):
+@functools.cache
+def _console_class() -> type[Console]:
     """A rich console whose width off a terminal is PIPE_WIDTH, not rich's 80: tables in
     a pipe keep every name whole, and each message is one line for grep."""
+    from rich.console import Console, ConsoleDimensions
 
-    @property
-    def size(self) -> ConsoleDimensions:
-        size = super().size
-        return size if self.is_terminal else ConsoleDimensions(PIPE_WIDTH, size.height)
+    class _Console(Console):
+        @property
+        def size(self) -> ConsoleDimensions:
+            size = super().size
+            return size if self.is_terminal else ConsoleDimensions(PIPE_WIDTH, size.height)
 
-    @size.setter
-    def size(self, new_size: tuple[int, int]) -> None:
-        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+        @size.setter
+        def size(self, new_size: tuple[int, int]) -> None:
+            Console.size.fset(self, new_size)  # type: ignore[attr-defined]
 
-    def on_broken_pipe(self) -> None:
-        """Rich would exit 1 here; see `reader_gone`."""
-        reader_gone()
+        def on_broken_pipe(self) -> None:
+            """Rich would exit 1 here; see `reader_gone`."""
+            reader_gone()
+
+    return _Console
 
 
 def reader_gone() -> None:
@@ -58,8 +67,25 @@ def reader_gone() -> None:
     raise SystemExit(141)
 
 
-stdout = _Console(highlight=False, soft_wrap=False)
-stderr = _Console(stderr=True, highlight=False)
+def __getattr__(name: str) -> Console:
+    """`stdout` and `stderr`, rich consoles made at their first use: a command that prints
+    only JSON imports no rich (`rich.console`, 45-60 ms, was a tenth of `rhino parse
+    --json`)."""
+    if name == "stdout":
+        made = _console_class()(highlight=False, soft_wrap=False)
+    elif name == "stderr":
+        made = _console_class()(stderr=True, highlight=False)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = made
+    return made
+
+
+def _stderr() -> Console:
+    """`stderr`, from within this module (where a name is not looked up in `__getattr__`)."""
+    found = globals().get("stderr")
+    return found if found is not None else __getattr__("stderr")
+
 
 SECONDS = click.FloatRange(min=0, min_open=True)
 """A time limit: a positive number of seconds."""
@@ -144,7 +170,7 @@ def load_input(file: str, module_name: str | None, *, lazy: bool = True) -> Load
 
     loaded = load(file, module=module_name, lazy=lazy)
     for note in loaded.notes:
-        stderr.print(f"note: {flags.in_flags(note)}", markup=False, highlight=False)
+        _stderr().print(f"note: {flags.in_flags(note)}", markup=False, highlight=False)
     return loaded
 
 
@@ -183,7 +209,7 @@ def handle_errors(fn: F) -> F:
             click.echo(message, err=True)
             _exit(e.exit_code)
         except KeyboardInterrupt:
-            stderr.print("interrupted")
+            _stderr().print("interrupted")
             _exit(130)
         except Exception as e:  # a bug in rhino, not bad input
             if debug:
@@ -315,8 +341,9 @@ def status(
         return f"{message} ({spent})" + (f": {phase[0]}" if phase[0] else "")
 
     with ExitStack() as stack:
-        if stderr.is_terminal:
-            spinner = stack.enter_context(stderr.status(line()))
+        console = _stderr()
+        if console.is_terminal:
+            spinner = stack.enter_context(console.status(line()))
             every = 1.0
 
             def show() -> None:

@@ -17,7 +17,6 @@ from rhino.cli.common import (
     prepare_output,
     save_output,
     status,
-    stdout,
 )
 from rhino.hlo.analysis import ModuleSummary, summarize
 from rhino.hlo.collector import collector_paused
@@ -97,6 +96,8 @@ def parse_command(
 
 def render(file: str, s: ModuleSummary) -> None:
     from rich.table import Table  # not needed for --json
+
+    from rhino.cli.common import stdout
 
     out = stdout
     out.print(f"[bold]{s.name}[/]  ({file})")

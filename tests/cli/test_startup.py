@@ -48,10 +48,10 @@ def test_help_lists_every_command_with_its_line() -> None:
     assert cli.get_command(click.Context(cli), "nope") is None
 
 
-def loaded_by(*args: str) -> list[str]:
-    """The heavy libraries `rhino ARGS` imports (run in a fresh interpreter)."""
+def loaded_by(*args: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
+    """The `heavy` libraries `rhino ARGS` imports (run in a fresh interpreter)."""
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, ",".join(HEAVY), *args],
+        [sys.executable, "-c", PROBE, ",".join(heavy), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -71,6 +71,13 @@ def loaded_by(*args: str) -> list[str]:
 )
 def test_help_and_parse_import_no_heavy_library(args: list[str]) -> None:
     assert loaded_by(*args) == []
+
+
+def test_json_of_parse_imports_no_rich_and_its_table_does() -> None:
+    """The consoles are made at their first use (`rhino.cli.common.__getattr__`)."""
+    example = str(ROOT / "examples" / "mlp.hlo")
+    assert loaded_by("parse", example, "--json", heavy=("rich",)) == []
+    assert loaded_by("parse", example, heavy=("rich",)) == ["rich"]
 
 
 def test_the_probe_sees_a_heavy_import_and_plan_loads_cp_sat_only_to_run_it() -> None:
