@@ -215,7 +215,7 @@ OVERFLOW_GUARD = 1e300
 reductions make of them) below which `Reduced.finite` holds for finite values."""
 
 
-def _all_finite(r: Reduced, peaks: dict[int, float] | None = None) -> bool:
+def _all_finite(r: Reduced, peaks: dict[int, float]) -> bool:
     """`Reduced.finite` of a core no reduction has run on yet (its arrays read a stack at a
     time: a whole copy of T5-large's would be 100 MB more peak memory). `peaks`: the
     largest |value| of edge matrices, by id, where `_find_inseparable` has it."""
@@ -223,7 +223,7 @@ def _all_finite(r: Reduced, peaks: dict[int, float] | None = None) -> bool:
     arrays = {id(a): a for a in r.cost.values()}
     arrays.update((id(a), a) for a in r.memory.values())
     for m in r.edges.values():
-        peak = peaks.get(id(m)) if peaks is not None else None
+        peak = peaks.get(id(m))
         if peak is None:
             arrays[id(m)] = m
         elif not peak < limit:  # nan or inf: not below
