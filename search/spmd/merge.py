@@ -506,6 +506,12 @@ class _SegmentSearch:
         return windows
 
     def restart(self, choice: dict[int, int]) -> None:
+        """Go on from `choice`. Where it is the plan the search holds already (the best
+        start was the last refined, or the only one), what the search knows stays: a
+        window solved since none of its nodes and neighbours changed would get the very
+        same answer again (`_unchanged`)."""
+        if choice == self.choice:
+            return
         self.choice = dict(choice)
         self.seen = {}
         self.early = {}

@@ -152,6 +152,62 @@ def test_level_3_refines_the_plan_it_is_handed_instead_of_making_first_plans() -
     assert again.objective <= fresh.objective
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_going_on_from_the_plan_held_solves_no_window_again_and_plans_the_same(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its first pass, level 3 goes on from the best start's plan
+    (`_SegmentSearch.restart`). Where that is the plan the search holds (one start: the
+    plan handed to it), the search keeps what it knows, so a window none of whose nodes
+    or neighbours changed since it was solved is not visited again: fewer windows, and
+    the very plan a search that forgets gives."""
+    from rhino.search.spmd.lp import WarmStart
+
+    problem = series_parallel(seed)
+    fresh = merge.solve_merged(problem, BY_SEGMENTS)
+    handed = tuple(fresh.choice[:-7]) + (0,) * 7  # near the refined plan, not at it
+    visits: list[int] = []
+    refine = merge._SegmentSearch.refine
+
+    def counted(self: merge._SegmentSearch, *args: object) -> int:
+        before = self.tick
+        passes = refine(self, *args)  # type: ignore[arg-type]
+        visits.append(self.tick - before)
+        return passes
+
+    monkeypatch.setattr(merge._SegmentSearch, "refine", counted)
+    kept = merge.solve_merged(problem, BY_SEGMENTS, warm=WarmStart(plan=handed))
+    kept_visits = sum(visits)
+    visits.clear()
+
+    def forgetful(self: merge._SegmentSearch, choice: dict[int, int]) -> None:
+        self.choice, self.seen, self.early = dict(choice), {}, {}
+
+    monkeypatch.setattr(merge._SegmentSearch, "restart", forgetful)
+    forgot = merge.solve_merged(problem, BY_SEGMENTS, warm=WarmStart(plan=handed))
+    assert kept.choice == forgot.choice
+    assert kept.objective == forgot.objective
+    assert kept_visits < sum(visits)
+
+
+def test_restart_from_another_plan_forgets_the_windows_solved() -> None:
+    """A window's last answer stands only for the plan it was solved in: going on from
+    another plan forgets them all, from the same plan none."""
+    problem = series_parallel(0)
+    search = merge._SegmentSearch(problem, merge.reduce_problem(problem), BY_SEGMENTS, {})
+    segments = merge._segments(search.r, sorted(search.r.alive), merge.critical_nodes(problem), 12)
+    search.start("forward", segments)
+    assert search.seen
+    seen = dict(search.seen)
+    search.restart(dict(search.choice))
+    assert search.seen == seen
+    other = dict(search.choice)
+    v = next(iter(other))
+    other[v] = (other[v] + 1) % len(search.r.keep[v])
+    search.restart(other)
+    assert search.seen == {} and search.choice == other
+
+
 def repeated_blocks(blocks: int) -> ShardingProblem:
     """Blocks alike to the bit (a layer's forward, backward and update, its parameter read
     again) and a hub every block's heavy node reads (a shared constant's broadcast), which
