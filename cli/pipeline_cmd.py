@@ -27,7 +27,7 @@ from rhino.hlo.verify import verify
 from rhino.search.cluster import load_cluster
 from rhino.search.mesh import parse_mesh
 from rhino.search.pipeline import EPSILON, PipelinePlan, PipelineRequest, plan_pipeline
-from rhino.search.pipeline.ilp import StageSolveStats
+from rhino.search.pipeline.stats import StageSolveStats
 from rhino.search.problem import SolveOptions
 from rhino.search.units import format_bytes, format_seconds
 

@@ -41,7 +41,6 @@ from rhino.search.cluster import load_cluster
 from rhino.search.mesh import DeviceMesh
 from rhino.search.pipeline import check_pipeline_mesh
 from rhino.search.spmd.plan import Plan, module_hash
-from rhino.search.spmd.planner import PlanRequest, make_plan
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 """The XLA flag that makes the CPU platform show this many devices."""
@@ -167,6 +166,8 @@ def _run_spmd(
     plan = request.plan
     if plan is None:
         assert request.mesh is not None, "RunRequest refuses a request without a plan or a mesh"
+        from rhino.search.spmd.planner import PlanRequest, make_plan  # the solvers, to plan
+
         wanted = PlanRequest(request.mesh, load_cluster(request.cluster), request.level)
         plan = make_plan(request.module, wanted, say)
         for warning in plan.warnings:  # what `rhino plan` would have said of the plan
@@ -216,6 +217,8 @@ def _run_stages(request: RunRequest, plan: StagePlan, say: Callable[[str], None]
         check_pipeline_mesh(mesh, plan.stages)
         if mesh.ndim > 1 and mesh.size > plan.stages:
             rest = DeviceMesh(mesh.shape[1:])
+            from rhino.search.spmd.planner import PlanRequest
+
             spmd = PlanRequest(rest, load_cluster(request.cluster), request.level)
             per_stage = rest.size
     need = plan.stages * per_stage

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -78,7 +78,9 @@ from rhino.runtime.spmd.apply import planned_module, realized_program
 from rhino.runtime.spmd.runner import Timing, compile_realized
 from rhino.runtime.verify import compare_output, reduction_lengths, tolerance_for
 from rhino.search.pipeline.schedule import Event, Timeline, simulate
-from rhino.search.spmd.planner import PlanRequest, make_plan
+
+if TYPE_CHECKING:
+    from rhino.search.spmd.planner import PlanRequest
 
 WAIT_S = 300.0
 """How long a task waits for a value before the run is declared stuck."""
@@ -232,6 +234,8 @@ def _stage_devices(
 
 def _sharded(text: str, spmd: PlanRequest) -> tuple[Module, tuple[str, ...]]:
     """A program with the shardings of its best plan on `spmd.mesh` written in."""
+    from rhino.search.spmd.planner import make_plan  # the solvers: only for a hybrid run
+
     program = parse_module(text, "<stage program>")
     return realized_program(program, make_plan(program, spmd))
 

@@ -37,7 +37,6 @@ from rhino.hlo.ir import Module
 from rhino.search.cluster import Cluster, Link
 from rhino.search.mesh import DeviceMesh
 from rhino.search.pipeline.baselines import Baseline, best_split, best_split_late, equal_count
-from rhino.search.pipeline.ilp import StageAssignment, StageSolveStats, solve_stages
 from rhino.search.pipeline.problem import StageProblem
 from rhino.search.pipeline.report import (
     BaselineReport,
@@ -54,6 +53,7 @@ from rhino.search.pipeline.split import (
     split_step,
     state_scalars,
 )
+from rhino.search.pipeline.stats import StageAssignment, StageSolveStats
 from rhino.search.problem import SolveOptions
 
 PLAN_FORMAT = "rhino.pipeline"
@@ -322,6 +322,8 @@ def _search(
     baselines = all_baselines(problem)
     hint = best_balanced(baselines)
     say(f"stage ILP: {len(problem.names)} instructions, {problem.edges} edges")
+    from rhino.search.pipeline.ilp import solve_stages  # CP-SAT: only where a search runs
+
     found = solve_stages(
         problem, request.options, tightening=request.tightening, hint=hint.stage if hint else None
     )

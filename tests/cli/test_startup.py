@@ -1,10 +1,12 @@
 """`rhino` imports a command's module only when the command runs: `rhino --help` and
-`rhino parse` load no solver, no jax, no plotting library, no numpy."""
+`rhino parse` load no solver, no jax, no plotting library, no numpy; `rhino run` of a
+plan made before loads no solver."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -86,6 +88,23 @@ def test_the_probe_sees_a_heavy_import_and_plan_loads_cp_sat_only_to_run_it() ->
     loaded = loaded_by("plan", "--help")
     assert "highspy" in loaded
     assert "ortools" not in loaded and "pandas" not in loaded
+
+
+SOLVERS = ("ortools", "highspy", "pytoulbar2", "pandas", "scipy")
+
+
+@pytest.mark.parametrize("kind", ["spmd", "stages"])
+def test_run_of_a_plan_made_before_loads_no_solver(kind: str, tmp_path: Path) -> None:
+    """`rhino run --plan FILE` compiles and runs what the file says: the planners'
+    solvers (HiGHS; CP-SAT and the pandas it pulls in, half a second) load only where
+    it plans first (--mesh, or a stage plan's hybrid stages)."""
+    example = str(ROOT / "examples" / "mlp.hlo")
+    plan = str(tmp_path / "plan.json")
+    make = ["plan", "--mesh", "2x2"] if kind == "spmd" else ["pipeline", "--stages", "2"]
+    made = CliRunner().invoke(cli, [make[0], example, *make[1:], "--out", plan])
+    assert made.exit_code == 0, made.output
+    devices = "4" if kind == "spmd" else "2"
+    assert loaded_by("run", example, "--plan", plan, "--devices", devices, heavy=SOLVERS) == []
 
 
 def test_a_plan_loads_neither_scipy_nor_jax() -> None:
