@@ -1,7 +1,8 @@
 """Jobs of several processes on hosts with their own addresses, and how they end: each
 scenario of tests/runtime/test_hosts.py run once in network namespaces (tests/netns.py,
-root needed), with the processes' exit codes and the seconds each took, from its start or
-from the fault. Prints a table and writes JSON.
+root needed), with the processes' exit codes, the seconds each took, from its start or
+from the fault, and each one's peak RSS (its `ru_maxrss` from `wait4`: the largest of the
+process and the descendants it waited for). Prints a table and writes JSON.
 
     python scripts/bench_hosts.py [--out bench/hosts.json]
 """
@@ -14,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -63,17 +65,45 @@ def _outcome(code: int, out: str, err: str) -> str:
     return _last_error(err)
 
 
-def _run(argvs: list[list[str]]) -> list[tuple[int, float, str]]:
+Result = tuple[int, float, str, int]
+"""A process's exit code, its seconds, what it ended with and its peak RSS (bytes)."""
+
+
+def _ended(p: subprocess.Popen[str], timeout_s: float) -> tuple[str, str, int]:
+    """`p.communicate()`, but `p` reaped by `wait4` for its peak RSS: (stdout, stderr,
+    ru_maxrss in bytes); `p.returncode` set. Past `timeout_s` it is killed."""
+    read: dict[str, str] = {}
+
+    def drain(name: str) -> None:
+        stream = getattr(p, name)
+        read[name] = stream.read()
+        stream.close()
+
+    readers = [threading.Thread(target=drain, args=(n,)) for n in ("stdout", "stderr")]
+    for r in readers:
+        r.start()
+    timer = threading.Timer(timeout_s, p.kill)
+    timer.start()
+    _, status, usage = os.wait4(p.pid, 0)
+    timer.cancel()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    for r in readers:
+        r.join()
+    return read["stdout"], read["stderr"], usage.ru_maxrss * 1024  # KiB on Linux
+
+
+def _run(argvs: list[list[str]]) -> list[Result]:
     started = time.monotonic()
     procs = [_start(a) for a in argvs]
     found = []
     for p in procs:
-        out, err = p.communicate(timeout=300)
-        found.append((p.returncode, time.monotonic() - started, _outcome(p.returncode, out, err)))
+        out, err, rss = _ended(p, 300)
+        outcome = _outcome(p.returncode, out, err)
+        found.append((p.returncode, time.monotonic() - started, outcome, rss))
     return found
 
 
-def _killed(hosts: list[Host], plan: Path, victim: int) -> list[tuple[int, float, str]]:
+def _killed(hosts: list[Host], plan: Path, victim: int) -> list[Result]:
     more = ("--devices", "4", "--no-verify", "--steps", "1000000", "--warmup", "0")
     procs = [_start(_argv(hosts, i, MLP, plan, *more)) for i in range(2)]
     for p in procs:
@@ -84,9 +114,9 @@ def _killed(hosts: list[Host], plan: Path, victim: int) -> list[tuple[int, float
     killed = time.monotonic()
     found = []
     for i, p in enumerate(procs):
-        _, err = p.communicate(timeout=120)
+        _, err, rss = _ended(p, 120)
         what = "killed" if i == victim else _last_error(err)
-        found.append((p.returncode, time.monotonic() - killed, what))
+        found.append((p.returncode, time.monotonic() - killed, what, rss))
     return found
 
 
@@ -103,8 +133,8 @@ def main() -> None:
     _rhino("pipeline", str(GPT), "--stages", "2", "--out", str(plans["stages"]))
     rows: list[dict[str, object]] = []
 
-    def add(scenario: str, hosts: int, results: list[tuple[int, float, str]], since: str) -> None:
-        for process, (code, seconds, outcome) in enumerate(results):
+    def add(scenario: str, hosts: int, results: list[Result], since: str) -> None:
+        for process, (code, seconds, outcome, rss) in enumerate(results):
             rows.append(
                 {
                     "scenario": scenario,
@@ -115,10 +145,12 @@ def main() -> None:
                     "seconds": round(seconds, 1),
                     "since": since,
                     "outcome": outcome,
+                    "peak_rss_bytes": rss,
                 }
             )
             print(f"{scenario:<34} {process}/{len(results)} {hosts} {code:>4} "
-                  f"{seconds:6.1f} s ({since:<5}) {outcome}", flush=True)  # fmt: skip
+                  f"{seconds:6.1f} s ({since:<5}) {rss / 2**20:6,.0f} MiB {outcome}",
+                  flush=True)  # fmt: skip
 
     with private_hosts(2) as hosts:
         steps = ("--steps", "1", "--warmup", "0")

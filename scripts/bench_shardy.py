@@ -11,7 +11,9 @@ partitioned module measured (`rhino.runtime.fidelity`). It prints, per case, the
 predicted collective bytes per device per step, what XLA moves with each partitioner,
 and whether Shardy's bytes match the prediction: `match` when the total is within ±5%
 of the plan's (`TOLERANCE`), `rows` when every (kind, mesh axes) total is too; and writes
-it all as JSON (`--out`), with each run's per-(kind, axes) totals and fidelity messages.
+it all as JSON (`--out`), with each run's per-(kind, axes) totals and fidelity messages,
+and the bench process' peak RSS after each case (all in one process: the largest so far,
+XLA's compilations included).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from benchlib import json_default, revision
+from benchlib import json_default, mib, own_peak_rss, revision
 from rich.console import Console
 from rich.table import Table
 
@@ -110,6 +112,7 @@ def run_case(model: str, mesh_text: str, time_limit: float) -> dict[str, Any]:
             "notes": list(report.notes),
             "run_s": time.perf_counter() - started,
         }
+    doc["peak_rss_bytes"] = own_peak_rss()
     return doc
 
 
@@ -134,11 +137,13 @@ def main(cases: str, time_limit: float, out: str | None) -> None:
         rows.append(run_case(model, mesh, time_limit))
         print(f"{case}: done", file=sys.stderr)
     table = Table(title="collective bytes per device per step: plan, GSPMD, Shardy")
-    columns = ("model", "mesh", "predicted", "GSPMD measured", "Shardy measured", "match", "rows")
+    columns = (
+        "model", "mesh", "predicted", "GSPMD measured", "Shardy measured", "match", "rows",
+        "peak RSS",
+    )  # fmt: skip
     for col in columns:
-        table.add_column(
-            col, justify="right" if "measured" in col or col == "predicted" else "left"
-        )
+        numeric = "measured" in col or col in ("predicted", "peak RSS")
+        table.add_column(col, justify="right" if numeric else "left")
     for row in rows:
         shardy, gspmd = row.get("shardy", {"error": ""}), row.get("gspmd", {"error": ""})
         failed = "error" in shardy
@@ -150,6 +155,7 @@ def main(cases: str, time_limit: float, out: str | None) -> None:
             _measured(shardy),
             "error" if failed else ("yes" if shardy["total_within_5pct"] else "no"),
             "error" if failed else ("yes" if shardy["rows_within_5pct"] else "no"),
+            mib(row["peak_rss_bytes"]),
         )
     Console(width=120).print(table)
     if out:
