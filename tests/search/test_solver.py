@@ -203,41 +203,58 @@ def test_evaluate_refuses_a_strategy_the_node_does_not_have(bad: int) -> None:
         problem.evaluate(choice)
 
 
-def test_an_lp_basis_sent_to_another_process_starts_an_lp_alike() -> None:
-    """A basis HiGHS ended an LP with, pickled (as for a worker process) and read back,
-    gives the next LP the same starting statuses."""
+@pytest.mark.parametrize("seed", range(4))
+def test_the_basis_an_lp_ends_with_is_highs_own_and_travels_to_another_process(
+    seed: int,
+) -> None:
+    """The basis read from HiGHS' basic variables (`_read_basis`) has HiGHS' own status
+    for every column that is not fixed (basic, at its lower or upper bound), the same
+    basic columns among the fixed ones (at 0: either bound is the same) and rows; a
+    basis pickled (as for a worker process) and read back gives the next LP the same
+    starting statuses."""
     import pickle
 
     import highspy
 
     import rhino.search.spmd.lp as lp
 
-    rng = np.random.default_rng(3)
-    m, n = 5, 9
+    rng = np.random.default_rng(seed)
+    m, n = 6, 14
     dense = rng.integers(-2, 3, size=(m, n)).astype(float)
     x0 = rng.integers(0, 2, size=n).astype(float)
     bounds = dense @ x0
+    cost = rng.normal(size=n)
+    upper = np.where(rng.random(n) < 0.2, 0.0, 1.0)
+    upper[x0 == 1] = 1.0  # x0 stays feasible
     matrix = lp.columns(*np.nonzero(dense), dense[np.nonzero(dense)], (m, n))
     warm = lp.WarmStart()
     columns, rows = np.arange(n, dtype=np.int64) * 7, np.arange(m, dtype=np.int64) * 5
-    run = lp._run_highs(
-        rng.normal(size=n),
-        matrix,
-        bounds,
-        bounds,
-        np.ones(n),
-        10,
-        False,
-        warm=(warm, columns, rows),
-    )
-    assert run is not None and warm.found is not None and warm.found.basis is not None
+    run = lp._run_highs(cost, matrix, bounds, bounds, upper, 10, False, warm=(warm, columns, rows))
+    assert run is not None and warm.found is not None
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.setOptionValue("presolve", "off")
+    highs.passModel(
+        n, m, len(matrix.data), int(highspy.MatrixFormat.kColwise),
+        int(highspy.ObjSense.kMinimize), 0.0, cost, np.zeros(n), upper, bounds, bounds,
+        matrix.indptr.astype(np.int32), matrix.indices.astype(np.int32), matrix.data,
+        np.zeros(n, dtype=np.int32),
+    )  # fmt: skip
+    highs.run()
+    own = highs.getBasis()
+    basic = highspy.HighsBasisStatus.kBasic.value
+    own_columns = np.array([s.value for s in own.col_status])
+    free = upper > 0
+    assert (warm.found.column_status[free] == own_columns[free]).all()
+    assert ((warm.found.column_status == basic) == (own_columns == basic)).all()
+    own_rows = [s.value == basic for s in own.row_status]
+    assert (warm.found.row_status == basic).tolist() == own_rows
+    assert (warm.found.column_status == basic).any()
     sent = pickle.loads(pickle.dumps(warm.found))
-    assert sent.basis is None and sent.values is not None
     fewer = columns[::2]  # an LP with some of these columns and rows, and new ones
     more = np.concatenate([rows, [999]])
     here, there = warm.found.statuses(fewer, more), sent.statuses(fewer, more)
     assert here.col_status == there.col_status and here.row_status == there.row_status
-    assert any(s == highspy.HighsBasisStatus.kBasic for s in here.col_status + here.row_status)
 
 
 @pytest.mark.parametrize("seed", range(8))
