@@ -481,7 +481,8 @@ def _read_basis(
     the README demo's 135k columns, against 0.02 s, and the LPs that start from either
     take the same simplex iterations (3176, 4864, 8546 for the demo's first three
     combined-collectives plans)."""
-    status, basic = highs.getBasicVariables()
+    # highspy's stubs leave out this method of its base class, _Highs
+    status, basic = highs.getBasicVariables()  # type: ignore[attr-defined]
     if status != highspy.HighsStatus.kOk or not solution.value_valid:
         return None
     value = np.asarray(solution.col_value)
