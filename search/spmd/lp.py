@@ -572,8 +572,10 @@ def _answer(
     )
 
 
-_MALLOC_TRIM: Callable[[int], int] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
-"""glibc's malloc_trim; None where the C library has none (musl, macOS)."""
+_MALLOC_TRIM: Callable[[int], int] | None = (
+    getattr(ctypes.CDLL(None), "malloc_trim", None) if os.name == "posix" else None
+)
+"""glibc's malloc_trim; None where the C library has none (musl, macOS, Windows)."""
 
 
 def _return_freed_memory() -> None:
