@@ -83,14 +83,7 @@ from rhino.search.problem import (
 from rhino.search.spmd.ahead import Ahead, window_answer
 from rhino.search.spmd.identity import ByArray
 from rhino.search.spmd.lp import MIN_CPSAT_S, TIE_BREAK_S_PER_BYTE, WarmStart
-from rhino.search.spmd.reduce import (
-    Matrices,
-    Reduced,
-    consecutive,
-    reduce_further,
-    reduce_problem,
-    stacked,
-)
+from rhino.search.spmd.reduce import Matrices, Reduced, reduce_further, reduce_problem, stacked
 from rhino.search.spmd.replay import Recording, recorded, replayed
 from rhino.search.spmd.solver import (
     core_choice,
@@ -707,209 +700,96 @@ class _SegmentSearch:
     def _window(self, nodes: list[int]) -> _Window:
         key = tuple(nodes)
         window = self.windows.get(key)
-        if window is None:
-            if self._core is None:
-                self._core = _CoreDigests(self.r)
-            window = self.windows[key] = self._core.window(key)
+        if window is not None:
+            return window
+        if self._core is None:
+            self._core = _CoreDigests(self.r)
+        core = self._core
+        members = set(key)
+        # the nodes in a canonical order, so that windows that are the same problem up to
+        # node names (repeated layers, whose nodes interleave differently in program
+        # order) get the same digest: each node labelled by its costs and all its edges'
+        # matrices, then by its neighbours' labels inside (one Weisfeiler-Lehman round);
+        # ties keep the given order
+        label = {v: core.label(v, members) for v in key}
+        order = tuple(key[i] for i in sorted(range(len(key)), key=lambda i: (label[key[i]], i)))
+        position = {v: i for i, v in enumerate(order)}
+        inside: list[tuple[int, int, np.ndarray]] = []
+        outside: list[tuple[int, int, np.ndarray]] = []
+        around: list[int] = []
+        parts = [core.costs[v] for v in order]  # then inside edges, then outside ones
+        outside_parts: list[bytes] = []  # per node: its position and count, their digests
+        for i, v in enumerate(order):
+            out: list[bytes] = []  # 16 bytes each
+            for d, w, m in core.nears[v]:
+                j = position.get(w)
+                if j is None:
+                    outside.append((i, w, m))
+                    around.append(w)
+                    out.append(d)
+                elif i < j:
+                    inside.append((i, j, m))
+                    parts += [b"i%d,%d:" % (i, j), d]
+            if out:
+                outside_parts += [b"o%d,%d:" % (i, len(out)), *out]
+        digest = _blake(b"".join(parts + outside_parts))
+        reach = tuple(sorted(members.union(around)))
+        window = _Window(order, tuple(inside), tuple(outside), digest, reach, tuple(around))
+        self.windows[key] = window
         return window
 
 
 class _CoreDigests:
-    """The core's costs and edges as arrays, with their digests, all made at once (the
-    windows cover the whole core; the core does not change during the search): what
-    windows are cut from, labelled and fingerprinted by (`window`).
-
-    Nodes are held by slot (their rank among the core's nodes). Each node's edges are
-    listed twice over, in two orders, each a run per node in slot order: by the edge's
-    digest then the neighbour ("near" order, the order of a window's edges), and by the
-    edge's digest then the neighbour's label ("pair" order, the order labels read them
-    in)."""
+    """Digests of a core's costs and edges, all made at once (the windows cover the whole
+    core): what `_SegmentSearch._window` labels and fingerprints windows by."""
 
     def __init__(self, r: Reduced) -> None:
-        ids = np.array(sorted(r.alive), dtype=np.int64)
-        self.slot = np.full(int(ids.max(initial=-1)) + 1, -1, dtype=np.int64)
-        """Node -> its slot (-1: not in the core)."""
-        self.slot[ids] = np.arange(len(ids))
-        self.scratch = np.full(len(ids), -1, dtype=np.int64)
-        """Slot -> position in the window being made (-1 everywhere between windows)."""
-        self.costs = np.zeros((len(ids), 16), dtype=np.uint8)
-        """Slot -> digest of its node's costs (and their count)."""
-        for members, costs in stacked((v, r.cost[v]) for v in ids.tolist()):
+        self.costs: dict[int, bytes] = {}
+        """v -> digest of its costs (and their count)."""
+        digests: dict[tuple[int, int], bytes] = {}  # (v, w): the matrix oriented v x w
+        for nodes, costs in stacked((v, r.cost[v]) for v in sorted(r.alive)):
             head = np.array([costs.shape[1]]).tobytes()
-            self.costs[self.slot[members]] = _digests(np.round(costs, 15), head)
-        pairs = list(r.edges)  # each edge both ways: its node and neighbour, and their matrix
-        ends = np.array(pairs, dtype=np.int64).reshape(-1, 2)
-        node = self.slot[np.concatenate([ends[:, 0], ends[:, 1]])]
-        near = np.concatenate([ends[:, 1], ends[:, 0]])
-        matrices = list(r.edges.values())
-        matrices += [m.T for m in matrices]
-        digest = np.zeros((len(node), 16), dtype=np.uint8)
-        where = {key: k for k, key in enumerate(pairs)}
-        for members, stack in stacked(r.edges.items()):
-            at = np.array([where[key] for key in members], dtype=np.int64)
-            shape = stack.shape[1:]
-            rounded = np.round(stack, 15)
-            digest[at] = _digests(rounded, bytes(str(shape), "ascii"), tail=True)
-            flipped = rounded.transpose(0, 2, 1)
-            digest[at + len(pairs)] = _digests(flipped, bytes(str(shape[::-1]), "ascii"), tail=True)
-        high, low = _words(digest)
-        order = np.lexsort((near, low, high, node))
-        self.start = np.searchsorted(node[order], np.arange(len(ids) + 1))
-        """Slot -> where its node's run of edges starts (both orders; the last: the end)."""
-        self.near = near[order]
-        """Near order -> the neighbour."""
-        self.neighbour: list[int] = self.near.tolist()
-        """`near` as Python ints, one object each, which every window's outside edges share
-        (a window's own would be 20 MB more on the 72-layer GPT)."""
-        self.digest = digest[order]
-        """Near order -> the edge's digest."""
-        self.matrices = [matrices[k] for k in order.tolist()]
-        """Near order -> the matrix, oriented node x neighbour."""
-        self.labels = np.zeros((len(ids), 16), dtype=np.uint8)
-        """Slot -> digest of its costs and of the matrices of all its edges."""
-        edge_bytes = self.digest.tobytes()
-        runs = list(zip(self.start[:-1].tolist(), self.start[1:].tolist(), strict=True))
-        for v, (a, b) in enumerate(runs):
-            found = _blake(self.costs[v].tobytes() + edge_bytes[16 * a : 16 * b])
-            self.labels[v] = np.frombuffer(found, np.uint8)
-        neighbour_high, neighbour_low = _words(self.labels[self.slot[near]])
-        order = np.lexsort((neighbour_low, neighbour_high, low, high, node))
-        self.pair_near = self.slot[near[order]]
-        """Pair order -> the neighbour's slot."""
-        self.pairs = np.concatenate([digest[order], self.labels[self.pair_near]], axis=1)
-        """Pair order -> the edge's digest and the neighbour's label."""
-        pair_bytes = self.pairs.tobytes()
-        self.whole = [
-            _blake(self.labels[v].tobytes() + pair_bytes[32 * a : 32 * b])
-            for v, (a, b) in enumerate(runs)
-        ]
-        """Slot -> its node's label in the windows that hold all its neighbours."""
-        self.partial: dict[tuple[int, bytes], bytes] = {}
-        """(slot, which of its edges in pair order lead inside, a byte each) -> its node's
-        label in the windows that hold only those neighbours, once made."""
-
-    def window(self, key: tuple[int, ...]) -> _Window:
-        """The window of these core nodes, its nodes in a canonical order, so that windows
-        that are the same problem up to node names (repeated layers, whose nodes
-        interleave differently in program order) get the same digest: each node labelled
-        by its costs and all its edges' matrices, then by the edges to its neighbours
-        inside with their labels (one Weisfeiler-Lehman round); ties keep the given
-        order. The digest covers the nodes' costs and the edges inside and out, by
-        position, each by its matrix's digest."""
-        slots = self.slot[np.array(key, dtype=np.int64)]
-        position = self.scratch
-        position[slots] = 0  # inside, for now
-        try:
-            label = self._labels(slots)
-            order = sorted(range(len(key)), key=lambda i: (label[i], i))
-            slots = slots[order]
-            position[slots] = np.arange(len(slots))
-            starts, ends = self.start[slots], self.start[slots + 1]
-            edges = consecutive(starts, ends - starts)
-            node = np.repeat(np.arange(len(slots)), ends - starts)
-            near = self.near[edges]
-            at = position[self.slot[near]]
-        finally:
-            position[slots] = -1
-        inner, outer = at > node, at < 0
-        matrices = self.matrices
-        inside = tuple(
-            zip(
-                node[inner].tolist(),
-                at[inner].tolist(),
-                map(matrices.__getitem__, edges[inner].tolist()),
-                strict=True,
+            for v, row in zip(nodes, np.round(costs, 15), strict=True):
+                self.costs[v] = _blake(head + row.tobytes())
+        for pairs, matrices in stacked(r.edges.items()):
+            shape = matrices.shape[1:]
+            tails = (bytes(str(shape), "ascii"), bytes(str(shape[::-1]), "ascii"))
+            rounded = np.round(matrices, 15)
+            flipped = np.ascontiguousarray(rounded.transpose(0, 2, 1))
+            for (a, b), m, t in zip(pairs, rounded, flipped, strict=True):
+                digests[(a, b)] = _blake(m.tobytes() + tails[0])
+                digests[(b, a)] = _blake(t.tobytes() + tails[1])
+        self.nears: dict[int, list[tuple[bytes, int, np.ndarray]]] = {}
+        """v -> its neighbours w: (digest of edge (v, w), w, its matrix oriented v x w), by
+        digest (then w)."""
+        self.labels: dict[int, bytes] = {}
+        """v -> digest of its costs and the matrices of all its edges."""
+        self.neighbours = r.neighbours
+        """v -> its neighbours (the core's own sets: it does not change during the search)."""
+        self.whole: dict[int, bytes] = {}
+        """v -> its `label` in the windows that hold all its neighbours, once made."""
+        for v in r.alive:
+            near = sorted(
+                ((digests[(v, w)], w, r.matrix(v, w)) for w in r.neighbours[v]),
+                key=lambda t: (t[0], t[1]),
             )
-        )
-        around = tuple(map(self.neighbour.__getitem__, edges[outer].tolist()))
-        outside = tuple(
-            zip(
-                node[outer].tolist(),
-                around,
-                map(matrices.__getitem__, edges[outer].tolist()),
-                strict=True,
-            )
-        )
-        counts = np.array([len(slots), len(inside), len(outside)], dtype="<u4").tobytes()
-        digest = _blake(
-            counts
-            + self.costs[slots].tobytes()
-            + _records(self.digest[edges[inner]], node[inner], at[inner])
-            + _records(self.digest[edges[outer]], node[outer])
-        )
-        nodes = tuple(key[i] for i in order)
-        reach = tuple(sorted(set(key).union(around)))
-        return _Window(nodes, inside, outside, digest, reach, around)
+            self.nears[v] = near
+            self.labels[v] = _blake(b"".join([self.costs[v], *(d for d, _, _ in near)]))
 
-    def _labels(self, slots: np.ndarray) -> list[bytes]:
-        """The label of each of these nodes in the window that holds them (`scratch` 0 at
-        their slots): its own, then each edge to a neighbour in the window with that
-        neighbour's label, in pair order (see `window`). Most nodes of a window have all
-        their neighbours in it: their label is the same in every such window."""
-        starts, ends = self.start[slots], self.start[slots + 1]
-        edges = consecutive(starts, ends - starts)
-        inside = self.scratch[self.pair_near[edges]] >= 0
-        held = np.add.reduceat(inside, np.cumsum(ends - starts) - (ends - starts))
-        held[ends == starts] = 0  # reduceat reads a next run's first for an empty run
-        labels = []
-        taken, seen, partial = edges[inside], inside.tobytes(), self.partial
-        at = start = 0
-        for v, count, degree in zip(
-            slots.tolist(), held.tolist(), (ends - starts).tolist(), strict=True
-        ):
-            if count == degree:
-                labels.append(self.whole[v])
-            else:
-                key = (v, seen[start : start + degree])
-                found = partial.get(key)
-                if found is None:
-                    edge_bytes = self.pairs[taken[at : at + count]].tobytes()
-                    found = partial[key] = _blake(self.labels[v].tobytes() + edge_bytes)
-                labels.append(found)
-            at += count
-            start += degree
-        return labels
-
-
-def _digests(rows: np.ndarray, extra: bytes, tail: bool = False) -> np.ndarray:
-    """The digest of each of a stack's arrays (its bytes, with `extra` before or, with
-    `tail`, after them), as rows of 16 bytes; each distinct array digested once (the
-    repeated layers' costs and matrices are the same)."""
-    flat = np.ascontiguousarray(rows).reshape(len(rows), -1).view(np.uint8)
-    first, inverse = _distinct(flat)
-    made = [bytes(flat[k]) for k in first.tolist()]
-    made = [_blake(row + extra if tail else extra + row) for row in made]
-    return np.frombuffer(b"".join(made), np.uint8).reshape(-1, 16)[inverse]
-
-
-def _distinct(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct rows of a byte matrix: the first row of each, and each row's (by
-    bytes). Sorted by a linear hash of each row's 8-byte words (numpy sorts raw bytes ten
-    times slower), each row then checked equal to its group's first; by the raw bytes
-    where the hash put unequal rows together."""
-    if flat.shape[1] % 8 == 0:
-        words = flat.view(np.uint64)
-        factors = np.random.default_rng(0).integers(1, 2**63, words.shape[1], dtype=np.uint64)
-        keys = (words * (factors | np.uint64(1))).sum(axis=1, dtype=np.uint64)
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        inverse = inverse.ravel()
-        if (flat == flat[first[inverse]]).all():
-            return first, inverse
-    raw = flat.view(np.dtype((np.void, flat.shape[1]))).ravel()
-    _, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
-    return first, inverse.ravel()
-
-
-def _words(digests: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """16-byte digests (rows) as two big-endian words each: ordered as the bytes are."""
-    words = np.ascontiguousarray(digests).view(">u8")
-    return words[:, 0], words[:, 1]
-
-
-def _records(digests: np.ndarray, *positions: np.ndarray) -> bytes:
-    """Edges by their positions (4 bytes each) and their matrices' digests, as bytes."""
-    columns = [p.astype("<u4").view(np.uint8).reshape(-1, 4) for p in positions]
-    return np.concatenate([*columns, digests], axis=1).tobytes()
+    def label(self, v: int, members: set[int]) -> bytes:
+        """v's label in a window of `members`: its own, then each edge to a neighbour in
+        the window with that neighbour's (one Weisfeiler-Lehman round, see `_window`).
+        Most nodes of a window have all their neighbours in it: their label is the same
+        in every such window, made once."""
+        whole = members.issuperset(self.neighbours[v])
+        if whole and v in self.whole:
+            return self.whole[v]
+        labels = self.labels
+        inner = sorted([d + labels[w] for d, w, _ in self.nears[v] if w in members])
+        found = _blake(b"".join([labels[v], *inner]))
+        if whole:
+            self.whole[v] = found
+        return found
 
 
 def _blake(data: bytes) -> bytes:

@@ -286,29 +286,6 @@ def test_windows_share_a_digest_exactly_when_they_are_the_same_problem() -> None
     assert shared >= 10  # the repeated layers' windows were found alike
 
 
-@pytest.mark.parametrize("width", [16, 13])
-def test_rows_are_distinct_by_their_bytes_even_where_their_hash_is_the_same(width: int) -> None:
-    """`merge._distinct` groups a byte matrix's rows by their bytes: equal rows together,
-    and two unequal rows apart though the hash it sorts by gives them one value (built
-    here from its factors: [x, 0] and [0, y] with x f0 = y f1 modulo 2**64)."""
-    rng = np.random.default_rng(7)
-    rows = rng.integers(0, 3, size=(40, width), dtype=np.uint8)
-    rows[5] = rows[17] = rows[31]
-    if width % 8 == 0:
-        f0, f1 = (
-            int(f) | 1 for f in np.random.default_rng(0).integers(1, 2**63, 2, dtype=np.uint64)
-        )
-        x = 12345
-        y = x * f0 * pow(f1, -1, 2**64) % 2**64
-        rows[0] = np.frombuffer(np.array([x, 0], dtype=np.uint64).tobytes(), np.uint8)
-        rows[1] = np.frombuffer(np.array([0, y], dtype=np.uint64).tobytes(), np.uint8)
-    first, inverse = merge._distinct(rows)
-    for a in range(len(rows)):
-        assert (rows[first[inverse[a]]] == rows[a]).all()
-        for b in range(len(rows)):
-            assert (inverse[a] == inverse[b]) == (rows[a] == rows[b]).all()
-
-
 def plan(name: str, mesh: str, level: str, **kw):
     request = PlanRequest(
         parse_mesh(mesh), load_cluster("m8"), level, **{"solve": TO_THE_END, **kw}
