@@ -545,7 +545,8 @@ def _run_highs(
         highs.run()
     answer = _answer(highs, col_upper, warm)
     del highs
-    _return_freed_memory()
+    if n >= TRIM_COLUMNS:
+        _return_freed_memory()
     return answer
 
 
@@ -578,13 +579,20 @@ _MALLOC_TRIM: Callable[[int], int] | None = (
 """glibc's malloc_trim; None where the C library has none (musl, macOS, Windows)."""
 
 
+TRIM_COLUMNS = 50_000
+"""An LP of this many columns or more hands what it freed back to the system
+(`_return_freed_memory`): the README demo's whole-core LPs (135k columns) free megabytes;
+the refinement's window LPs (7k-17k columns on the 72-layer GPT) free little, and there
+are many (1129 on Qwen-MoE 2x4, where trimming after each took 3.2 s in all)."""
+
+
 def _return_freed_memory() -> None:
     """Hand the memory an LP freed back to the system. glibc keeps what a thread frees in
     that thread's arena, where what the next LP of another thread asks for cannot reuse
     it: the meshes of `--devices`, which run the combined-collectives search on threads,
     peaked up to 180 MiB higher for it (`rhino plan examples/gpt_tiny.hlo --devices 8`:
-    361-363 MiB with this, 474-540 without). It takes 1-24 ms an LP (7 LPs for the README
-    demo, 58 for the 72-layer GPT)."""
+    361-363 MiB with this, 474-540 without). It takes 1-24 ms a call (7 for the README
+    demo)."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
 
