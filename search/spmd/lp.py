@@ -476,12 +476,12 @@ def _read_basis(
 ) -> LpBasis | None:
     """The basis `highs` ended with (`columns` and `rows` its columns' and rows' keys),
     or None where it has none. Read as its basic variables (an array) and, for the
-    others, where `solution` puts them: a column at its upper bound (nonzero) there, at
-    its lower bound else; a row (every row is an equality) at its lower bound. Reading
-    HiGHS' own statuses (`getBasis`) takes a Python object per column and row: 0.24 s for
-    the README demo's 135k columns, against 0.02 s, and the LPs that start from either
-    take the same simplex iterations (3176, 4864, 8546 for the demo's first three
-    combined-collectives plans)."""
+    others, where `value` (the point it ended at) puts them: a column at its upper bound
+    (nonzero) there, at its lower bound else; a row (every row is an equality) at its
+    lower bound. Reading HiGHS' own statuses (`getBasis`) takes a Python object per column
+    and row: 0.24 s for the README demo's 135k columns, against 0.02 s, and the LPs that
+    start from either take the same simplex iterations (3176, 4864, 8546 for the demo's
+    first three combined-collectives plans)."""
     # highspy's stubs leave out this method of its base class, _Highs
     status, basic = highs.getBasicVariables()  # type: ignore[attr-defined]
     if status != highspy.HighsStatus.kOk:
