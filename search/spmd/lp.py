@@ -23,19 +23,19 @@ fifth to a half of a cold start's simplex iterations (scripts/bench_revisions.py
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import math
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import highspy
 import numpy as np
 
+from rhino.search.heap import return_freed_memory
 from rhino.search.problem import ProblemEdge, ShardingProblem, SolveOptions, Tuning
 from rhino.search.spmd.reduce import consecutive
 
@@ -546,7 +546,7 @@ def _run_highs(
     answer = _answer(highs, col_upper, warm)
     del highs
     if n >= TRIM_COLUMNS:
-        _return_freed_memory()
+        return_freed_memory()
     return answer
 
 
@@ -573,28 +573,15 @@ def _answer(
     )
 
 
-_MALLOC_TRIM: Callable[[int], int] | None = (
-    getattr(ctypes.CDLL(None), "malloc_trim", None) if os.name == "posix" else None
-)
-"""glibc's malloc_trim; None where the C library has none (musl, macOS, Windows)."""
-
-
 TRIM_COLUMNS = 50_000
 """An LP of this many columns or more hands what it freed back to the system
-(`_return_freed_memory`): the README demo's whole-core LPs (135k columns) free megabytes;
-the refinement's window LPs (7k-17k columns on the 72-layer GPT) free little, and there
-are many (1129 on Qwen-MoE 2x4, where trimming after each took 3.2 s in all)."""
-
-
-def _return_freed_memory() -> None:
-    """Hand the memory an LP freed back to the system. glibc keeps what a thread frees in
-    that thread's arena, where what the next LP of another thread asks for cannot reuse
-    it: the meshes of `--devices`, which run the combined-collectives search on threads,
-    peaked up to 180 MiB higher for it (`rhino plan examples/gpt_tiny.hlo --devices 8`:
-    361-363 MiB with this, 474-540 without). It takes 1-24 ms a call (7 for the README
-    demo)."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+(`rhino.search.heap.return_freed_memory`). glibc keeps what a thread frees in that
+thread's arena, where what the next LP of another thread asks for cannot reuse it: the
+meshes of `--devices`, which run the combined-collectives search on threads, peaked up to
+180 MiB higher for it (`rhino plan examples/gpt_tiny.hlo --devices 8`: 361-363 MiB with
+it, 474-540 without). The README demo's whole-core LPs (135k columns) free megabytes; the
+refinement's window LPs (7k-17k columns on the 72-layer GPT) free little, and there are
+many (1129 on Qwen-MoE 2x4, where trimming after each took 3.2 s in all)."""
 
 
 class _QuietStdout:

@@ -29,6 +29,7 @@ from rhino.hlo.ir import Module
 from rhino.hlo.printer import print_module
 from rhino.hlo.shape import Shape
 from rhino.search.cluster import Cluster
+from rhino.search.heap import return_freed_memory
 from rhino.search.mesh import DeviceMesh
 from rhino.search.problem import (
     ProblemEdge,
@@ -111,6 +112,26 @@ def make_plan(
     start = time.perf_counter()
     options = request.solve.started()  # one deadline for every phase
     phases: dict[str, float] = {}
+    plan = _searched(module, request, options, say, phases)
+    # what the search held (the graph's strategy tables, the windows, the LPs) goes back
+    # to the system before the plan is printed: the 48-layer GPT-2's JSON document was
+    # made on top of ~400 MiB that the search had freed and glibc still held
+    return_freed_memory()
+    return dataclasses.replace(
+        plan,
+        search_time_s=time.perf_counter() - start,
+        warnings=plan.warnings + mesh_use_warnings(plan) + limit_warnings(plan, options),
+    )
+
+
+def _searched(
+    module: Module,
+    request: PlanRequest,
+    options: SolveOptions,
+    say: Callable[[str], None],
+    phases: dict[str, float],
+) -> Plan:
+    """`make_plan`'s graph and search (what they hold is freed when this returns)."""
     say("building strategies")
     clock = time.perf_counter()
     graph = build_graph(
@@ -134,11 +155,7 @@ def make_plan(
             phases,
             memo,
         )
-    return dataclasses.replace(
-        plan,
-        search_time_s=time.perf_counter() - start,
-        warnings=plan.warnings + mesh_use_warnings(plan) + limit_warnings(plan, options),
-    )
+    return plan
 
 
 def limit_warnings(plan: Plan, options: SolveOptions) -> tuple[str, ...]:
@@ -219,6 +236,7 @@ def plan_combined(
         solved = time.perf_counter()
         say("writing the plan")
         plan = to_plan(graph, problem, solution, request, 0.0)
+        return_freed_memory()  # the solve's and the writing's, before the next plan's
         if parent is None:
             spent.extend((solved - clock, time.perf_counter() - solved))
         return dataclasses.replace(plan, solver=search_report(plan.solver, solution))
@@ -379,6 +397,7 @@ def _solve_apart(
     warm = WarmStart(start=basis, plan=start)
     solution = _solve(None, problem, request, options, memo, warm)
     _RECORDING[0] = memo.recording
+    return_freed_memory()  # this worker's next plan starts from what this one left
     return solution, {k: v for k, v in memo.windows.items() if k not in windows}, warm.found
 
 
