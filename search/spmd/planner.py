@@ -236,9 +236,9 @@ def plan_combined(
         solved = time.perf_counter()
         say("writing the plan")
         plan = to_plan(graph, problem, solution, request, 0.0)
-        return_freed_memory()  # the solve's and the writing's, before the next plan's
         if parent is None:
             spent.extend((solved - clock, time.perf_counter() - solved))
+        return_freed_memory()  # the solve's and the writing's, before the next plan's
         return dataclasses.replace(plan, solver=search_report(plan.solver, solution))
 
     def started_pool(warm: bool) -> None:
