@@ -321,7 +321,8 @@ class SolveStats:
     lp_integral: bool = False
     """The LP relaxation's optimum was integral: the plan, proven optimal by the LP."""
     cpsat_skipped: bool = False
-    """The model was too large for CP-SAT: the start (or the LP's rounding) is the plan."""
+    """The model was too large for CP-SAT, or the LP left no time: the start (or the LP's
+    rounding) is the plan."""
     plan_costs: dict[str, float] = field(default_factory=dict)
     """O2's core cost of its plans along the way: `start_<name>` each first plan,
     `first_pass_<name>` after one refinement pass, `refined_<name>` the best refined."""

@@ -194,6 +194,32 @@ def test_a_model_too_large_for_cpsat_returns_its_start(monkeypatch: pytest.Monke
     assert found.stats.cpsat_skipped
 
 
+def test_a_solve_whose_lp_leaves_no_time_returns_its_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When the LP gives no integral optimum and the time is out, the answer is the start
+    (or the rounding), improved node by node; the CP-SAT model is not built (on a corpus
+    step, building it took three times the whole `--time-limit 2`)."""
+    import rhino.search.spmd.solver as solver
+
+    def no_model(*_args, **_kw):
+        raise AssertionError("the CP-SAT model was built")
+
+    no_point = LpResult(choice=None, bound=0.0, rounded=None, variables=10, constraints=10)
+    monkeypatch.setattr(solver, "solve_lp", lambda *_args: no_point)
+    monkeypatch.setattr(solver, "_cpsat_model", no_model)
+    problem = _dense(5, 3)
+    best = solve_brute_force(problem)
+    out_of_time = SolveOptions(time_limit_s=0.0).started()
+    found = solve_ilp(problem, out_of_time, start=best.choice)
+    assert found.status.value == "feasible"
+    assert found.objective == pytest.approx(best.objective)
+    assert found.stats.cpsat_skipped
+    # with time left, CP-SAT is built as before
+    with pytest.raises(AssertionError, match="CP-SAT model was built"):
+        solve_ilp(problem, SolveOptions(time_limit_s=60.0), start=best.choice)
+
+
 @pytest.mark.parametrize("bad", [-1, 99])
 def test_evaluate_refuses_a_strategy_the_node_does_not_have(bad: int) -> None:
     problem = random_problem(0)
