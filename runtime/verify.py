@@ -312,7 +312,7 @@ def run_and_compare(
     programs' parameters or outputs differ in number, shape or dtype.
     """
     devs = xb.local_devices(None, devices) if isinstance(devices, int) else tuple(devices)
-    reference = xb.compile_spmd(original_text, devs[:1], num_partitions=1)
+    reference = xb.compile_reference(original_text, devs[0])
     sharded = xb.compile_spmd(annotated_text, devs, num_partitions=len(devs))
     original = parse_module(original_text, "<original>")
     makers = entry_inputs(original, seed, options=options)

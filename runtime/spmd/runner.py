@@ -187,9 +187,7 @@ def run_plan(module: Module, plan: Plan, options: RunOptions) -> RunReport:
     reference = None
     verify_report: VerifyReport | None = None
     if options.verify:
-        reference = xb.compile_spmd(
-            original, xb.local_devices(options.platform, 1), num_partitions=1
-        )
+        reference = xb.compile_reference(original, xb.local_devices(options.platform, 1)[0])
         verify_report = verify_shards(
             reference, sharded, inputs, options.seed, lengths=reduction_lengths(module)
         )

@@ -145,6 +145,22 @@ def test_single_device_program_matches_numpy() -> None:
     np.testing.assert_array_equal(echoed, p)
 
 
+def test_a_reference_is_compiled_once_per_text_and_device() -> None:
+    one, two = xb.local_devices("cpu", 2)
+    first = xb.compile_reference(REDUCE, one)
+    assert xb.compile_reference(REDUCE, one) is first  # the same text again: not compiled
+    p = np.arange(24, dtype=np.float32).reshape(4, 6)
+    q = np.linspace(-1, 1, 6, dtype=np.float32)
+    for _ in range(2):  # the program held runs again
+        t, _echoed = xb.execute(first, [p, q])
+        np.testing.assert_allclose(t, p.sum(axis=0) * q, rtol=1e-6)
+    elsewhere = xb.compile_reference(REDUCE, two)
+    assert elsewhere is not first and elsewhere.devices == (two,)
+    assert xb.compile_reference(REDUCE, one) is not first  # one program is held at a time
+    other = REDUCE.replace("reduce_rows", "reduce_rows_again")
+    assert xb.compile_reference(other, one).name == "reduce_rows_again"
+
+
 # --- the Megatron MLP on a 2x4 mesh ---------------------------------------------------
 
 
