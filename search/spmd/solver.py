@@ -30,8 +30,9 @@ CP-SAT alone may stop at a gap; scripts/bench_search.py measures both). Otherwis
 rounded LP optimum is CP-SAT's starting point, and CP-SAT gets the time that remains.
 Where the LP is too large for the simplex (`Tuning.lp_first_order_variables`), CP-SAT,
 too large to build (`Tuning.cpsat_max_variables`), is skipped: the start (or the
-rounding) is the plan, optimal when the LP's bound meets it. So it is where the LP
-leaves no time (the time limit is kept, not overrun by building a model).
+rounding) is the plan, optimal when the LP's bound meets it. CP-SAT is skipped in the
+same way where the LP leaves no time: the time limit is kept, not overrun by building a
+model.
 
 `_solve` goes in named steps: `solve_lp`; where the LP is not integral, `_starts` (the
 plan to fall back on and CP-SAT's hint); `_cpsat_model`; `_run_cpsat` (the solve and the
