@@ -32,7 +32,7 @@ crashes the process (SIGSEGV) when `execute_sharded` receives a buffer of the wr
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import itertools
 import os
 import re
@@ -1429,24 +1429,13 @@ def compile_spmd(
     )
 
 
-_REFERENCE: dict[tuple[str, int], Compiled] = {}
-"""`compile_reference`'s last program, by (its text's digest, its device's id)."""
-_REFERENCE_LOCK = threading.Lock()
-
-
+@functools.lru_cache(maxsize=1)
 def compile_reference(hlo_text: str, device: Any) -> Compiled:
     """`compile_spmd(hlo_text, [device], num_partitions=1)`: the single-device program a
     run is verified against, compiled once per text and device in a process (the last
     one is kept). The runs of one module in one process (a script's or a test's, of
     several plans) then compile it once: on a corpus step, 3.5 s of each `rhino run`."""
-    key = (hashlib.sha256(hlo_text.encode()).hexdigest(), int(device.id))
-    with _REFERENCE_LOCK:
-        found = _REFERENCE.get(key)
-        if found is None or found.devices != (device,):
-            _REFERENCE.clear()  # the one before goes first: one program held at a time
-            found = compile_spmd(hlo_text, (device,), num_partitions=1)
-            _REFERENCE[key] = found
-        return found
+    return compile_spmd(hlo_text, (device,), num_partitions=1)
 
 
 def compile_shardy(mlir_text: str, devices: Sequence[Any], *, optimize: bool = True) -> Compiled:

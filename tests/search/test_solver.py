@@ -171,35 +171,21 @@ def solve_brute_force_chain(problem: ShardingProblem) -> float:
     return float(best.min())
 
 
-def test_a_model_too_large_for_cpsat_returns_its_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Above `Tuning.cpsat_max_variables`, when the LP gives no integral optimum, the answer is the
-    better of the LP's rounding and the given start, improved node by node; CP-SAT is
-    not built."""
-    from ortools.sat.python import cp_model
-
-    import rhino.search.spmd.solver as solver
-
-    def no_cpsat(*_args, **_kw):
-        raise AssertionError("CP-SAT ran")
-
-    no_point = LpResult(choice=None, bound=0.0, rounded=None, variables=10, constraints=10)
-    monkeypatch.setattr(solver, "solve_lp", lambda *_args: no_point)
-    monkeypatch.setattr(cp_model.CpSolver, "solve", no_cpsat)
-    problem = _dense(5, 3)
-    best = solve_brute_force(problem)
-    options = SolveOptions(tuning=Tuning(cpsat_max_variables=0))
-    found = solve_ilp(problem, options, start=best.choice)
-    assert found.status.value == "feasible"
-    assert found.objective == pytest.approx(best.objective)
-    assert found.stats.cpsat_skipped
-
-
-def test_a_solve_whose_lp_leaves_no_time_returns_its_start(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    "options",
+    [
+        SolveOptions(tuning=Tuning(cpsat_max_variables=0)),  # a model too large for CP-SAT
+        SolveOptions(time_limit_s=0.0),  # no time left after the LP
+    ],
+    ids=["too large", "no time left"],
+)
+def test_where_cpsat_is_skipped_the_start_is_the_answer(
+    options: SolveOptions, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """When the LP gives no integral optimum and the time is out, the answer is the start
-    (or the rounding), improved node by node; the CP-SAT model is not built (on a corpus
-    step, building it took three times the whole `--time-limit 2`)."""
+    """Above `Tuning.cpsat_max_variables`, or where the LP leaves no time, when the LP
+    gives no integral optimum, the answer is the better of the LP's rounding and the
+    given start, improved node by node; the CP-SAT model is not built (on a corpus step,
+    building it took three times the whole `--time-limit 2`)."""
     import rhino.search.spmd.solver as solver
 
     def no_model(*_args, **_kw):
@@ -210,12 +196,11 @@ def test_a_solve_whose_lp_leaves_no_time_returns_its_start(
     monkeypatch.setattr(solver, "_cpsat_model", no_model)
     problem = _dense(5, 3)
     best = solve_brute_force(problem)
-    out_of_time = SolveOptions(time_limit_s=0.0).started()
-    found = solve_ilp(problem, out_of_time, start=best.choice)
+    found = solve_ilp(problem, options, start=best.choice)
     assert found.status.value == "feasible"
     assert found.objective == pytest.approx(best.objective)
     assert found.stats.cpsat_skipped
-    # with time left, CP-SAT is built as before
+    # a model of this size, with time left: CP-SAT is built as before
     with pytest.raises(AssertionError, match="CP-SAT model was built"):
         solve_ilp(problem, SolveOptions(time_limit_s=60.0), start=best.choice)
 
