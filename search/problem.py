@@ -250,6 +250,12 @@ class SolveOptions:
             return self
         return dataclasses.replace(self, deadline=time.perf_counter() + self.time_limit_s)
 
+    def working_at_most(self, work: float) -> SolveOptions:
+        """These options with CP-SAT's deterministic work limited to `work` (or less, where
+        it already was)."""
+        limit = work if self.work_limit is None else min(self.work_limit, work)
+        return dataclasses.replace(self, work_limit=limit)
+
     def left(self) -> float:
         """Seconds until the deadline (the whole time limit when not started)."""
         if self.deadline is None:

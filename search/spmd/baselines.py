@@ -302,9 +302,11 @@ def data_parallel_plan(
     choices = data_parallel_choices(graph, inputs.split)
     say(f"solving: {choices.free} of {len(graph.nodes)} decisions free")
 
-    def solve_restricted(problem: ShardingProblem, warm: WarmStart) -> Solution:
+    def solve_restricted(
+        problem: ShardingProblem, warm: WarmStart, options: SolveOptions
+    ) -> Solution:
         sub, back = restrict(problem, choices.allowed)  # the same nodes for every plan
-        return lifted(solve_ilp(sub, solve, warm=warm), problem, back)
+        return lifted(solve_ilp(sub, options, warm=warm), problem, back)
 
     plan = plan_combined(graph, request, solve_restricted, solve.started(), say, {})
     plan = dataclasses.replace(plan, search_time_s=time.perf_counter() - start)

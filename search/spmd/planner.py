@@ -67,6 +67,11 @@ HEAVY_SHARE = 0.005
 """Besides dots and convolutions, an instruction doing this share of the step's compute
 (on one device) is compute-heavy (`ProblemNode.heavy`)."""
 MEMORY_MODES = ("exact", "largest")
+TRIAL_WORK = 1.0
+"""CP-SAT's deterministic work limit in the combined-collectives search's later plans
+(the first has the time limit only). Where a trial's LP is fractional CP-SAT ran until
+the clock stopped it: 14-21 s on the zoo's tiny GPT on 1x4, and a plan that depended on
+the machine's load; at 0.5-2 the search chose the same plan in a quarter of the time."""
 APART_PAIRS = 100_000
 """The combined-collectives search makes its later plans in worker processes (not on
 threads) where the first problem has at least this many strategy pairs over its edges
@@ -149,7 +154,7 @@ def _searched(
         plan = plan_combined(
             graph,
             request,
-            lambda p, warm: _solve(graph, p, request, options, memo, warm),
+            lambda p, warm, opts: _solve(graph, p, request, opts, memo, warm),
             options,
             say,
             phases,
@@ -172,14 +177,15 @@ def limit_warnings(plan: Plan, options: SolveOptions) -> tuple[str, ...]:
 def plan_combined(
     graph: ShardingGraph,
     request: PlanRequest,
-    solve: Callable[[ShardingProblem, WarmStart], Solution],
+    solve: Callable[[ShardingProblem, WarmStart, SolveOptions], Solution],
     options: SolveOptions,
     say: Callable[[str], None],
     phases: dict[str, float],
     memo: SearchMemo | None = None,
 ) -> Plan:
     """The plan `solve` finds for the graph, with the search over combined collectives
-    (`rhino.search.spmd.combine`). `options.threads` plans are made at once: on threads
+    (`rhino.search.spmd.combine`); `solve` is given `options`, with TRIAL_WORK for every
+    plan after the first. `options.threads` plans are made at once: on threads
     where the first plan's search was one LP (each plan's LP starts from the basis of the
     plan it varies, `rhino.search.spmd.lp.WarmStart`; HiGHS releases the GIL), in worker
     processes where it was O2's level 3 (segments and windows, mostly Python, which
@@ -205,6 +211,9 @@ def plan_combined(
 
     def plan_with(closed: frozenset[GroupKey], parent: frozenset[GroupKey] | None) -> Plan:
         clock = time.perf_counter()
+        # a later plan is one trial of the combined search: its CP-SAT stops at TRIAL_WORK,
+        # not at the clock, so that which trial wins does not depend on the machine's load
+        trial = options if parent is None else options.working_at_most(TRIAL_WORK)
         problem = to_problem(graph, request.budget_bytes, closed)
         keys = ", ".join(f"{k} axis {','.join(map(str, a))}" for k, a in sorted(closed))
         say(
@@ -224,13 +233,13 @@ def plan_combined(
         basis = bases.get(parent) if parent is not None else None
         if pool is not None and memo is not None and parent is not None:
             remote = _solved_apart(
-                pool, first_problem[0], problem, request, options, memo, start, basis
+                pool, first_problem[0], problem, request, trial, memo, start, basis
             )
             if remote is not None:
                 solution, bases[closed] = remote
         if solution is None:
             warm = WarmStart(start=basis, plan=start)
-            solution = solve(problem, warm)
+            solution = solve(problem, warm, trial)
             bases[closed] = warm.found
         plans[closed] = solution.choice
         solved = time.perf_counter()

@@ -123,6 +123,22 @@ def test_o2_meets_a_binding_budget_without_building_a_memory_row(
     assert plan.solver.budget_search is not None and plan.solver.budget_search.solves >= 2
 
 
+def test_cpsat_stops_by_its_work_in_the_relaxed_solves_only() -> None:
+    """A relaxed plan only steers the search over lam: CP-SAT in it stops at RELAXED_WORK
+    (the same on any machine), not at the clock; the plan without the budget has the
+    time limit alone."""
+    limits: list[float | None] = []
+
+    def recorded(problem, options, start=None):  # type: ignore[no-untyped-def]
+        limits.append(options.work_limit)
+        return solve_merged(problem, options, start)
+
+    problem, _ = next(binding_problems())
+    budget.solve_within_budget(problem, OPTIONS, recorded)
+    assert len(limits) > 1
+    assert limits == [None] + [budget.RELAXED_WORK] * (len(limits) - 1)
+
+
 def binding_problems() -> Iterator[tuple[ShardingProblem, ShardingProblem]]:
     """(problem, the problem without its budget) over the random problems with a budget
     that O2's plan without it does not fit."""

@@ -334,3 +334,24 @@ def test_the_combined_search_plans_here_when_its_workers_cannot_start(
     assert tried  # the search did try its workers
     assert broken.objective_s == here.objective_s
     assert [i.outs for i in broken.instructions] == [i.outs for i in here.instructions]
+
+
+def test_the_combined_search_stops_cpsat_by_its_work_in_every_plan_after_the_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A later plan is a trial: CP-SAT in it stops at TRIAL_WORK (the same on any
+    machine), not at the clock; the first plan has the time limit alone."""
+    from rhino.search.problem import SolveOptions
+    from rhino.search.spmd import merge, planner
+
+    limits: list[float | None] = []
+
+    def recorded(problem, options=None, start=None, memo=None, warm=None):  # type: ignore[no-untyped-def]
+        limits.append(options.work_limit)
+        return merge.solve_merged(problem, options, start, memo, warm)
+
+    monkeypatch.setattr(planner, "solve_merged", recorded)
+    plan = plan_for(ROOT / "examples" / "mlp.hlo", "2x4", solve=SolveOptions(threads=1))
+    assert plan.solver.combined is not None and plan.solver.combined.plans == len(limits) > 1
+    assert limits == [None] + [planner.TRIAL_WORK] * (len(limits) - 1)
+    assert SolveOptions(work_limit=0.5).working_at_most(planner.TRIAL_WORK).work_limit == 0.5
