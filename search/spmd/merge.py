@@ -12,7 +12,8 @@ value read again in the backward pass) is not merged blindly: it stays in the co
 and DNABERT examples: the members' outside edges decide their layouts.)
 
 Level 2, the ILP between the merged nodes: when the core is small
-(`Tuning.whole_core_pairs`), one ILP over all of it (`solve_ilp`), and O2 is O3 when
+(`Tuning.whole_core_pairs`, and an LP the simplex solves, below
+`Tuning.lp_first_order_variables`), one ILP over all of it (`solve_ilp`), and O2 is O3 when
 that ILP proves its plan optimal within WHOLE_SHARE of the time; otherwise level 3 goes
 on from its plan.
 
@@ -82,7 +83,7 @@ from rhino.search.problem import (
 )
 from rhino.search.spmd.ahead import Ahead, window_answer
 from rhino.search.spmd.identity import ByArray
-from rhino.search.spmd.lp import MIN_CPSAT_S, TIE_BREAK_S_PER_BYTE, WarmStart
+from rhino.search.spmd.lp import MIN_CPSAT_S, TIE_BREAK_S_PER_BYTE, WarmStart, lp_variables
 from rhino.search.spmd.reduce import Matrices, Reduced, reduce_further, reduce_problem, stacked
 from rhino.search.spmd.replay import Recording, recorded, replayed
 from rhino.search.spmd.solver import (
@@ -258,7 +259,7 @@ def solve_merged(
     )
     clock = time.perf_counter()
     whole = None
-    if pairs <= whole_core_pairs:
+    if pairs <= whole_core_pairs and _on_the_simplex(reduced, core_ids, pairs, options):
         share = dataclasses.replace(
             options, deadline=time.perf_counter() + options.left() * WHOLE_SHARE
         )
@@ -347,6 +348,21 @@ def _refined(
     report.plan_costs[f"refined_{name}"] = search.core_cost()
     report.phases["refine"] = time.perf_counter() - clock
     return passes
+
+
+def _on_the_simplex(
+    reduced: Reduced, core_ids: list[int], pairs: int, options: SolveOptions
+) -> bool:
+    """Would the whole-core ILP's LP (`pairs` strategy pairs on its edges) run on the
+    simplex? One too large for it runs on the first-order method, whose point is not
+    exact and whose plan is a rounding: its time went to a start no better than level
+    3's own (the tiny UNet on 2x4: 21 s of PDLP on 472k columns, then level 3 found the
+    plan it finds alone)."""
+    strategies = sum(len(reduced.keep[v]) for v in core_ids)
+    limit = options.tuning.lp_first_order_variables
+    if strategies + pairs < limit:  # at most a variable per pair: no need to group them
+        return True
+    return lp_variables([strategies], reduced.edges.values()) < limit
 
 
 def _with_stats(solution: Solution, report: Report) -> Solution:

@@ -322,6 +322,42 @@ def test_o2_meets_a_budget_by_sharding_the_largest_parameters() -> None:
     assert tight.objective_s >= free.objective_s * (1 - 1e-9)
 
 
+def test_o2_tries_no_whole_core_ilp_whose_lp_would_run_on_the_first_order_method(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first-order LP proves nothing and its rounding is a poor start: O2 goes to
+    level 3 at once where the whole core's LP has `lp_first_order_variables` or more
+    columns (counted as the LP counts them, equal rows of an edge grouped)."""
+    from rhino.search.spmd import lp
+
+    base = series_parallel(3, blocks=4)
+    edges = list(base.edges)
+    for i in range(0, len(edges), 3):  # rows the LP groups into one
+        cost = edges[i].cost.copy()
+        cost[1] = cost[0]
+        edges[i] = dataclasses.replace(edges[i], cost=cost)
+    problem = ShardingProblem(base.nodes, tuple(edges))
+    columns: list[int] = []
+    run_highs = lp._run_highs
+    monkeypatch.setattr(
+        lp,
+        "_run_highs",
+        lambda cost, *a, **kw: columns.append(len(cost)) or run_highs(cost, *a, **kw),
+    )
+    whole: list[int] = []
+    monkeypatch.setattr(merge, "solve_ilp", lambda *a, **kw: whole.append(1) or solve_ilp(*a, **kw))
+    found = merge.solve_merged(problem, TO_THE_END)
+    assert whole and found.stats.level == 2
+    core_columns = columns[0]
+    assert core_columns < sum(e.cost.size for e in problem.edges)  # some rows grouped
+    for limit, tried in ((core_columns, False), (core_columns + 1, True)):
+        whole.clear()
+        options = dataclasses.replace(TO_THE_END, tuning=Tuning(lp_first_order_variables=limit))
+        found = merge.solve_merged(problem, options)
+        assert bool(whole) is tried
+        assert found.stats.level == (2 if tried else 3)
+
+
 def test_one_deadline_is_shared_by_every_phase() -> None:
     options = SolveOptions(time_limit_s=5.0).started()
     assert options.deadline is not None
