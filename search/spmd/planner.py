@@ -71,7 +71,8 @@ TRIAL_WORK = 1.0
 """CP-SAT's deterministic work limit in the combined-collectives search's later plans
 (the first has the time limit only). Where a trial's LP is fractional CP-SAT ran until
 the clock stopped it: 14-21 s on the zoo's tiny GPT on 1x4, and a plan that depended on
-the machine's load; at 0.5-2 the search chose the same plan in a quarter of the time."""
+the machine's load; at 0.5-2 the search chose the same plan in a quarter to a third of
+the time (24.7 s against 6.1-8.2 s)."""
 APART_PAIRS = 100_000
 """The combined-collectives search makes its later plans in worker processes (not on
 threads) where the first problem has at least this many strategy pairs over its edges
