@@ -617,17 +617,17 @@ class _QuietStdout:
 _quiet_stdout = _QuietStdout()
 
 
-def lp_variables(strategies: Iterable[int], matrices: Iterable[np.ndarray]) -> int:
-    """The variables `solve_lp` makes for a problem of nodes with these numbers of
-    strategies and edges with these matrices: one per strategy, and one per pair of a row
-    group and a column group of each edge that costs something between two nodes of
-    several strategies (the others fold into a node, `fold_single_edges`)."""
+def lp_variables(strategies: int, matrices: Iterable[np.ndarray]) -> int:
+    """The variables `solve_lp` makes for a problem of `strategies` strategies in all and
+    edges with these matrices: one per strategy, and one per pair of a row group and a
+    column group of each edge that costs something between two nodes of several
+    strategies (the others fold into a node, `fold_single_edges`)."""
     pairs = sum(
         len(_grouped(m)[0]) * len(_grouped(m.T)[0])
         for m in matrices
         if m.shape[0] > 1 and m.shape[1] > 1 and m.any()
     )
-    return sum(strategies) + pairs
+    return strategies + pairs
 
 
 def groups(matrix: np.ndarray) -> tuple[list[list[int]], list[int]]:

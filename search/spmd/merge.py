@@ -362,7 +362,7 @@ def _on_the_simplex(
     limit = options.tuning.lp_first_order_variables
     if strategies + pairs < limit:  # at most a variable per pair: no need to group them
         return True
-    return lp_variables([strategies], reduced.edges.values()) < limit
+    return lp_variables(strategies, reduced.edges.values()) < limit
 
 
 def _with_stats(solution: Solution, report: Report) -> Solution:
