@@ -573,11 +573,23 @@ class _ShardyRewriter:
     """`mhlo.sharding` -> sdy, op by op (inside an MLIR context)."""
 
     def __init__(self, translate: ShardingTranslator, mesh_name: str) -> None:
+        from jax._src.lib.mlir import ir
+        from jax._src.lib.mlir.dialects import sdy
+
+        self.ir, self.sdy = ir, sdy  # imported once, not per op
         self.translate = translate
         self.mesh_name = mesh_name
         self.dropped: list[DroppedSharding] = []
         self.constraints = 0
         self.pins = 0
+        self.attributes: dict[str, Any] = {}
+        """Attribute text -> the attribute (uniqued in the context: one parse per text)."""
+
+    def attribute(self, text: str) -> Any:
+        found = self.attributes.get(text)
+        if found is None:
+            found = self.attributes[text] = self.ir.Attribute.parse(text)
+        return found
 
     def add_mesh(self, mlir_module: Any, mesh_axes: Sequence[tuple[str, int]]) -> None:
         from jax._src.lib.mlir import ir
@@ -586,20 +598,23 @@ class _ShardyRewriter:
         mesh = ir.Operation.parse(f"sdy.mesh @{self.mesh_name} = <[{axes}]>")
         ir.InsertionPoint.at_block_begin(mlir_module.body).insert(mesh)
 
-    def shardings(self, text: str, types: Sequence[Any], where: str) -> list[str] | None:
-        """The sdy tensor shardings for values of `types`, or None (recorded as dropped)."""
-        from jax._src.lib.mlir import ir
-
+    def shardings(
+        self, text: str, types: Sequence[Any], where: Callable[[], str]
+    ) -> list[str] | None:
+        """The sdy tensor shardings for values of `types`, or None (recorded as dropped,
+        at `where()`: read only then; naming every op's location took a tenth of the
+        conversion of a 30k-instruction step)."""
+        ranked = self.ir.RankedTensorType
         try:
-            shapes = [tuple(ir.RankedTensorType(t).shape) for t in types]
+            shapes = [tuple(ranked(t).shape) for t in types]
         except ValueError:  # a token, a tuple: no array to lay out
             if text != "{replicated}":  # which says nothing of one
                 kinds = ", ".join(str(t) for t in types)
-                self.dropped.append(DroppedSharding(where, text, f"not an array value ({kinds})"))
+                self.dropped.append(DroppedSharding(where(), text, f"not an array value ({kinds})"))
             return None
         got = self.translate(text, shapes)
         if isinstance(got, str):
-            self.dropped.append(DroppedSharding(where, text, got))
+            self.dropped.append(DroppedSharding(where(), text, got))
             return None
         return [f"#sdy.sharding{s}" for s in got]
 
@@ -615,24 +630,23 @@ class _ShardyRewriter:
             self._op(op)
 
     def _op(self, op: Any) -> None:
-        from jax._src.lib.mlir import ir
-        from jax._src.lib.mlir.dialects import sdy
-
+        ir, sdy = self.ir, self.sdy
         text = ir.StringAttr(op.attributes["mhlo.sharding"]).value
         del op.attributes["mhlo.sharding"]
-        where = "%" + _op_name(op.location)
-        found = self.shardings(text, [r.type for r in op.results], where)
+        found = self.shardings(
+            text, [r.type for r in op.results], lambda: "%" + _op_name(op.location)
+        )
         if _is_sharding_call(op):
             value = op.operands[0]
             if found is not None:
                 with ir.InsertionPoint(op), op.location:
-                    value = sdy.ShardingConstraintOp(value, ir.Attribute.parse(found[0])).result
+                    value = sdy.ShardingConstraintOp(value, self.attribute(found[0])).result
                 self.constraints += 1
             op.results[0].replace_all_uses_with(value)
             op.erase()
         elif found is not None:
             per_value = ", ".join(s.removeprefix("#sdy.sharding") for s in found)
-            op.attributes["sdy.sharding"] = ir.Attribute.parse(
+            op.attributes["sdy.sharding"] = self.attribute(
                 f"#sdy.sharding_per_value<[{per_value}]>"
             )
             if _pinnable(op):
@@ -642,25 +656,25 @@ class _ShardyRewriter:
         """Each result of `op` read through a `sdy.sharding_constraint` to its sharding:
         Shardy's propagation overrides an op's own `sdy.sharding` (closed dimensions
         included), but not a constraint (verified, BRIDGE_NOTES.md)."""
-        from jax._src.lib.mlir import ir
-        from jax._src.lib.mlir.dialects import sdy
-
+        ir, sdy = self.ir, self.sdy
         for result, sharding in zip(op.results, found, strict=True):
             with ir.InsertionPoint.after(op), op.location:
-                pinned = sdy.ShardingConstraintOp(result, ir.Attribute.parse(sharding))
+                pinned = sdy.ShardingConstraintOp(result, self.attribute(sharding))
             result.replace_all_uses_except(pinned.result, pinned.operation)
             self.pins += 1
 
     def _function(self, op: Any) -> None:
-        from jax._src.lib.mlir import ir
-
+        ir = self.ir
         signature = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
         name = ir.StringAttr(op.attributes["sym_name"]).value
         args = op.regions[0].blocks[0].arguments if op.regions[0].blocks else []
-        for key, types, what in (
-            ("arg_attrs", signature.inputs, [f"%{_op_name(a.location)}" for a in args]),
-            ("res_attrs", signature.results, []),
-        ):
+
+        def where(key: str, i: int) -> str:  # named only for a sharding dropped
+            if key == "arg_attrs" and i < len(args):
+                return f"%{_op_name(args[i].location)}"
+            return f"result {i} of @{name}"
+
+        for key, types in (("arg_attrs", signature.inputs), ("res_attrs", signature.results)):
             if key not in op.attributes:
                 continue
             rewritten = []
@@ -673,10 +687,9 @@ class _ShardyRewriter:
                 }
                 if "mhlo.sharding" in entries:
                     text = ir.StringAttr(entries.pop("mhlo.sharding")).value
-                    where = what[i] if i < len(what) else f"result {i} of @{name}"
-                    found = self.shardings(text, [value_type], where)
+                    found = self.shardings(text, [value_type], functools.partial(where, key, i))
                     if found is not None:
-                        entries["sdy.sharding"] = ir.Attribute.parse(found[0])
+                        entries["sdy.sharding"] = self.attribute(found[0])
                 rewritten.append(ir.DictAttr.get(entries))
             op.attributes[key] = ir.ArrayAttr.get(rewritten)
 

@@ -119,8 +119,17 @@ class Translator:
 
     mesh: DeviceMesh
     _seen: dict[tuple[str, int], TensorSharding | str] = field(default_factory=dict)
+    _answers: dict[tuple[str, tuple[int, ...]], list[str] | str] = field(default_factory=dict)
+    """(text, the values' ranks) -> the answer: what it depends on."""
 
     def __call__(self, text: str, shapes: Sequence[tuple[int, ...]]) -> list[str] | str:
+        key = (text, tuple(len(shape) for shape in shapes))
+        if key not in self._answers:
+            self._answers[key] = self._translated(text, shapes)
+        found = self._answers[key]
+        return found if isinstance(found, str) else list(found)
+
+    def _translated(self, text: str, shapes: Sequence[tuple[int, ...]]) -> list[str] | str:
         try:
             sharding = parse_sharding(text)
         except TextError as e:

@@ -94,6 +94,19 @@ def test_the_translator_gives_one_sharding_per_value_or_a_reason() -> None:
     assert isinstance(refused, str) and "no Shardy sharding on mesh 2x4" in refused
 
 
+def test_the_translator_answers_a_text_again_as_it_did_the_first_time() -> None:
+    translate = Translator(MESH)
+    text = "{devices=[2,1,4]<=[8] last_tile_dim_replicate}"
+    first = translate(text, [(8, 4)])
+    assert isinstance(first, list)
+    first.append("changed by its caller")
+    assert translate(text, [(8, 4)]) == ['<@mesh, [{"axis_0"}, {}]>']
+    # what the answer depends on is the values' ranks, not their sizes
+    assert translate(text, [(16, 2)]) == ['<@mesh, [{"axis_0"}, {}]>']
+    wrong = translate(text, [(8, 4, 2)])  # it tiles two dims
+    assert isinstance(wrong, str) and "the tensor has rank 3" in wrong
+
+
 # --- the bridge: StableHLO with sdy, compiled by Shardy ---------------------------------------
 
 
@@ -207,6 +220,19 @@ def test_a_sharding_with_no_sdy_form_is_dropped_and_said() -> None:
     assert "maximal" in module.dropped[0].reason
     assert "mhlo.sharding" not in module.text
     xb.compile_shardy(module.text, xb.local_devices("cpu", 8))  # still compiles
+
+
+def test_a_parameter_and_a_result_with_no_sdy_form_are_dropped_and_named() -> None:
+    text = RESHARD.replace(
+        "parameter(0), sharding={devices=[2,4]<=[8]}", "parameter(0), sharding={maximal device=1}"
+    ).replace(
+        "exponential(h), sharding={devices=[2,4]<=[8]}",
+        "exponential(h), sharding={maximal device=2}",
+    )
+    module = shardy(text)
+    where = {d.sharding: d.where for d in module.dropped}
+    assert where["{maximal device=1}"] == "%x"
+    assert "{maximal device=2}" in where
 
 
 def test_a_value_that_is_no_array_takes_no_sharding() -> None:
