@@ -275,7 +275,12 @@ def plan_command(
         if emitted_mlir is not None:
             doc["emitted_stablehlo"] = emitted_mlir
         doc["meshes_tried"] = [
-            {"mesh": t.mesh.to_json(), "objective_s": t.objective_s, "error": t.error}
+            {
+                "mesh": t.mesh.to_json(),
+                "objective_s": t.objective_s,
+                "error": t.error,
+                "search_time_s": t.seconds,
+            }
             for t in trials
         ]
         emit_json("plan", doc)
@@ -308,13 +313,14 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
     out = stdout
     if trials:
         tried = Table(title="meshes tried", title_justify="left")
-        for col in ("mesh", "estimated step", "note"):
+        for col in ("mesh", "estimated step", "search", "note"):
             tried.add_column(col)
         for trial in trials:
             best = " (best)" if trial.mesh == plan.mesh else ""
             tried.add_row(
                 str(trial.mesh),
                 format_seconds(trial.objective_s) if trial.objective_s is not None else "-",
+                f"{trial.seconds:.1f} s",
                 (trial.error or "") + best,
             )
         out.print(tried)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -24,14 +25,17 @@ class MeshTrial:
     """Predicted step time; None when no plan was found."""
     error: str | None
     """Why there is no plan (e.g. the memory budget), or None."""
+    seconds: float = 0.0
+    """Wall time of the mesh's trial in its worker: reading the module, then the search."""
 
 
-def _trial(args: tuple[str, str, PlanRequest]) -> tuple[Plan | None, str | None]:
+def _trial(args: tuple[str, str, PlanRequest]) -> tuple[Plan | None, str | None, float]:
     text, filename, request = args
+    start = time.perf_counter()
     try:
-        return make_plan(parse_module(text, filename), request), None
+        return make_plan(parse_module(text, filename), request), None, time.perf_counter() - start
     except RhinoError as e:
-        return None, str(e)
+        return None, str(e), time.perf_counter() - start
 
 
 def plan_best_mesh(
@@ -52,7 +56,7 @@ def plan_best_mesh(
     request = dataclasses.replace(request, solve=request.solve.started())
     work = [(text, filename, dataclasses.replace(request, mesh=m)) for m in meshes]
     say = progress or (lambda _msg: None)
-    results: list[tuple[Plan | None, str | None]]
+    results: list[tuple[Plan | None, str | None, float]]
     if jobs <= 1 or len(meshes) == 1:
         results = []
         for m, args in zip(meshes, work, strict=True):
@@ -66,10 +70,12 @@ def plan_best_mesh(
         ) as pool:
             results = list(pool.map(_trial, work))
     trials = tuple(
-        MeshTrial(m, plan.objective_s if plan else None, error)
-        for m, (plan, error) in zip(meshes, results, strict=True)
+        MeshTrial(m, plan.objective_s if plan else None, error, seconds)
+        for m, (plan, error, seconds) in zip(meshes, results, strict=True)
     )
-    found = [(plan.objective_s, k, plan) for k, (plan, _) in enumerate(results) if plan is not None]
+    found = [
+        (plan.objective_s, k, plan) for k, (plan, _, _) in enumerate(results) if plan is not None
+    ]
     if not found:
         reasons = "; ".join(f"{t.mesh}: {t.error}" for t in trials)
         raise InfeasibleError(f"no mesh of {devices} devices has a plan: {reasons}")

@@ -113,6 +113,10 @@ def test_devices_tries_every_mesh_and_keeps_the_best() -> None:
     assert set(tried) == {(4,), (2, 2)}
     assert doc["objective_s"] == min(tried.values())
     assert tuple(doc["mesh"]) == min(tried, key=lambda m: (tried[m], m != (4,)))
+    # each mesh's own time: reading the module in its worker, then its search
+    took = {tuple(t["mesh"]): t["search_time_s"] for t in doc["meshes_tried"]}
+    assert took[tuple(doc["mesh"])] >= doc["search_time_s"] > 0
+    assert all(seconds > 0 for seconds in took.values())
 
 
 def test_mesh_or_devices_not_both() -> None:
