@@ -316,12 +316,12 @@ def render(file: str, plan: Plan, show_all: bool, trials: tuple[MeshTrial, ...] 
         for col in ("mesh", "estimated step", "search", "note"):
             tried.add_column(col)
         for trial in trials:
-            best = " (best)" if trial.mesh == plan.mesh else ""
+            best = "(best)" if trial.mesh == plan.mesh else ""
             tried.add_row(
                 str(trial.mesh),
                 format_seconds(trial.objective_s) if trial.objective_s is not None else "-",
                 f"{trial.seconds:.1f} s",
-                (trial.error or "") + best,
+                " ".join(note for note in (trial.error, best) if note),
             )
         out.print(tried)
     out.print(f"[bold]{plan.module}[/] on mesh {plan.mesh} ({plan.cluster}), level {plan.level}")

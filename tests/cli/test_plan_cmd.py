@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,16 @@ def test_devices_tries_every_mesh_and_keeps_the_best() -> None:
     took = {tuple(t["mesh"]): t["search_time_s"] for t in doc["meshes_tried"]}
     assert took[tuple(doc["mesh"])] >= doc["search_time_s"] > 0
     assert all(seconds > 0 for seconds in took.values())
+
+
+def test_the_meshes_tried_table_marks_the_best_and_times_each() -> None:
+    r = invoke("plan", str(MLP), "--devices", "4", "--jobs", "1")
+    assert r.exit_code == 0, r.output
+    rows = [line for line in r.output.splitlines() if line.startswith("│ ") and " s " in line]
+    assert len(rows) == 2, r.output  # 4 and 2x2
+    cells = [[c[1:].rstrip() for c in row.strip("│").split("│")] for row in rows]  # 1 pad
+    assert sorted(c[3] for c in cells) == ["", "(best)"]
+    assert all(re.fullmatch(r"\d+\.\d s", c[2]) for c in cells)
 
 
 def test_mesh_or_devices_not_both() -> None:
