@@ -99,7 +99,7 @@ def test_the_meshes_of_a_device_count_share_one_deadline(monkeypatch: pytest.Mon
 
     def trial(args):  # type: ignore[no-untyped-def]
         seen.append(args[2].solve.deadline)
-        return None, "not planned here"
+        return None, "not planned here", 0.0  # (plan, error, seconds)
 
     monkeypatch.setattr(meshsearch, "_trial", trial)
     request = PlanRequest(DeviceMesh((1,)), load_cluster("m8"))
