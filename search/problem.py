@@ -197,6 +197,11 @@ class Tuning:
     segment_nodes: int = 80
     """O2: core nodes per segment, roughly: segments between critical nodes are merged up
     to this size, and larger ones split."""
+    wide_passes: int = 1
+    """O2's level 3: passes over the wide windows (a segment and its two most coupled)
+    after the narrow ones (a segment and its most coupled) have converged. One gains what
+    more would on the GPTs (scripts/bench_o2.py), in less time. The combined-collectives
+    search's trials make none (`rhino.search.spmd.planner.plan_combined`)."""
     cpsat_max_variables: int = 400_000
     """`rhino.search.spmd.solver`: above this many LP variables, CP-SAT is not tried when
     the LP gives no integral optimum (the start is the plan)."""

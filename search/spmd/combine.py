@@ -84,6 +84,7 @@ def search_groups(
     time_left: Callable[[], float],
     workers: int = 1,
     speculate: bool = False,
+    finish: bool = False,
 ) -> tuple[Plan, frozenset[GroupKey], int]:
     """From `first` (planned with no key closed), close keys greedily (see module doc):
     `plan_with(closed, parent)` plans with those keys' members charged their whole
@@ -94,9 +95,13 @@ def search_groups(
     of a round starts the next round's plans as they would be if the best plan the round
     has finished were its best (a wrong guess is dropped: its worker would have waited
     anyway, though the search waits for it to end); `plan_with` must then give the same
-    plan for the same (closed, parent) whenever it is called. Returns the cheapest plan
-    found by `objective_s`, its closed keys, and how many plans were made (of those the
-    search weighed)."""
+    plan for the same (closed, parent) whenever it is called. With `finish`, the plan
+    chosen, where it is not `first`, is made once more as `plan_with(closed, closed)`
+    and kept where no worse (O2's level 3: its trials leave out the wide passes, which
+    this plan makes); with `speculate`, a worker idle at a round's end may start it for
+    the round's best so far where the search would end with that plan. Returns the
+    cheapest plan found by `objective_s`, its closed keys, and how many plans were made
+    (of those the search weighed)."""
     best, closed, made = first, frozenset[GroupKey](), 0
     tried = {closed}
 
@@ -119,7 +124,8 @@ def search_groups(
             if workers > 1 and (len(trials) > 1 or (trials[0], closed) in started):
                 futures = [start(t, closed) for t in trials]
                 if speculate:
-                    _speculate(futures, trials, best, made, tried, workers, start, started)
+                    guess = _Guess(best, closed, made + len(trials), tried, finish)
+                    _speculate(futures, trials, guess, workers, start, started)
                 plans = [f.result() for f in futures]
             else:
                 plans = map(make, trials, [closed] * len(trials))
@@ -133,6 +139,13 @@ def search_groups(
             if improved is None:
                 break
             best, closed = improved
+        if finish and closed:
+            known = started.get((closed, closed))
+            finished = known.result() if known is not None else make(closed, closed)
+            if finished is not None:
+                made += 1
+                if finished.objective_s <= best.objective_s:
+                    best = finished
     return best, closed, made
 
 
@@ -148,33 +161,54 @@ def _next_trials(
     return [t for t in dict.fromkeys(trials) if t not in tried][: MAX_GROUP_PLANS - made]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Guess:
+    """What `_speculate` guesses the next plans from: the best plan before the round and
+    its closed keys, the plans made by the round's end, the sets tried, and whether the
+    chosen plan is finished (`search_groups`)."""
+
+    best: Plan
+    closed: frozenset[GroupKey]
+    made: int
+    tried: set[frozenset[GroupKey]]
+    finish: bool
+
+
 def _speculate(
     futures: list[Future[Plan | None]],
     trials: list[frozenset[GroupKey]],
-    best: Plan,
-    made: int,
-    tried: set[frozenset[GroupKey]],
+    guess: _Guess,
     workers: int,
     start: Callable[[frozenset[GroupKey], frozenset[GroupKey]], Future[Plan | None]],
     started: dict[tuple[frozenset[GroupKey], frozenset[GroupKey]], Future[Plan | None]],
 ) -> None:
     """Until the round's `futures` are all done: while fewer than `workers` of the plans
-    `started` are being made, start the next round's trials as if the best of the
-    round's plans done so far (in trial order, as the round weighs them) were its best."""
+    `started` are being made, start the plans that come next if the best of the round's
+    plans done so far (in trial order, as the round weighs them) were its best: the next
+    round's trials, or, where there would be none, the finished plan (`search_groups`),
+    also where no plan of the round has bettered the best so far."""
     pending = set(futures)
     while pending:
         pending = wait(pending, return_when=FIRST_COMPLETED).not_done
         leader: tuple[Plan, frozenset[GroupKey]] | None = None
         for future, trial in zip(futures, trials, strict=True):
             plan = future.result() if future.done() else None
-            if plan is not None and plan.objective_s < (leader or (best,))[0].objective_s:
+            if plan is not None and plan.objective_s < (leader or (guess.best,))[0].objective_s:
                 leader = (plan, trial)
-        if leader is None or not pending:
+        if not pending:
             continue
+        ahead = leader[1] if leader is not None else guess.closed
+        after = (
+            _next_trials(leader[0], leader[1], guess.made, guess.tried)
+            if leader is not None
+            else []
+        )
+        wanted = [(t, ahead) for t in after]
+        if guess.finish and not after and ahead:  # the search would end with that plan
+            wanted.append((ahead, ahead))
         running = sum(not f.done() for f in started.values())
-        guess = _next_trials(leader[0], leader[1], made + len(trials), tried)
-        for trial in [t for t in guess if (t, leader[1]) not in started][: workers - running]:
-            start(trial, leader[1])
+        for trial, parent in [w for w in wanted if w not in started][: workers - running]:
+            start(trial, parent)
 
 
 def combine(

@@ -42,7 +42,7 @@ forward pass before the backward pass can object), each segment alone, and windo
 straddling two segments' halves. A window's answer (its optimum, or CP-SAT's best within
 SEGMENT_WORK where its LP is fractional) replaces the window's strategies only when
 cheaper, so a pass never makes the plan worse; passes over the narrow windows stop when
-one gains nothing, then WIDE_PASSES passes over the wide ones. Every start within
+one gains nothing, then `Tuning.wide_passes` over the wide ones. Every start within
 START_SLACK of the best first plan gets one pass; the best after it gets the passes to
 convergence (first plans rank their refined outcomes poorly: on the 12-layer GPT on 2x8
 the second-best first plan ends best). Repeated layers give identical windows: a
@@ -110,10 +110,6 @@ START_SLACK = 3.0
 """A start is refined only if its first plan costs at most this times the best first
 plan (above it by at most START_SLACK - 1 times its size: a core's costs are relative to
 what the reductions folded away, and may be negative)."""
-WIDE_PASSES = 1
-"""Passes over the wide windows (a segment and its two most coupled) after the narrow
-ones (a segment and its most coupled) have converged: one gains what more would on the
-GPTs (scripts/bench_o2.py), in less time."""
 SEGMENT_TIME_S = 5.0
 """Wall time limit of one window's ILP (it usually needs milliseconds), a guard: the
 limit that acts is SEGMENT_WORK."""
@@ -329,7 +325,7 @@ def _refined(
     clock = time.perf_counter()
     if Ahead.wanted(options, search.solved):  # (the same plan without it)
         search.ahead = Ahead(reduced)
-    narrow, wide = search.coupled(segments, 1), search.coupled(segments, 2)
+    narrow = search.coupled(segments, 1)
     # successive halving: one refinement pass for every start not far behind the best,
     # then the passes to convergence for the best after it
     lowest = min(cost for cost, _, _ in starts)
@@ -344,7 +340,10 @@ def _refined(
     _, name, refined = min(tried, key=lambda t: (t[0], t[1]))
     search.restart(refined)
     passes += search.refine(segments, narrow, 2, MAX_PASSES)
-    passes += search.refine(segments, wide, 1, WIDE_PASSES)
+    if options.tuning.wide_passes > 0:
+        passes += search.refine(
+            segments, search.coupled(segments, 2), 1, options.tuning.wide_passes
+        )
     report.plan_costs[f"refined_{name}"] = search.core_cost()
     report.phases["refine"] = time.perf_counter() - clock
     return passes

@@ -191,7 +191,10 @@ def plan_combined(
     plan it varies, `rhino.search.spmd.lp.WarmStart`; HiGHS releases the GIL), in worker
     processes where it was O2's level 3 (segments and windows, mostly Python, which
     threads would take turns at), given `memo` (the windows solved so far) and handing
-    back the windows they solved. `phases` gets "solve" and "plan" (solving the first
+    back the windows they solved. At level 3 the trials make no wide pass (windows of
+    three segments: 35-60% of a trial's time on the real steps) and are weighed by their
+    narrow passes; the plan the search chose makes it then, kept where no worse.
+    `phases` gets "solve" and "plan" (solving the first
     problem and writing its plan, with the solver's own phases "solve.<phase>" inside
     "solve") and "combine" (the search over combined collectives after it, wall time), so
     that the phases add up to the search time."""
@@ -215,10 +218,18 @@ def plan_combined(
         # a later plan is one trial of the combined search: its CP-SAT stops at TRIAL_WORK,
         # not at the clock, so that which trial wins does not depend on the machine's load
         trial = options if parent is None else options.working_at_most(TRIAL_WORK)
+        if level3 and parent is not None and parent != closed:  # a trial: narrow passes only
+            trial = dataclasses.replace(
+                trial, tuning=dataclasses.replace(trial.tuning, wide_passes=0)
+            )
         problem = to_problem(graph, request.budget_bytes, closed)
         keys = ", ".join(f"{k} axis {','.join(map(str, a))}" for k, a in sorted(closed))
         say(
-            f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges"
+            (
+                f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges"
+                if parent != closed
+                else f"refining the plan chosen over wider windows ({request.level})"
+            )
             + (f", {keys} not combined" if closed else "")
         )
         solution = None
@@ -269,9 +280,15 @@ def plan_combined(
         level3 = first.solver.merge_level == 3
         if (level3 or first_problem[0].size[2] >= APART_PAIRS) and apart and pool is None:
             started_pool(warm=False)  # its workers start with the first plan they get
-        # plans made apart: a worker idle at a round's end may start the next round's
+        # plans made apart: a worker idle at a round's end may start the next round's, or
+        # the last plan's finish
         plan, closed, made = search_groups(
-            first, plan_with, options.left, options.threads, speculate=pool is not None
+            first,
+            plan_with,
+            options.left,
+            options.threads,
+            speculate=pool is not None,
+            finish=level3,  # the wide passes the trials leave out
         )
     finally:
         if pool is not None:

@@ -43,6 +43,8 @@ def fake_planner(
             for g, (kind, axes) in enumerate(used)
         )
         found = FakePlan(float(rng.uniform(1.0, 2.0)), 0.5 if used else 0.0, collectives)
+        if parent == closed:  # a plan finished (`search_groups(finish=True)`): a bit cheaper
+            found = FakePlan(found.objective_s - 0.01, found.combined_latency_s, collectives)
         if jitter:
             time.sleep(float(rng.random()) * 0.02)
         return found  # type: ignore[return-value]
@@ -80,6 +82,28 @@ def test_a_round_started_on_a_guess_gives_the_answer_made_one_by_one(seed: int) 
     assert len(set(calls_two)) == len(calls_two)  # no plan made twice
     for closed, parent in calls_two:
         assert parent is not None and parent < closed and len(closed - parent) == 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_plan_chosen_is_finished_as_one_by_one(seed: int) -> None:
+    """With `finish`, the plan chosen (where it is not the first) is made once more, last,
+    and kept where no worse: the answer and the plan count are those made one by one,
+    also where a worker idle at a round's end started it on a guess."""
+    first_one, calls_one = fake_planner(seed, jitter=False)
+    first_two, calls_two = fake_planner(seed, jitter=True)
+    start = first_one(frozenset(), None)  # type: ignore[operator]
+    one = search_groups(start, first_one, lambda: 1.0, workers=1, finish=True)  # type: ignore[arg-type]
+    two = search_groups(start, first_two, lambda: 1.0, workers=2, speculate=True, finish=True)  # type: ignore[arg-type]
+    assert one == two
+    assert set(calls_one[1:]) <= set(calls_two)
+    assert len(set(calls_two)) == len(calls_two)  # no plan made twice
+    best, closed, made = one
+    plain = search_groups(start, fake_planner(seed, jitter=False)[0], lambda: 1.0)  # type: ignore[arg-type]
+    if closed:
+        assert calls_one[-1] == (closed, closed) and made == plain[2] + 1
+        assert best.objective_s == pytest.approx(plain[0].objective_s - 0.01)
+    else:
+        assert plain == one and all(parent != trial for trial, parent in calls_two)
 
 
 def test_a_guess_is_made_while_the_round_ends() -> None:

@@ -304,6 +304,38 @@ def test_at_level_3_each_plan_of_the_combined_search_refines_the_plan_it_varies(
     assert all(given is not None and given in found[:i] for i, given in enumerate(handed) if i)
 
 
+def test_at_level_3_the_trials_leave_the_wide_passes_to_the_plan_chosen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first plan makes O2's wide pass, the combined search's trials do not, and the
+    plan the search chose is refined once more with it: the plan returned is that one
+    where it is no worse."""
+    from rhino.search.problem import SolveOptions, Tuning
+    from rhino.search.spmd import merge, planner
+
+    calls: list[tuple[int, tuple[int, ...] | None, tuple[int, ...], float]] = []
+
+    def recorded(problem, options=None, start=None, memo=None, warm=None):  # type: ignore[no-untyped-def]
+        solution = merge.solve_merged(problem, options, start, memo, warm)
+        given = warm.plan if warm is not None else None
+        calls.append((options.tuning.wide_passes, given, solution.choice, solution.objective))
+        return solution
+
+    monkeypatch.setattr(planner, "solve_merged", recorded)
+    segments = SolveOptions(threads=1, tuning=Tuning(whole_core_pairs=0))
+    plan = plan_for(ROOT / "examples" / "gpt_tiny.hlo", "2x4", solve=segments)
+    combined = plan.solver.combined
+    assert plan.solver.merge_level == 3 and combined is not None and combined.closed
+    assert calls[0][0] == 1  # the first plan
+    *trials, finish = calls[1:]
+    assert trials and all(wide == 0 for wide, _, _, _ in trials)
+    wide, given, choice, _ = finish
+    assert wide == 1 and given in [found for _, _, found, _ in trials]
+    assert combined.plans == len(calls)
+    # refined from the chosen trial's plan, on the same problem: no worse by its cost
+    assert finish[3] <= min(obj for _, _, found, obj in trials if found == given)
+
+
 def test_the_combined_search_plans_here_when_its_workers_cannot_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
