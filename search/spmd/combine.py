@@ -197,12 +197,10 @@ def _speculate(
                 leader = (plan, trial)
         if not pending:
             continue
-        ahead = leader[1] if leader is not None else guess.closed
-        after = (
-            _next_trials(leader[0], leader[1], guess.made, guess.tried)
-            if leader is not None
-            else []
-        )
+        if leader is None:  # the round has bettered nothing yet: the search would end
+            ahead, after = guess.closed, []
+        else:
+            ahead, after = leader[1], _next_trials(*leader, guess.made, guess.tried)
         wanted = [(t, ahead) for t in after]
         if guess.finish and not after and ahead:  # the search would end with that plan
             wanted.append((ahead, ahead))

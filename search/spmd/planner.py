@@ -192,12 +192,12 @@ def plan_combined(
     processes where it was O2's level 3 (segments and windows, mostly Python, which
     threads would take turns at), given `memo` (the windows solved so far) and handing
     back the windows they solved. At level 3 the trials make no wide pass (windows of
-    three segments: 35-60% of a trial's time on the real steps) and are weighed by their
+    three segments: 33-61% of a trial's time on the real steps) and are weighed by their
     narrow passes; the plan the search chose makes it then, kept where no worse.
-    `phases` gets "solve" and "plan" (solving the first
-    problem and writing its plan, with the solver's own phases "solve.<phase>" inside
-    "solve") and "combine" (the search over combined collectives after it, wall time), so
-    that the phases add up to the search time."""
+    `phases` gets "solve" and "plan" (solving the first problem and writing its plan,
+    with the solver's own phases "solve.<phase>" inside "solve") and "combine" (the
+    search over combined collectives after it, wall time), so that the phases add up to
+    the search time."""
     spent: list[float] = []  # the first plan's seconds solving, seconds writing
     bases: dict[frozenset[GroupKey], LpBasis | None] = {}
     plans: dict[frozenset[GroupKey], tuple[int, ...]] = {}
@@ -218,7 +218,8 @@ def plan_combined(
         # a later plan is one trial of the combined search: its CP-SAT stops at TRIAL_WORK,
         # not at the clock, so that which trial wins does not depend on the machine's load
         trial = options if parent is None else options.working_at_most(TRIAL_WORK)
-        if level3 and parent is not None and parent != closed:  # a trial: narrow passes only
+        finishing = parent == closed  # the plan chosen, made again with the wide passes
+        if level3 and parent is not None and not finishing:  # a trial: narrow passes only
             trial = dataclasses.replace(
                 trial, tuning=dataclasses.replace(trial.tuning, wide_passes=0)
             )
@@ -226,9 +227,9 @@ def plan_combined(
         keys = ", ".join(f"{k} axis {','.join(map(str, a))}" for k, a in sorted(closed))
         say(
             (
-                f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges"
-                if parent != closed
-                else f"refining the plan chosen over wider windows ({request.level})"
+                f"refining the plan chosen over wider windows ({request.level})"
+                if finishing
+                else f"solving ({request.level}): {problem.size[0]} nodes, {problem.size[1]} edges"
             )
             + (f", {keys} not combined" if closed else "")
         )
