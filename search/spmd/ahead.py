@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import multiprocessing
 import signal
 import threading
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from rhino.search.packing import Packed, pack, unpack
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions
 from rhino.search.spmd.identity import ByArray
 from rhino.search.spmd.reduce import Matrices, Reduced, reduce_problem
@@ -157,25 +157,16 @@ def core_messages(r: Reduced) -> Iterator[tuple[str, Any]]:
     yield "end", None
 
 
-_Packed = tuple[list[Any], list[tuple[int, ...]], np.ndarray]
-"""Arrays of one dtype as their keys, their shapes, and their contents one after another."""
+def _packed(arrays: list[tuple[Any, np.ndarray]]) -> tuple[list[Any], Packed, np.ndarray]:
+    """Keyed arrays as their keys and the arrays packed (`rhino.search.packing`)."""
+    packed, at = pack(array for _, array in arrays)
+    return [key for key, _ in arrays], packed, at
 
 
-def _packed(arrays: list[tuple[Any, np.ndarray]]) -> _Packed:
-    keys = [key for key, _ in arrays]
-    flat = np.concatenate([array.ravel() for _, array in arrays])
-    return keys, [array.shape for _, array in arrays], flat
-
-
-def _unpacked(packed: _Packed) -> dict[Any, np.ndarray]:
-    keys, shapes, flat = packed
-    out = {}
-    at = 0
-    for key, shape in zip(keys, shapes, strict=True):
-        size = math.prod(shape)
-        out[key] = flat[at : at + size].reshape(shape)
-        at += size
-    return out
+def _unpacked(message: tuple[list[Any], Packed, np.ndarray]) -> dict[Any, np.ndarray]:
+    keys, packed, at = message
+    arrays = unpack(packed)
+    return {key: arrays[i] for key, i in zip(keys, at.tolist(), strict=True)}
 
 
 Task = tuple[
