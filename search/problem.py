@@ -96,7 +96,7 @@ class ShardingProblem:
         GPT-2's, 57k nodes and 84k edges, took 1.15 s to pickle and as long to read)."""
         nodes, edges = self.nodes, self.edges
         labels: dict[int, int] = {}  # id of a node's labels -> its index in distinct_labels
-        distinct_labels = []
+        distinct_labels: list[tuple[str, ...]] = []
         for n in nodes:
             if id(n.labels) not in labels:
                 labels[id(n.labels)] = len(distinct_labels)
