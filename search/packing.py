@@ -12,8 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -27,31 +30,39 @@ class Packed:
     shapes: list[tuple[int, ...]]
 
 
-def pack(arrays: Iterable[np.ndarray]) -> tuple[Packed, np.ndarray]:
-    """The distinct `arrays` (by identity) packed, and the index of each given array among
-    them (what `unpack` gives back)."""
+def distinct(items: Iterable[T]) -> tuple[list[T], np.ndarray]:
+    """The distinct `items` by identity, in the order they first come, and the index of
+    each given item among them."""
     index: dict[int, int] = {}
-    distinct: list[np.ndarray] = []
+    found: list[T] = []
     at = []
-    for a in arrays:
-        i = index.get(id(a))
+    for item in items:
+        i = index.get(id(item))
         if i is None:
-            i = index[id(a)] = len(distinct)
-            distinct.append(a)
+            i = index[id(item)] = len(found)
+            found.append(item)
         at.append(i)
+    return found, np.array(at, dtype=np.int64)
+
+
+def pack(arrays: Iterable[np.ndarray]) -> tuple[Packed, np.ndarray]:
+    """The distinct `arrays` (`distinct`) packed, and the index of each given array among
+    them (what `unpack` gives back)."""
+    distinct_arrays, at = distinct(arrays)
     dtypes: dict[np.dtype, int] = {}
-    buffer = np.array([dtypes.setdefault(a.dtype, len(dtypes)) for a in distinct], dtype=np.int64)
-    sizes = np.array([a.size for a in distinct], dtype=np.int64)
-    offset = np.zeros(len(distinct), dtype=np.int64)
+    buffer = np.array(
+        [dtypes.setdefault(a.dtype, len(dtypes)) for a in distinct_arrays], dtype=np.int64
+    )
+    sizes = np.array([a.size for a in distinct_arrays], dtype=np.int64)
+    offset = np.zeros(len(distinct_arrays), dtype=np.int64)
     buffers = []
     for dtype, slot in dtypes.items():
         members = np.flatnonzero(buffer == slot)
         ends = np.cumsum(sizes[members])
         offset[members] = ends - sizes[members]
-        flat = [distinct[i].ravel() for i in members.tolist()]
+        flat = [distinct_arrays[i].ravel() for i in members.tolist()]
         buffers.append(np.concatenate(flat) if flat else np.zeros(0, dtype=dtype))
-    packed = Packed(tuple(buffers), buffer, offset, [a.shape for a in distinct])
-    return packed, np.array(at, dtype=np.int64)
+    return Packed(tuple(buffers), buffer, offset, [a.shape for a in distinct_arrays]), at
 
 
 def unpack(packed: Packed) -> list[np.ndarray]:

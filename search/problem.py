@@ -19,7 +19,7 @@ import numpy as np
 
 from rhino.hlo.collector import collector_paused
 from rhino.hlo.errors import InfeasibleError
-from rhino.search.packing import Packed, pack, unpack
+from rhino.search.packing import Packed, distinct, pack, unpack
 from rhino.search.units import format_bytes
 
 FEASIBILITY = 1e-9
@@ -95,19 +95,14 @@ class ShardingProblem:
         combined-collectives search sends its first problem to each worker (the 48-layer
         GPT-2's, 57k nodes and 84k edges, took 1.15 s to pickle and as long to read)."""
         nodes, edges = self.nodes, self.edges
-        labels: dict[int, int] = {}  # id of a node's labels -> its index in distinct_labels
-        distinct_labels: list[tuple[str, ...]] = []
-        for n in nodes:
-            if id(n.labels) not in labels:
-                labels[id(n.labels)] = len(distinct_labels)
-                distinct_labels.append(n.labels)
+        distinct_labels, labels = distinct(n.labels for n in nodes)  # shared by kind
         arrays, at = pack(
             [n.cost for n in nodes] + [n.memory for n in nodes] + [e.cost for e in edges]
         )
         node_fields = (
             [n.name for n in nodes],
             distinct_labels,
-            np.array([labels[id(n.labels)] for n in nodes], dtype=np.int64),
+            labels,
             np.array([(*n.live, n.heavy) for n in nodes], dtype=np.int64).reshape(-1, 3),
         )
         edge_fields = np.array([(e.u, e.v, e.backward) for e in edges], dtype=np.int64)
