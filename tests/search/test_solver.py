@@ -9,8 +9,14 @@ import pytest
 
 from rhino.hlo.errors import InfeasibleError
 from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, SolveOptions, Tuning
-from rhino.search.spmd.lp import LpResult
-from rhino.search.spmd.solver import min_peak_memory, solve_brute_force, solve_ilp
+from rhino.search.spmd.lp import CoreRows, LpResult, groups
+from rhino.search.spmd.solver import (
+    _add_memory,
+    _cpsat_model,
+    min_peak_memory,
+    solve_brute_force,
+    solve_ilp,
+)
 from tests.solving import TO_THE_END
 
 
@@ -569,3 +575,89 @@ def test_the_lp_holds_every_plan_at_its_cost(seed: int) -> None:
             e.cost[choice[e.u], choice[e.v]] for e in pair_edges
         )
         assert cost @ x == pytest.approx(expected * lp.LP_UNIT, rel=1e-12)
+
+
+def _api_model(
+    problem: ShardingProblem,
+    node_cost: list[np.ndarray],
+    pair_edges: list[ProblemEdge],
+    memory: CoreRows | None,
+) -> tuple[str, list[list[int]]]:
+    """The model `_cpsat_model` writes, made by CP-SAT's Python API call by call (how it
+    was made before): its proto's text, and the s variables' numbers."""
+    from ortools.sat.python import cp_model
+
+    scale = _cpsat_model(problem, node_cost, pair_edges, None).scale
+    model = cp_model.CpModel()
+    s = [
+        [model.new_bool_var(f"s[{v}][{k}]") for k in range(len(n.labels))]
+        for v, n in enumerate(problem.nodes)
+    ]
+    objective: list[object] = []
+
+    def price(cost: float, var: cp_model.IntVar) -> None:
+        if not np.isfinite(cost):
+            model.add(var == 0)
+        elif cost:
+            objective.append(int(round(cost * scale)) * var)
+
+    for v in range(len(problem.nodes)):
+        model.add_exactly_one(s[v])
+        for k, c in enumerate(node_cost[v]):
+            price(c, s[v][k])
+    for e in pair_edges:
+        rows, cols = groups(e.cost)[0], groups(e.cost.T)[0]
+        if len(rows) == 1 or len(cols) == 1:
+            for var, c in (
+                zip(s[e.v], e.cost[0, :], strict=True)
+                if len(rows) == 1
+                else zip(s[e.u], e.cost[:, 0], strict=True)
+            ):
+                price(c, var)
+            continue
+        pair = {
+            (g, h): model.new_bool_var(f"e[{e.u},{e.v}][{g},{h}]")
+            for g in range(len(rows))
+            for h in range(len(cols))
+        }
+        for g, members in enumerate(rows):
+            model.add(sum(pair[g, h] for h in range(len(cols))) == sum(s[e.u][k] for k in members))
+        for h, members in enumerate(cols):
+            model.add(sum(pair[g, h] for g in range(len(rows))) == sum(s[e.v][l] for l in members))
+        for (g, h), var in pair.items():
+            price(e.cost[rows[g][0], cols[h][0]], var)
+    if memory is not None:
+        _add_memory(model, memory, s)
+    model.minimize(sum(objective))  # type: ignore[arg-type]
+    return str(model.proto), [[var.index for var in row] for row in s]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_cpsat_model_is_the_one_its_python_api_makes(seed: int) -> None:
+    """Field for field, on problems with forbidden strategies and pairs, edges folded into
+    one side, rows and columns grouped, costs that round to nothing, no cost at all, and
+    memory rows."""
+    rng = np.random.default_rng(seed)
+    problem = random_problem(seed)
+    node_cost = [n.cost.astype(float) * (seed != 0) for n in problem.nodes]
+    node_cost[0][0] = np.inf
+    node_cost[-1][-1] = 1e-16  # nonzero, but 0 once scaled to integers
+    pair_edges = []
+    for e in problem.edges:
+        cost = e.cost.copy()
+        if cost.shape[0] > 1 and rng.random() < 0.3:
+            cost[1] = cost[0]  # two rows alike: one group
+        if rng.random() < 0.3:
+            cost[rng.random(cost.shape) < 0.2] = np.inf
+        if rng.random() < 0.2:
+            cost = np.repeat(cost[:1], cost.shape[0], axis=0)  # v's side only: folded
+        pair_edges.append(ProblemEdge(e.u, e.v, cost))
+    memory = None
+    if seed % 2:
+        terms = {v: n.memory.astype(np.int64) for v, n in enumerate(problem.nodes) if v % 2}
+        rows = [(np.arange(len(problem.nodes)), 150), (np.array([0, 1]), 60)]
+        memory = CoreRows(terms, rows)
+    built = _cpsat_model(problem, node_cost, pair_edges, memory)
+    text, s = _api_model(problem, node_cost, pair_edges, memory)
+    assert str(built.model.proto) == text
+    assert [[var.index for var in row] for row in built.s] == s
