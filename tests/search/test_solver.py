@@ -635,16 +635,17 @@ def _api_model(
 @pytest.mark.parametrize("seed", range(12))
 def test_the_cpsat_model_is_the_one_its_python_api_makes(seed: int) -> None:
     """Field for field, on problems with forbidden strategies and pairs, edges folded into
-    one side, rows and columns grouped, costs that round to nothing, no cost at all, and
-    memory rows."""
+    one side, rows and columns grouped, costs that round to nothing, an objective with no
+    term left, and memory rows."""
     rng = np.random.default_rng(seed)
     problem = random_problem(seed)
-    node_cost = [n.cost.astype(float) * (seed != 0) for n in problem.nodes]
+    priced = seed != 0  # seed 0: nothing costs anything but what rounds to nothing
+    node_cost = [n.cost.astype(float) * priced for n in problem.nodes]
     node_cost[0][0] = np.inf
     node_cost[-1][-1] = 1e-16  # nonzero, but 0 once scaled to integers
     pair_edges = []
     for e in problem.edges:
-        cost = e.cost.copy()
+        cost = e.cost * priced
         if cost.shape[0] > 1 and rng.random() < 0.3:
             cost[1] = cost[0]  # two rows alike: one group
         if rng.random() < 0.3:
