@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.compile_flags import FAST_COMPILE
+
 _DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
-_FAST_COMPILE = "--xla_backend_optimization_level"
-"""LLVM's optimizations off in the CPU backend: the same HLO passes, partitioning and
-collectives (what the tests check), compiled in about two thirds of the time (a corpus
-step's `rhino run`: 11.9 -> 8.2 s). Processes the tests start inherit it."""
 
 if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}".strip()
-if _FAST_COMPILE not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += f" {_FAST_COMPILE}=0"
+# compiled fast (tests/compile_flags.py); processes the tests start inherit it
+for _flag in FAST_COMPILE.split():
+    if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
+        os.environ["XLA_FLAGS"] += f" {_flag}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 # The tests of what jax itself does for rhino: the bridge, compiling and running programs

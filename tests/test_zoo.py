@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +13,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from jax._src.lib import xla_client
+
+from tests.compile_flags import FUSION_EMITTERS_OFF
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
@@ -24,10 +28,27 @@ EXAMPLE_IDS = [ex.file for ex in zoo.EXAMPLES]
 
 @pytest.fixture(scope="module")
 def regenerated() -> dict[str, str]:
-    """Every example regenerated in memory, plus the README built from them."""
-    texts = {ex.file: zoo.example_text(ex) for ex in zoo.EXAMPLES}
+    """Every example regenerated in memory (a compiled one by `scripts/zoo.py` in a
+    process of its own, `_compiled_as_by_default`), plus the README built from them."""
+    texts = {
+        ex.file: _compiled_as_by_default(ex) if ex.optimized else zoo.example_text(ex)
+        for ex in zoo.EXAMPLES
+    }
     texts["README.md"] = zoo.examples_readme(texts)
     return texts
+
+
+def _compiled_as_by_default(example: zoo.Example) -> str:
+    """A compiled example as `python scripts/zoo.py` writes it with XLA's own code
+    generation: in a process without FUSION_EMITTERS_OFF, which the tests compile with and
+    which fuses differently (tests/compile_flags.py)."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f != FUSION_EMITTERS_OFF]
+    argv = [sys.executable, str(REPO / "scripts" / "zoo.py"), example.family]
+    argv += ["--config", example.config, "--optimized"]
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags)}
+    made = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert made.returncode == 0, made.stderr
+    return made.stdout
 
 
 @pytest.mark.skipif(

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from rhino.cli.main import cli
 from rhino.runtime.job import LOST_S
+from tests.compile_flags import FAST_COMPILE
 from tests.hlo.corpus import ROOT
 from tests.netns import Host, private_hosts
 from tests.runtime.test_multihost import finish
@@ -57,9 +58,9 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _env() -> dict[str, str]:
-    """Each process picks its device count (--devices); LLVM's optimizations off: the
-    same HLO and collectives, compiled twice as fast."""
-    return {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "JAX_PLATFORMS": "cpu"}
+    """Each process picks its device count (--devices), and compiles fast (the same HLO
+    and collectives, tests/compile_flags.py)."""
+    return {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu"}
 
 
 def _argv(

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from rhino.cli.main import cli
 from rhino.runtime.launch import Ended, job_exit_code
+from tests.compile_flags import FAST_COMPILE
 from tests.hlo.corpus import ROOT
 
 MLP = ROOT / "examples" / "mlp.hlo"
@@ -28,7 +29,7 @@ def plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _launch(plan: Path, logs: Path, *more: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0"}
+    env = {**os.environ, "XLA_FLAGS": FAST_COMPILE}
     argv = [sys.executable, "-m", "rhino.cli", "run", str(MLP), "--plan", str(plan)]
     argv += ["--processes", "2", "--logs", str(logs), "--steps", "1", "--warmup", "0", *more]
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)

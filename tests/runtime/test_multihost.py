@@ -20,6 +20,7 @@ from rhino.cli.main import cli
 from rhino.hlo.errors import ExecutionError
 from rhino.runtime import xla_bridge as xb
 from rhino.runtime.verify import EXACT, Tolerance, check_shards
+from tests.compile_flags import FAST_COMPILE
 from tests.hlo.corpus import ROOT
 
 GPT = ROOT / "examples" / "gpt_tiny.hlo"
@@ -33,9 +34,9 @@ def _free_port() -> int:
 
 def _fresh_env() -> dict[str, str]:
     """The children choose their own device count (pytest's conftest asked for 8), and
-    compile with LLVM's optimizations off: twice as fast, same HLO and collectives."""
+    compile fast (the same HLO and collectives, tests/compile_flags.py)."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+    env["XLA_FLAGS"] = FAST_COMPILE
     env["JAX_PLATFORMS"] = "cpu"
     return env
 
