@@ -14,8 +14,8 @@ and DNABERT examples: the members' outside edges decide their layouts.)
 Level 2, the ILP between the merged nodes: when the core is small
 (`Tuning.whole_core_pairs`, and an LP the simplex solves, below
 `Tuning.lp_first_order_variables`), one ILP over all of it (`solve_ilp`), and O2 is O3 when
-that ILP proves its plan optimal within WHOLE_SHARE of the time; otherwise level 3 goes
-on from its plan.
+that ILP proves its plan optimal within WHOLE_SHARE of the time and WHOLE_WORK of CP-SAT's
+work; otherwise level 3 goes on from its plan.
 
 Level 3, segments (§4.3.3). The critical path of the forward program (unit cost per
 node, backward edges left out) gives each node an earliest and a latest time; the
@@ -100,6 +100,14 @@ T = TypeVar("T")
 
 WHOLE_SHARE = 0.4
 """The whole-core ILP's share of the time: proven optimal within it, its plan is O2's."""
+WHOLE_WORK = 1.0
+"""CP-SAT's deterministic work limit on the whole-core ILP where its LP is fractional
+(besides WHOLE_SHARE of the time), as the combined search's trials have
+(`rhino.search.spmd.planner.TRIAL_WORK`): stopped by the clock alone, it ran for 40% of
+the time limit and made a plan that could depend on the machine's load. The tiny Wide
+ResNet on 1x8 and 8x1 (cpu cluster, the default time limit of 60 s): 15.3-15.6 s ->
+1.7-1.8 s in CP-SAT, the same objective; `rhino plan` 20.9 -> 10.3 s
+(scripts/bench_revisions.py). No other zoo model's plan changed (`plan_record.py`)."""
 PASS_GAIN = 1e-12
 """A refinement pass that lowers the core's cost by no more than this share of it is
 the last."""
@@ -263,6 +271,7 @@ def solve_merged(
         share = dataclasses.replace(
             options, deadline=time.perf_counter() + options.left() * WHOLE_SHARE
         )
+        share = share.working_at_most(WHOLE_WORK)
         whole = solve_ilp(problem, share, start=start, reduced=reduced, warm=warm)
         report.phases["ilp"] = time.perf_counter() - clock
         if whole.status is SolveStatus.OPTIMAL:

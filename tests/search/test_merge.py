@@ -358,6 +358,26 @@ def test_o2_tries_no_whole_core_ilp_whose_lp_would_run_on_the_first_order_method
         assert found.stats.level == (2 if tried else 3)
 
 
+def test_the_whole_core_ilp_stops_at_a_work_limit_not_only_at_the_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Level 2's ILP gets CP-SAT's deterministic work limit WHOLE_WORK besides its share
+    of the time, so that the plan it hands level 3 does not depend on the machine's load;
+    a tighter limit the caller set stays."""
+    problem = series_parallel(3, blocks=4)
+    limits: list[float | None] = []
+
+    def whole(p: ShardingProblem, options: SolveOptions, **kw: object) -> object:
+        limits.append(options.work_limit)
+        return solve_ilp(p, options, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(merge, "solve_ilp", whole)
+    for given, expected in ((None, merge.WHOLE_WORK), (merge.WHOLE_WORK / 4, merge.WHOLE_WORK / 4)):
+        limits.clear()
+        merge.solve_merged(problem, dataclasses.replace(TO_THE_END, work_limit=given))
+        assert limits == [expected]
+
+
 def test_one_deadline_is_shared_by_every_phase() -> None:
     options = SolveOptions(time_limit_s=5.0).started()
     assert options.deadline is not None
