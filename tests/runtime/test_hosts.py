@@ -58,8 +58,8 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _env() -> dict[str, str]:
-    """Each process picks its device count (--devices), and compiles fast (the same HLO
-    and collectives, tests/compile_flags.py)."""
+    """Each process picks its device count (--devices), and compiles fast (the same
+    partitioning and collectives, tests/compile_flags.py)."""
     return {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu"}
 
 

@@ -34,7 +34,7 @@ def _free_port() -> int:
 
 def _fresh_env() -> dict[str, str]:
     """The children choose their own device count (pytest's conftest asked for 8), and
-    compile fast (the same HLO and collectives, tests/compile_flags.py)."""
+    compile fast (the same partitioning and collectives, tests/compile_flags.py)."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = FAST_COMPILE
     env["JAX_PLATFORMS"] = "cpu"
