@@ -82,13 +82,13 @@ class Example:
     optimized: bool = False
     """Write XLA's post-optimization (compiled, CPU) HLO instead of the lowered one."""
 
+    def arguments(self) -> list[str]:
+        """scripts/zoo.py's arguments that print this one file's text."""
+        return [self.family, "--config", self.config, *(["--optimized"] if self.optimized else [])]
+
     def command(self) -> str:
         """The command that writes this one file."""
-        flag = " --optimized" if self.optimized else ""
-        return (
-            f"python scripts/zoo.py {self.family} --config {self.config}{flag}"
-            f" --out examples/{self.file}"
-        )
+        return f"python scripts/zoo.py {' '.join(self.arguments())} --out examples/{self.file}"
 
 
 EXAMPLES: tuple[Example, ...] = (

@@ -43,8 +43,7 @@ def _compiled_as_by_default(example: zoo.Example) -> str:
     generation: in a process without FUSION_EMITTERS_OFF, which the tests compile with and
     which fuses differently (tests/compile_flags.py)."""
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f != FUSION_EMITTERS_OFF]
-    argv = [sys.executable, str(REPO / "scripts" / "zoo.py"), example.family]
-    argv += ["--config", example.config, "--optimized"]
+    argv = [sys.executable, str(REPO / "scripts" / "zoo.py"), *example.arguments()]
     env = {**os.environ, "XLA_FLAGS": " ".join(flags)}
     made = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert made.returncode == 0, made.stderr
