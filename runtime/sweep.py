@@ -61,7 +61,7 @@ from rhino.search.cluster import Cluster, load_cluster, parse_quantity
 from rhino.search.mesh import DeviceMesh, parse_mesh
 from rhino.search.problem import SolveOptions
 from rhino.search.spmd.planner import LEVELS, PlanRequest, make_plan
-from rhino.search.workers import worker_context
+from rhino.search.workers import worker_context, workers_can_start
 from rhino.search.yamldoc import YamlReader, load, read_text
 
 SWEEP_SCHEMA = "rhino.sweep/1"
@@ -392,7 +392,8 @@ def run_sweep(
     """One row per entry, in the order of `entries`.
 
     jobs > 1 runs the entries in that many worker processes (each parses its model);
-    jobs == 1 runs them here, one after the other. `on_row(index, row)` is called as each
+    jobs == 1 runs them here, one after the other, as does a process whose workers
+    cannot start (`workers_can_start`). `on_row(index, row)` is called as each
     entry finishes (in completion order). `tracebacks` appends the Python traceback to
     the message of an internal error.
     """
@@ -400,7 +401,7 @@ def run_sweep(
         raise ConfigError(f"jobs must be at least 1, got {jobs}")
     report = on_row or (lambda _i, _row: None)
     rows: list[SweepRow | None] = [None] * len(entries)
-    if jobs == 1 or len(entries) <= 1:
+    if jobs == 1 or len(entries) <= 1 or not workers_can_start():
         for i, entry in enumerate(entries):
             rows[i] = run_entry(entry, tracebacks)
             report(i, rows[i])  # type: ignore[arg-type]

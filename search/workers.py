@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import multiprocessing.process
+import os
+import sys
 
 
 def worker_context(
@@ -17,3 +20,19 @@ def worker_context(
         forkserver.set_forkserver_preload([preload])
         return forkserver
     return multiprocessing.get_context("spawn")
+
+
+def workers_can_start() -> bool:
+    """Can worker processes start here? Each imports the main module again, by its name
+    or else from its path (as `multiprocessing.spawn` prepares it): not where that path
+    is not a file (a script read from standard input, `python - < script.py`, is
+    "<stdin>"), where each worker would die as it starts and the pool break."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) is not None:
+        return True
+    path = getattr(main, "__file__", None)
+    if path is None:  # interactive, `python -c`: nothing to import again
+        return True
+    # the directory multiprocessing resolves a relative path from (not in typeshed)
+    start = getattr(multiprocessing.process, "ORIGINAL_DIR", None) or os.getcwd()
+    return os.path.isfile(os.path.join(start, path))

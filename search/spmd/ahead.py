@@ -34,7 +34,7 @@ from rhino.search.problem import ProblemEdge, ProblemNode, ShardingProblem, Solv
 from rhino.search.spmd.identity import ByArray
 from rhino.search.spmd.reduce import Matrices, Reduced, reduce_problem
 from rhino.search.spmd.solver import solve_ilp
-from rhino.search.workers import worker_context
+from rhino.search.workers import worker_context, workers_can_start
 
 CLOSE_S = 0.2
 """Seconds the worker gets to exit when the refinement ends, before it is killed (what
@@ -255,12 +255,14 @@ class Ahead:
     def wanted(options: SolveOptions, solved: int) -> bool:
         """Does a refinement get a worker, its first plans having solved `solved`
         windows? Where there are threads to spare (this process is not a worker itself:
-        those of --devices and of the combined search already keep the cores busy) and
-        many windows to solve (`Tuning.ahead_windows`)."""
+        those of --devices and of the combined search already keep the cores busy), a
+        worker can start (`workers_can_start`) and there are many windows to solve
+        (`Tuning.ahead_windows`)."""
         return (
             options.threads > 1
             and solved >= options.tuning.ahead_windows
             and multiprocessing.parent_process() is None
+            and workers_can_start()
         )
 
     @property

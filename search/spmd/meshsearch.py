@@ -13,7 +13,7 @@ from rhino.hlo.parser import parse_module
 from rhino.search.mesh import DeviceMesh, mesh_factorizations
 from rhino.search.spmd.plan import Plan
 from rhino.search.spmd.planner import PlanRequest, make_plan
-from rhino.search.workers import worker_context
+from rhino.search.workers import worker_context, workers_can_start
 
 
 @dataclass(frozen=True)
@@ -51,13 +51,14 @@ def plan_best_mesh(
     predicted step time; ties to the earlier mesh in `mesh_factorizations` order) and
     how each mesh did. `request.mesh` is replaced per trial. The meshes share one
     deadline, `request.solve`'s time limit from now (`time.perf_counter` is the system's
-    monotonic clock, the same in the worker processes)."""
+    monotonic clock, the same in the worker processes). One after the other in this
+    process with `jobs` 1, or where workers cannot start (`workers_can_start`)."""
     meshes = mesh_factorizations(devices)
     request = dataclasses.replace(request, solve=request.solve.started())
     work = [(text, filename, dataclasses.replace(request, mesh=m)) for m in meshes]
     say = progress or (lambda _msg: None)
     results: list[tuple[Plan | None, str | None, float]]
-    if jobs <= 1 or len(meshes) == 1:
+    if jobs <= 1 or len(meshes) == 1 or not workers_can_start():
         results = []
         for m, args in zip(meshes, work, strict=True):
             say(f"mesh {m}")

@@ -60,7 +60,7 @@ from rhino.search.spmd.replay import Recording
 from rhino.search.spmd.reshard import reshard
 from rhino.search.spmd.solver import PROVEN_GAP, check_budget, solve_ilp
 from rhino.search.spmd.spec import ShardingSpec, SpecError
-from rhino.search.workers import worker_context
+from rhino.search.workers import worker_context, workers_can_start
 
 HEAVY_OPCODES = ("dot", "convolution")
 HEAVY_SHARE = 0.005
@@ -209,6 +209,7 @@ def plan_combined(
         and memo is not None
         and request.memory_mode != "largest"  # its search reads the graph
         and multiprocessing.parent_process() is None  # a worker of --devices: no more
+        and workers_can_start()
     )
     if memo is not None:  # later plans made here replay the first one's reductions
         memo.record = not apart
@@ -318,7 +319,7 @@ def plan_combined(
 
 def _warmed(pool: ProcessPoolExecutor, workers: int) -> None:
     """Start `pool`'s `workers` processes (each given a task that does nothing)."""
-    with contextlib.suppress(BrokenProcessPool, RuntimeError):  # broken or shut down
+    with contextlib.suppress(BrokenProcessPool, OSError, RuntimeError):  # broken or shut down
         for _ in range(workers):
             pool.submit(int)
 
@@ -352,7 +353,7 @@ def _solved_apart(
     )
     try:
         solution, windows, found = pool.submit(_solve_apart, work).result()
-    except BrokenProcessPool:
+    except (BrokenProcessPool, OSError):  # OSError: no process could start (e.g. EAGAIN)
         return None
     memo.windows.update(windows)
     return solution, found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -366,6 +367,78 @@ def test_the_combined_search_plans_here_when_its_workers_cannot_start(
     assert tried  # the search did try its workers
     assert broken.objective_s == here.objective_s
     assert [i.outs for i in broken.instructions] == [i.outs for i in here.instructions]
+
+
+_FROM_STANDARD_INPUT = """
+import json, sys
+from pathlib import Path
+from rhino.hlo.parser import parse_file
+from rhino.search.cluster import load_cluster
+from rhino.search.mesh import parse_mesh
+from rhino.search.problem import SolveOptions, Tuning
+from rhino.search.spmd.meshsearch import plan_best_mesh
+from rhino.search.spmd.planner import PlanRequest, make_plan
+
+path = Path(sys.argv[1])
+segments = SolveOptions(tuning=Tuning(whole_core_pairs=0), threads=2)
+request = PlanRequest(parse_mesh("2x4"), load_cluster("m8"), solve=segments)
+plan = make_plan(parse_file(path), request)
+best, _ = plan_best_mesh(path.read_text(), str(path), 8, request, jobs=2)
+print(json.dumps([plan.objective_s, plan.solver.combined.plans, best.objective_s]))
+"""
+
+
+def test_a_script_read_from_standard_input_plans_without_worker_processes() -> None:
+    """`python - < script.py`: the main module is "<stdin>", which a worker process
+    cannot import again (it would die as it starts, and the pool break). The combined
+    search and the meshes of --devices are then searched in this process: the same
+    plans, no traceback."""
+    import json
+    import subprocess
+
+    from rhino.search.problem import SolveOptions, Tuning
+    from rhino.search.spmd.meshsearch import plan_best_mesh
+
+    mlp = ROOT / "examples" / "mlp.hlo"
+    done = subprocess.run(
+        [sys.executable, "-", str(mlp)],
+        input=_FROM_STANDARD_INPUT,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    objective, plans, best = json.loads(done.stdout)
+    segments = SolveOptions(tuning=Tuning(whole_core_pairs=0), threads=1)
+    here = plan_for(mlp, "2x4", solve=segments)
+    assert plans > 1  # the combined search ran
+    assert objective == here.objective_s
+    request = PlanRequest(parse_mesh("2x4"), load_cluster("m8"), solve=segments)
+    assert best == plan_best_mesh(mlp.read_text(), str(mlp), 8, request, jobs=1)[0].objective_s
+
+
+@pytest.mark.parametrize(
+    ("attributes", "can"),
+    [
+        ({"__file__": "<stdin>"}, False),
+        ({"__file__": str(ROOT / "no such script.py")}, False),
+        ({"__file__": str(ROOT / "pyproject.toml")}, True),  # a file: it can be imported
+        ({}, True),  # interactive, `python -c`
+    ],
+)
+def test_workers_can_start_where_the_main_module_can_be_imported_again(
+    monkeypatch: pytest.MonkeyPatch, attributes: dict[str, str], can: bool
+) -> None:
+    import types
+
+    from rhino.search.workers import workers_can_start
+
+    main = types.ModuleType("__main__")
+    main.__dict__.update(attributes)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert workers_can_start() is can
 
 
 def test_the_combined_search_stops_cpsat_by_its_work_in_every_plan_after_the_first(
