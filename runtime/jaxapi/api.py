@@ -14,10 +14,8 @@ Public jax APIs are used here directly; jax internals only through the bridge.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +40,7 @@ from rhino.search.spmd.plan import Plan
 from rhino.search.spmd.planner import PlanRequest, make_plan
 from rhino.search.spmd.spec import ShardingSpec
 from rhino.search.units import format_bytes, format_seconds
+from rhino.search.workers import why_no_workers
 
 
 class PlanError(RhinoError, ValueError):
@@ -167,14 +166,13 @@ def _check_request(stages: int | None, mesh: Any) -> None:
 
 
 def _threads(notes: list[str]) -> int:
-    """The search's threads: 2, or 1 (no worker processes) where a worker importing
-    `__main__` again would run the caller's script (`_called_from_unguarded_main`)."""
-    if not _called_from_unguarded_main():
+    """The search's threads: 2, or 1 (no worker processes, noted) where workers would
+    break (`rhino.search.workers.why_no_workers`: e.g. a worker importing `__main__`
+    again would run the caller's script)."""
+    why = why_no_workers()
+    if why is None:
         return 2
-    notes.append(
-        "searched without worker processes: called from the top level of a script "
-        "without `if __name__ == '__main__':`"
-    )
+    notes.append(f"searched without worker processes: {why}")
     return 1
 
 
@@ -302,46 +300,6 @@ def _pins(
     ]
     check_pins(made, module, mesh, "<lowered fn>")
     return tuple((p.name, p.spec) for p in made)
-
-
-def _called_from_unguarded_main() -> bool:
-    """Whether this call comes from top-level code of a `__main__` script outside `if
-    __name__ == "__main__":` (a worker process importing the script would run it)."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if not path:
-        return False  # interactive, `python -c`: nothing to import again
-    frame = sys._getframe(1)
-    while frame is not None and not (
-        frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__"
-    ):
-        frame = frame.f_back  # type: ignore[assignment]
-    if frame is None:
-        return False
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return True
-    line = frame.f_lineno
-    for node in tree.body:
-        if node.lineno <= line <= (node.end_lineno or node.lineno):
-            return not _is_main_guard(node)
-    return True
-
-
-def _is_main_guard(node: ast.stmt) -> bool:
-    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
-        return False
-    test = node.test
-    sides = [test.left, *test.comparators]
-    names = {s.id for s in sides if isinstance(s, ast.Name)}
-    texts = {s.value for s in sides if isinstance(s, ast.Constant)}
-    return (
-        len(test.ops) == 1
-        and isinstance(test.ops[0], ast.Eq)
-        and names == {"__name__"}
-        and texts == {"__main__"}
-    )
 
 
 class JaxPlan:

@@ -336,11 +336,12 @@ def _solved_apart(
 ) -> tuple[Solution, LpBasis | None] | None:
     """`_solve` on one of `pool`'s workers (level 3 refining `start`, an LP starting from
     `basis`), the windows it solved added to `memo`: the solution and the basis its LP
-    ended with; None where the workers could not start (a script that plans at import,
-    with no `if __name__ == "__main__":`, runs again in each: the caller then solves
-    here). The workers hold `first` (`_remember_first`): `problem` goes to them as its
-    nodes and edges that are not `first`'s (a closed key's members), not whole (on the
-    48-layer GPT-2, 21 MB, 0.7 s to send and read)."""
+    ended with; None where the workers broke or could not start (killed, out of memory,
+    no process left: the caller then solves here; where they would break as they start,
+    the search does not start them, `workers_can_start`). The workers hold `first`
+    (`_remember_first`): `problem` goes to them as its nodes and edges that are not
+    `first`'s (a closed key's members), not whole (on the 48-layer GPT-2, 21 MB, 0.7 s
+    to send and read)."""
     # copies: the pool pickles on its own thread while other plans add windows
     work = (
         _changes(first, problem),

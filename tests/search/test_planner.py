@@ -340,8 +340,8 @@ def test_at_level_3_the_trials_leave_the_wide_passes_to_the_plan_chosen(
 def test_the_combined_search_plans_here_when_its_workers_cannot_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A script that plans at import (no `if __name__ == "__main__":`) breaks the worker
-    processes, which import it again: the plans are then made here, the same."""
+    """Where the worker processes break (killed, or dying as they start), the plans are
+    made here, the same."""
     import dataclasses
     from concurrent.futures import Future, ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
@@ -433,12 +433,83 @@ def test_workers_can_start_where_the_main_module_can_be_imported_again(
 ) -> None:
     import types
 
-    from rhino.search.workers import workers_can_start
+    from rhino.search import workers
 
     main = types.ModuleType("__main__")
     main.__dict__.update(attributes)
     monkeypatch.setitem(sys.modules, "__main__", main)
-    assert workers_can_start() is can
+    monkeypatch.setattr(workers, "_main_line", lambda: None)  # no top-level code running
+    assert workers.workers_can_start() is can
+
+
+_SCRIPT = """import rhino
+
+plan = rhino  # line 3: the top level
+
+if __name__ == "__main__":
+    plan = rhino  # line 6: guarded
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "line", "can"),
+    [
+        ("train.py", 3, False),
+        ("train.py", 6, True),
+        ("train.py", None, True),
+        ("__main__.py", 3, True),  # a package's: multiprocessing does not run it again
+    ],
+)
+def test_workers_cannot_start_from_a_scripts_top_level_outside_its_main_guard(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, line: int | None, can: bool
+) -> None:
+    """Each worker would run that top-level code again (the whole search included)."""
+    import types
+
+    from rhino.search import workers
+
+    script = tmp_path / name
+    script.write_text(_SCRIPT)
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setattr(workers, "_main_line", lambda: line)  # where the main thread is
+    assert workers.workers_can_start() is can
+    if not can:
+        assert "if __name__" in (workers.why_no_workers() or "")
+
+
+def test_a_script_asks_from_its_top_level_and_from_its_main_guard(tmp_path: Path) -> None:
+    """`workers_can_start` reads where the main thread is in the script, from any thread."""
+    import subprocess
+    import textwrap
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import threading
+            from rhino.search.workers import workers_can_start
+
+            def asked_from_a_thread():
+                found = []
+                thread = threading.Thread(target=lambda: found.append(workers_can_start()))
+                thread.start()
+                thread.join()
+                return found[0]
+
+            print("top", workers_can_start(), asked_from_a_thread())
+
+            if __name__ == "__main__":
+                print("guarded", workers_can_start(), asked_from_a_thread())
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["top False False", "guarded True True"]
 
 
 def test_the_combined_search_stops_cpsat_by_its_work_in_every_plan_after_the_first(
